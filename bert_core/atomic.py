@@ -1,0 +1,102 @@
+"""Atomic outputs: a stage's output appears complete or not at all.
+
+Everything is written to a temporary sibling of the final path (same filesystem, so the final step is a
+``rename``) and moved into place only when the ``with`` block exits without an exception. A crash, a
+``SIGKILL`` or a full disk leaves at most a ``.<name>.tmp-*`` sibling that no later stage reads (and that
+:func:`clean_stale_temps` removes), never a half-written file at the final path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+TEMP_MARKER = ".tmp-"
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) -> Iterator[Path]:
+    """Yield a temporary path next to ``final``; move it into place when the block succeeds.
+
+    Args:
+        final: Where the finished file or directory must end up.
+        is_dir: Create the temporary path as an (empty) directory first. By default it is not created:
+            the caller writes a file there, or creates a directory itself.
+
+    Yields:
+        The temporary path to write to.
+
+    An existing ``final`` is replaced only after the new output is complete (renamed aside first, then
+    removed), so readers see either the old or the new output.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}{TEMP_MARKER}", dir=final.parent))
+    tmp.rmdir()
+    if is_dir:
+        tmp.mkdir()
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise FileNotFoundError(f"atomic_path: nothing was written to {tmp} for {final}")
+        if tmp.is_file():
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+        old = None
+        if final.exists() or final.is_symlink():
+            old = final.with_name(f".{final.name}{TEMP_MARKER}old-{os.getpid()}")
+            _remove(old)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+        if old is not None:
+            _remove(old)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically and return the path."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int = 2) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically and return the path."""
+    return write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
+
+
+def clean_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove leftovers of interrupted atomic writes directly inside ``directory``; return them."""
+    directory = Path(directory)
+    removed = []
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if child.name.startswith(".") and TEMP_MARKER in child.name:
+                _remove(child)
+                removed.append(child)
+    return removed

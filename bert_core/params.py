@@ -1,0 +1,102 @@
+"""Typed params: YAML from ``params/`` parsed once into pydantic models that validate themselves.
+
+Each stage reads one section of one file (``params/<stage>.yaml``, top-level key ``<stage>``) into a
+:class:`StrictModel` subclass. Unknown keys, wrong types and out-of-range values raise :class:`ParamsError`
+naming the file, the dotted key, the bad value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ParamsError(ValueError):
+    """A params file or value is wrong; the message says where and what is valid."""
+
+
+class StrictModel(BaseModel):
+    """Base for every params model: unknown keys are errors, values are immutable after parsing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def _format_errors(err: ValidationError, where: str, prefix: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key '{key}' (remove it or check its spelling)")
+            continue
+        got = e.get("input")
+        got_s = repr(got) if not isinstance(got, dict) else "a mapping"
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        lines.append(f"{where}: '{key}' = {got_s}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_params(data: Any, model_cls: type[M], *, where: str = "<params>", prefix: str = "") -> M:
+    """Validate a mapping into ``model_cls``; raise :class:`ParamsError` with every problem listed."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ParamsError(f"{where}: '{prefix or '<root>'}' must be a mapping, got {type(data).__name__}")
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as err:
+        raise ParamsError(_format_errors(err, where, prefix)) from None
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML mapping; errors name the file (and line for syntax errors)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: params file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ParamsError(f"{path}{line}: not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ParamsError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_params(path: str | os.PathLike[str], section: str, model_cls: type[M]) -> M:
+    """Load ``section`` of the YAML file at ``path`` into ``model_cls``.
+
+    Raises:
+        ParamsError: the file is missing or not YAML, the section is missing, or a value is invalid.
+    """
+    data = read_yaml(path)
+    if section not in data:
+        raise ParamsError(f"{path}: missing top-level section '{section}' (found: {sorted(data)})")
+    return parse_params(data[section], model_cls, where=str(path), prefix=section)
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings to dotted keys (lists kept as values), e.g. for MLflow params."""
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        for k, v in data.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict | BaseModel):
+                out.update(flatten(v, key))
+            else:
+                out[key] = v
+    else:
+        out[prefix] = data
+    return out

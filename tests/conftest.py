@@ -1,0 +1,36 @@
+"""Shared fixtures: the real data in ../shared/data when it is present (tests skip cleanly when not)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_DEFAULT_SHARED = REPO_ROOT.parent / "shared" / "data"
+
+
+def shared_data_root() -> Path | None:
+    """The local data root laid out like ../shared/data, or None when it is not on this machine."""
+    root = Path(os.environ.get("BERT_SHARED_DATA", _DEFAULT_SHARED))
+    return root if root.is_dir() else None
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    root = shared_data_root()
+    if root is None:
+        pytest.skip("../shared/data is not present on this machine")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _isolated_tracking(tmp_path_factory, monkeypatch):
+    """Every test gets its own MLflow store; nothing touches the repo's mlflow.db."""
+    store = tmp_path_factory.mktemp("mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("DO_NOT_TRACK", "true")
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")

@@ -1,0 +1,121 @@
+"""The shared stage infrastructure: atomic outputs, typed params, data checks, the MLflow stage run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import great_expectations as gx
+import pandas as pd
+import pytest
+from pydantic import Field
+
+from bert_core.atomic import atomic_path, clean_stale_temps, write_json_atomic
+from bert_core.checks import Check, DataCheckError, validate
+from bert_core.params import ParamsError, StrictModel, load_params
+from bert_core.sources import data_root
+
+
+class _P(StrictModel):
+    lr: float = Field(1e-4, gt=0)
+    steps: int = 10
+
+
+def test_atomic_dir_replaced_only_on_success(tmp_path):
+    final = tmp_path / "out"
+    with atomic_path(final, is_dir=True) as tmp:
+        (tmp / "a.txt").write_text("v1")
+    assert (final / "a.txt").read_text() == "v1"
+    with pytest.raises(RuntimeError), atomic_path(final, is_dir=True) as tmp:
+        (tmp / "a.txt").write_text("half")
+        raise RuntimeError("crash")
+    assert (final / "a.txt").read_text() == "v1"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_atomic_file_survives_sigkill(tmp_path):
+    final = tmp_path / "f.json"
+    write_json_atomic(final, {"v": 1})
+    code = (
+        "import os, signal; from bert_core.atomic import atomic_path\n"
+        f"with atomic_path({str(final)!r}) as t:\n"
+        "    open(t, 'w').write('{\"v\": 2, \"half')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=os.getcwd())
+    assert proc.returncode == -9
+    assert json.loads(final.read_text()) == {"v": 1}
+    assert len(clean_stale_temps(tmp_path)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_params_errors_name_file_key_and_value(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("train:\n  lr: -1\n  stepz: 3\n")
+    with pytest.raises(ParamsError) as err:
+        load_params(f, "train", _P)
+    msg = str(err.value)
+    assert str(f) in msg and "'train.lr' = -1" in msg and "greater than 0" in msg
+    assert "unknown key 'train.stepz'" in msg
+    f.write_text("train: [1, 2\n")
+    with pytest.raises(ParamsError, match=r"p.yaml:\d+: not valid YAML"):
+        load_params(f, "train", _P)
+    f.write_text("other: {}\n")
+    with pytest.raises(ParamsError, match="missing top-level section 'train'"):
+        load_params(f, "train", _P)
+    f.write_text("train: {lr: 0.1}\n")
+    assert load_params(f, "train", _P) == _P(lr=0.1, steps=10)
+
+
+def test_data_root(monkeypatch, tmp_path):
+    monkeypatch.delenv("BERT_DATA_ROOT", raising=False)
+    assert data_root() is None
+    monkeypatch.setenv("BERT_DATA_ROOT", str(tmp_path))
+    assert data_root() == tmp_path.resolve()
+    monkeypatch.setenv("BERT_DATA_ROOT", str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="BERT_DATA_ROOT"):
+        data_root()
+
+
+def test_checks_report_and_critical_failure(tmp_path):
+    df = pd.DataFrame({"a": [1, 2, 3, None]})
+    report = validate(
+        df,
+        "demo",
+        [
+            Check(gx.expectations.ExpectColumnValuesToNotBeNull(column="a")),
+            Check(
+                gx.expectations.ExpectColumnValuesToBeBetween(column="a", min_value=0, max_value=2),
+                critical=False,
+            ),
+        ],
+        report_dir=tmp_path / "report",
+    )
+    assert not report.success and len(report.failed) == 2 and len(report.failed_critical) == 1
+    assert (tmp_path / "report" / "index.html").exists()
+    with pytest.raises(DataCheckError, match="expect_column_values_to_not_be_null"):
+        report.raise_for_critical()
+    ok = validate(df.dropna(), "demo", [Check(gx.expectations.ExpectColumnValuesToNotBeNull(column="a"))])
+    ok.raise_for_critical()
+
+
+def test_stage_run_logs_to_mlflow(tmp_path):
+    import mlflow
+
+    from flows._stage import finish_stage, stage_run
+
+    with stage_run("unit", _P(), tags={"extra": "1"}) as run:
+        finish_stage(
+            "unit", {"a": 1, "nested": {"b": 2.5}, "text": "x"}, run, metrics_path=tmp_path / "m.json"
+        )
+    got = mlflow.get_run(run.run_id)
+    assert got.info.status == "FINISHED"
+    assert got.data.metrics == {"a": 1.0, "nested.b": 2.5}
+    assert got.data.params["lr"] == "0.0001"
+    assert got.data.tags["stage"] == "unit" and got.data.tags["extra"] == "1"
+    assert json.loads((tmp_path / "m.json").read_text())["nested"]["b"] == 2.5
+    with pytest.raises(ValueError), stage_run("unit", None) as failed:
+        raise ValueError("boom")
+    assert mlflow.get_run(failed.run_id).info.status == "FAILED"
