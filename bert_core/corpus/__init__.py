@@ -1,0 +1,29 @@
+"""The ``corpus`` stage: raw text sources -> cleaned, sentence-segmented documents in Parquet shards.
+
+Public API::
+
+    from bert_core.corpus import CorpusParams, build_corpus, iter_documents
+    stats = build_corpus(params, Path("data/corpus"), data_root=None, workers=2)
+"""
+
+from bert_core.corpus.build import CorpusStats, EmptyCorpusError, build_corpus
+from bert_core.corpus.params import CapParams, CleanParams, CorpusParams, HeldoutParams, SourceSpec
+from bert_core.corpus.readers import CorpusError, SourceNotFoundError
+from bert_core.corpus.shards import SCHEMA, iter_documents, read_manifest, shard_paths
+
+__all__ = [
+    "SCHEMA",
+    "CapParams",
+    "CleanParams",
+    "CorpusError",
+    "CorpusParams",
+    "CorpusStats",
+    "EmptyCorpusError",
+    "HeldoutParams",
+    "SourceNotFoundError",
+    "SourceSpec",
+    "build_corpus",
+    "iter_documents",
+    "read_manifest",
+    "shard_paths",
+]

@@ -1,0 +1,487 @@
+"""The ``corpus`` stage: sources -> cleaned, sentence-segmented, de-duplicated documents in Parquet shards.
+
+Pipeline (streaming; the corpus is never held in memory):
+
+1. :func:`~bert_core.corpus.readers.plan_units` resolves the sources to ordered work units (files).
+2. Worker processes clean and segment one unit each and write it to a temporary Parquet file
+   (:func:`process_unit`); at most ``2 * workers`` units are in flight.
+3. The parent merges unit results *in unit order*: exact de-duplication (64-bit hash of the cleaned
+   text, first occurrence wins), per-source and global caps, the seeded held-out split, shard writing.
+   The output is therefore identical for any worker count.
+4. Great Expectations checks run on per-document statistics; only then is the output directory moved
+   into place (``atomic_path``), so a failure leaves no finished-looking corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import random
+import shutil
+import time
+import unicodedata
+from collections import Counter, deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bert_core.atomic import atomic_path
+from bert_core.corpus.clean import normalize_text, paragraphs, strip_gutenberg
+from bert_core.corpus.params import CorpusParams, SourceSpec
+from bert_core.corpus.readers import CorpusError, UnitStats, WorkUnit, iter_documents, plan_units
+from bert_core.corpus.segment import get_segmenter, segment_paragraphs
+from bert_core.corpus.shards import MANIFEST, SCHEMA, ShardWriter
+
+log = logging.getLogger(__name__)
+
+FORMAT = "bert-corpus/1"
+_RUN_DEPENDENT = ("elapsed_s", "input_mb_per_s")
+CHECK_SAMPLE = 50_000
+_UNIT_SCHEMA = pa.schema(
+    [
+        *SCHEMA,
+        pa.field("hash", pa.uint64()),
+        pa.field("n_bytes", pa.int64()),
+        pa.field("n_words", pa.int64()),
+    ]
+)
+
+
+class EmptyCorpusError(CorpusError):
+    """No document survived reading and filtering."""
+
+
+class HashSet64:
+    """A set of 64-bit hashes at ~8 bytes per entry (sorted numpy array + a small Python set buffer)."""
+
+    def __init__(self, buffer_size: int = 1 << 18) -> None:
+        self._sorted = np.empty(0, dtype=np.uint64)
+        self._buf: set[int] = set()
+        self._buffer_size = buffer_size
+
+    def add(self, h: int) -> bool:
+        """Insert ``h``; return False when it was already present."""
+        if h in self._buf:
+            return False
+        if self._sorted.size:
+            i = int(np.searchsorted(self._sorted, np.uint64(h)))
+            if i < self._sorted.size and int(self._sorted[i]) == h:
+                return False
+        self._buf.add(h)
+        if len(self._buf) >= self._buffer_size:
+            merged = np.fromiter(self._buf, dtype=np.uint64, count=len(self._buf))
+            self._sorted = np.union1d(self._sorted, merged)
+            self._buf.clear()
+        return True
+
+    def __len__(self) -> int:
+        return int(self._sorted.size) + len(self._buf)
+
+
+def _h64(data: bytes, key: bytes = b"") -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, key=key).digest(), "little")
+
+
+def _clean_title(title: str, form: str) -> str:
+    return " ".join(normalize_text(title, form).split())
+
+
+# --- worker side ---------------------------------------------------------------------------------------
+@dataclass
+class UnitResult:
+    index: int
+    path: str | None
+    documents: int
+    stats: UnitStats
+
+
+def process_unit(unit: WorkUnit, params: CorpusParams, work_dir: str, root: str | None) -> UnitResult:
+    """Read, clean and segment one work unit into ``work_dir/unit-NNNNNN.parquet``.
+
+    Runs in a worker process. Per-document filters (empty, too short/long, too few sentences) are
+    applied here; de-duplication, caps and the split need the global order and happen in the parent.
+    """
+    clean = params.clean
+    segment = get_segmenter(params.segmenter)
+    stats = UnitStats()
+    out = Path(work_dir) / f"unit-{unit.index:06d}.parquet"
+    # The buffering shard writer, used for one temporary file (never rolls over).
+    writer = ShardWriter(Path(work_dir) / f"u{unit.index:06d}", max_bytes=1 << 62, schema=_UNIT_SCHEMA)
+    src = unit.source
+    n = 0
+    for doc in iter_documents(
+        unit, stats, max_doc_chars=clean.max_doc_chars, on_bad_record=params.on_bad_record,
+        root=Path(root) if root else None,
+    ):  # fmt: skip
+        stats.records += 1
+        text = doc.text
+        if clean.strip_gutenberg:
+            text, stripped = strip_gutenberg(text)
+            stats.gutenberg_stripped += int(stripped)
+        text = normalize_text(text, clean.unicode_form)
+        n_chars = len(text) - text.count("\n")
+        if not text.strip():
+            stats.dropped["empty"] += 1
+            continue
+        if n_chars < clean.min_doc_chars:
+            stats.dropped["too_short"] += 1
+            continue
+        if n_chars > clean.max_doc_chars:
+            stats.dropped["too_long"] += 1
+            continue
+        sentences = segment_paragraphs(paragraphs(text, doc.newlines), segment, clean.max_sentence_chars)
+        if len(sentences) < clean.min_sentences:
+            stats.dropped["too_few_sentences"] += 1
+            continue
+        body = "\n".join(sentences).encode("utf-8")
+        row = {
+            "doc_id": f"{src.name}:{doc.local_id}",
+            "source": src.name,
+            "title": _clean_title(doc.title, clean.unicode_form),
+            "sentences": sentences,
+            "hash": _h64(body),
+            "n_bytes": len(body),
+            "n_words": sum(len(s.split()) for s in sentences),
+        }
+        writer.write(row, len(body))
+        n += 1
+    shards = writer.close()
+    path = None
+    if shards:
+        (writer.directory / shards[0]["file"]).rename(out)
+        path = str(out)
+    writer.directory.rmdir()
+    return UnitResult(unit.index, path, n, stats)
+
+
+# --- parent side ---------------------------------------------------------------------------------------
+@dataclass
+class CorpusStats:
+    """What the stage produced; ``as_metrics()`` is the DVC/MLflow metrics dict."""
+
+    documents: int = 0
+    documents_train: int = 0
+    documents_heldout: int = 0
+    sentences: int = 0
+    words: int = 0
+    bytes: int = 0
+    input_files: int = 0
+    input_bytes: int = 0
+    records: int = 0
+    duplicates: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    utf8_replacements: int = 0
+    files_with_utf8_errors: int = 0
+    gutenberg_stripped: int = 0
+    bad_record_examples: list[str] = field(default_factory=list)
+    per_source: dict[str, dict[str, int]] = field(default_factory=dict)
+    capped: bool = False
+    shards_train: int = 0
+    shards_heldout: int = 0
+    workers: int = 1
+    elapsed_s: float = 0.0
+    params_hash: str = ""
+    data_root: str = "hub"
+    check_report: Any = None
+
+    def as_metrics(self) -> dict[str, Any]:
+        mb_s = self.input_bytes / 1e6 / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return {
+            "documents": self.documents,
+            "documents_train": self.documents_train,
+            "documents_heldout": self.documents_heldout,
+            "sentences": self.sentences,
+            "words": self.words,
+            "bytes": self.bytes,
+            "input_files": self.input_files,
+            "input_bytes": self.input_bytes,
+            "records_read": self.records,
+            "duplicates": self.duplicates,
+            "documents_dropped": dict(sorted(self.dropped.items())),
+            "documents_dropped_total": sum(self.dropped.values()),
+            "utf8_replacements": self.utf8_replacements,
+            "files_with_utf8_errors": self.files_with_utf8_errors,
+            "gutenberg_boilerplate_removed": self.gutenberg_stripped,
+            "capped": int(self.capped),
+            "sources": self.per_source,
+            "shards_train": self.shards_train,
+            "shards_heldout": self.shards_heldout,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "input_mb_per_s": round(mb_s, 3),
+            "checks_failed": len(self.check_report.failed) if self.check_report is not None else 0,
+        }
+
+
+def params_hash(params: CorpusParams, root: Path | None) -> str:
+    """Hash of everything that determines the output: params (less ``workers``) and the active source list."""
+    payload = {"params": params.output_hash_payload(), "mode": "local" if root is not None else "hub"}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class _Merger:
+    """Consumes unit results in order: de-dup, caps, split, shard writing, statistics."""
+
+    def __init__(self, params: CorpusParams, sources: tuple[SourceSpec, ...], out: Path, stats: CorpusStats):
+        self.p = params
+        self.sources = sources
+        self.stats = stats
+        self.train = ShardWriter(out / "train", max_bytes=params.shard_max_bytes)
+        self.heldout = ShardWriter(out / "heldout", max_bytes=params.shard_max_bytes)
+        self.seen_text = HashSet64()
+        self.seen_id = HashSet64()
+        self.src_docs = Counter()
+        self.src_bytes = Counter()
+        self.src_done: set[int] = set()
+        self.done = False
+        self.check_rows: list[dict[str, Any]] = []
+        self._rng = random.Random(params.seed)
+        self._key = str(params.seed).encode()[:64]
+
+    def _cap_hit(self, si: int, n_bytes: int) -> bool:
+        src, cap = self.sources[si], self.p.cap
+        if (src.max_documents is not None and self.src_docs[si] + 1 > src.max_documents) or (
+            src.max_bytes is not None and self.src_bytes[si] + n_bytes > src.max_bytes
+        ):
+            self.src_done.add(si)
+            return True
+        if (cap.max_documents is not None and self.stats.documents + 1 > cap.max_documents) or (
+            cap.max_bytes is not None and self.stats.bytes + n_bytes > cap.max_bytes
+        ):
+            self.done = True
+            return True
+        return False
+
+    def consume(self, unit: WorkUnit, result: UnitResult) -> None:
+        st = self.stats
+        st.input_files += result.stats.input_files
+        st.input_bytes += result.stats.input_bytes
+        st.records += result.stats.records
+        st.utf8_replacements += result.stats.utf8_replacements
+        st.files_with_utf8_errors += result.stats.files_with_utf8_errors
+        st.gutenberg_stripped += result.stats.gutenberg_stripped
+        st.dropped.update(result.stats.dropped)
+        room = 20 - len(st.bad_record_examples)
+        st.bad_record_examples.extend(result.stats.bad_record_examples[: max(room, 0)])
+        if result.path is None:
+            return
+        si = unit.source_index
+        pf = pq.ParquetFile(result.path)
+        for batch in pf.iter_batches(batch_size=64):
+            for row in batch.to_pylist():
+                if si in self.src_done or self.done:
+                    st.dropped["over_cap"] += 1
+                    st.capped = True
+                    continue
+                self._add(si, row)
+        Path(result.path).unlink()
+
+    def _add(self, si: int, row: dict[str, Any]) -> None:
+        st = self.stats
+        if self.p.clean.dedup and not self.seen_text.add(int(row["hash"])):
+            st.duplicates += 1
+            st.dropped["duplicate"] += 1
+            return
+        if not self.seen_id.add(_h64(row["doc_id"].encode())):
+            st.dropped["duplicate_id"] += 1
+            log.warning("dropping document with repeated doc_id %s", row["doc_id"])
+            return
+        n_bytes = int(row["n_bytes"])
+        if self._cap_hit(si, n_bytes):
+            st.dropped["over_cap"] += 1
+            st.capped = True
+            return
+        u = _h64(row["doc_id"].encode(), self._key) / 2.0**64
+        heldout = u < self.p.heldout.fraction and st.documents_heldout < self.p.heldout.max_documents
+        doc = {k: row[k] for k in SCHEMA.names}
+        (self.heldout if heldout else self.train).write(doc, n_bytes)
+        self.src_docs[si] += 1
+        self.src_bytes[si] += n_bytes
+        st.documents += 1
+        st.documents_heldout += int(heldout)
+        st.documents_train += int(not heldout)
+        st.sentences += len(doc["sentences"])
+        st.words += int(row["n_words"])
+        st.bytes += n_bytes
+        lens = [len(s) for s in doc["sentences"]]
+        check_row = {
+            "doc_id": doc["doc_id"],
+            "source": doc["source"],
+            "split": "heldout" if heldout else "train",
+            "n_sentences": len(lens),
+            "min_sentence_chars": min(lens) if lens else 0,
+            "max_sentence_chars": max(lens) if lens else 0,
+            "n_bytes": n_bytes,
+        }
+        # Deterministic reservoir sample of per-document statistics for the data checks.
+        if len(self.check_rows) < CHECK_SAMPLE:
+            self.check_rows.append(check_row)
+        else:
+            j = self._rng.randrange(st.documents)
+            if j < CHECK_SAMPLE:
+                self.check_rows[j] = check_row
+
+    def close(self) -> tuple[list[dict], list[dict]]:
+        return self.train.close(), self.heldout.close()
+
+
+def _corpus_checks(params: CorpusParams, names: list[str]):
+    import great_expectations as gx
+
+    from bert_core.checks import Check
+
+    E = gx.expectations
+    return [
+        Check(E.ExpectColumnValuesToBeUnique(column="doc_id")),
+        Check(E.ExpectColumnValuesToNotBeNull(column="doc_id")),
+        Check(E.ExpectColumnValuesToMatchRegex(column="doc_id", regex=r"^[A-Za-z0-9][A-Za-z0-9_.-]*:.+")),
+        Check(E.ExpectColumnValuesToBeInSet(column="source", value_set=names)),
+        Check(E.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "heldout"])),
+        Check(E.ExpectColumnDistinctValuesToContainSet(column="split", value_set=["train", "heldout"])),
+        Check(E.ExpectColumnValuesToBeBetween(column="n_sentences", min_value=params.clean.min_sentences)),
+        Check(E.ExpectColumnValuesToBeBetween(column="min_sentence_chars", min_value=1)),
+        Check(
+            E.ExpectColumnValuesToBeBetween(
+                column="max_sentence_chars", min_value=1, max_value=params.clean.max_sentence_chars
+            )
+        ),
+        Check(E.ExpectColumnValuesToBeBetween(column="n_bytes", min_value=1)),
+    ]
+
+
+def build_corpus(
+    params: CorpusParams,
+    out_dir: str | Path,
+    *,
+    data_root: Path | None,
+    workers: int | None = None,
+    report_dir: str | Path | None = None,
+) -> CorpusStats:
+    """Build the corpus directory ``out_dir`` (layout in :mod:`bert_core.corpus.shards`).
+
+    Args:
+        params: Stage params.
+        out_dir: Final output directory; replaced atomically only when the build and its checks succeed.
+        data_root: Local data root: ``params.local_sources`` are read relative to it. ``None``:
+            ``params.sources`` (the Hugging Face Hub default) are used.
+        workers: Worker processes (default ``params.workers``); the output does not depend on it.
+        report_dir: Where to write the data-check report (Data Docs HTML); not written when ``None``.
+
+    Returns:
+        Statistics of the build, with ``check_report`` (a ``bert_core.checks.CheckReport``).
+
+    Raises:
+        SourceNotFoundError: a source path matches nothing.
+        CorpusError: unreadable input, or a bad record with ``on_bad_record='error'``.
+        EmptyCorpusError: nothing survived filtering, or the held-out split came out empty.
+        bert_core.checks.DataCheckError: a critical data check failed.
+    """
+    import pandas as pd
+
+    from bert_core.checks import validate
+
+    t0 = time.perf_counter()
+    workers = params.workers if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    out_dir = Path(out_dir)
+    sources = params.local_sources if data_root is not None else params.sources
+    units = plan_units(sources, data_root)
+    stats = CorpusStats(workers=workers, params_hash=params_hash(params, data_root))
+    stats.data_root = "local" if data_root is not None else "hub"
+    root_s = str(data_root) if data_root is not None else None
+    log.info("corpus: %d work units from %d sources, %d workers", len(units), len(sources), workers)
+
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        work = tmp / "_work"
+        work.mkdir()
+        merger = _Merger(params, sources, tmp, stats)
+        if workers == 1:
+            for unit in units:
+                if merger.done:
+                    break
+                if unit.source_index in merger.src_done:
+                    continue
+                merger.consume(unit, process_unit(unit, params, str(work), root_s))
+        else:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+                pending: deque[tuple[WorkUnit, Future]] = deque()
+                todo = iter(units)
+
+                def submit_next() -> None:
+                    for unit in todo:
+                        if merger.done:
+                            return
+                        if unit.source_index in merger.src_done:
+                            continue
+                        pending.append((unit, pool.submit(process_unit, unit, params, str(work), root_s)))
+                        return
+
+                try:
+                    for _ in range(2 * workers):
+                        submit_next()
+                    while pending and not merger.done:
+                        unit, fut = pending.popleft()
+                        result = fut.result()
+                        if unit.source_index in merger.src_done:
+                            if result.path:
+                                Path(result.path).unlink()
+                        else:
+                            merger.consume(unit, result)
+                        submit_next()
+                finally:
+                    for _, fut in pending:
+                        fut.cancel()
+        train_shards, heldout_shards = merger.close()
+        shutil.rmtree(work)
+
+        if stats.documents == 0:
+            raise EmptyCorpusError(
+                f"no documents left after reading {stats.records} records and filtering "
+                f"(dropped: {dict(stats.dropped)}). Check the sources and the corpus.clean limits."
+            )
+        if stats.documents_heldout == 0 or stats.documents_train == 0:
+            raise EmptyCorpusError(
+                f"the {'held-out' if stats.documents_heldout == 0 else 'train'} split is empty "
+                f"({stats.documents} documents, heldout.fraction={params.heldout.fraction}); "
+                "adjust corpus.heldout.fraction or add documents"
+            )
+        stats.shards_train, stats.shards_heldout = len(train_shards), len(heldout_shards)
+        for si, src in enumerate(sources):
+            stats.per_source[src.name] = {
+                "documents": int(merger.src_docs[si]),
+                "bytes": int(merger.src_bytes[si]),
+            }
+        report = validate(
+            pd.DataFrame(merger.check_rows),
+            "corpus",
+            _corpus_checks(params, [s.name for s in sources]),
+            report_dir=report_dir,
+        )
+        stats.check_report = report
+        report.raise_for_critical()
+        stats.elapsed_s = time.perf_counter() - t0
+        manifest = {
+            "format": FORMAT,
+            "params_hash": stats.params_hash,
+            "data_root": stats.data_root,
+            "columns": SCHEMA.names,
+            "splits": {
+                "train": {"documents": stats.documents_train, "shards": train_shards},
+                "heldout": {"documents": stats.documents_heldout, "shards": heldout_shards},
+            },
+            "sources": [s.model_dump(mode="json") for s in sources],
+            # Everything but timings, so the directory is identical for any worker count.
+            "stats": {k: v for k, v in stats.as_metrics().items() if k not in _RUN_DEPENDENT},
+            "bad_record_examples": stats.bad_record_examples,
+            "unicode_version": unicodedata.unidata_version,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    log.info("corpus: %s", {k: v for k, v in stats.as_metrics().items() if not isinstance(v, dict)})
+    return stats

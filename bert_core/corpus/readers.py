@@ -1,0 +1,432 @@
+"""Source kinds: turn each configured source into work units (files) and each unit into raw documents.
+
+A *work unit* is one input file (or, for a Hub dataset, the whole dataset): units are processed in parallel
+and their results merged in unit order, so the output never depends on the worker count. Readers stream:
+a file is read line by line (JSONL, blank-line and WikiText layouts), batch by batch (Parquet) or page by
+page (XML dumps); only one-document-per-file text is read whole, and files too large to pass the
+``max_doc_chars`` filter are skipped without being read.
+"""
+
+from __future__ import annotations
+
+import bz2
+import codecs
+import fnmatch
+import glob
+import gzip
+import json
+import logging
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bert_core.corpus.clean import wikitext_detokenize
+from bert_core.corpus.params import SourceSpec
+from bert_core.corpus.wiki import WikiDumpError, is_disambiguation, iter_pages, wikitext_to_passages
+
+log = logging.getLogger(__name__)
+
+MAX_BAD_RECORD_EXAMPLES = 20
+
+
+class CorpusError(RuntimeError):
+    """The corpus stage cannot do its job; the message names the source/file/line and what to do."""
+
+
+class SourceNotFoundError(CorpusError, FileNotFoundError):
+    """A configured source path matches no file."""
+
+
+# --- UTF-8 decoding that counts what it replaces -------------------------------------------------------
+_REPLACED = [0]
+
+
+def _count_and_replace(err: UnicodeDecodeError) -> tuple[str, int]:
+    _REPLACED[0] += 1
+    return "\ufffd", err.end
+
+
+codecs.register_error("bert_corpus_replace", _count_and_replace)
+
+
+def decode(data: bytes) -> tuple[str, int]:
+    """Decode UTF-8, replacing invalid sequences with U+FFFD; return the text and the replacement count."""
+    before = _REPLACED[0]
+    text = data.decode("utf-8", errors="bert_corpus_replace")
+    return text, _REPLACED[0] - before
+
+
+@dataclass
+class UnitStats:
+    """Counters one work unit contributes to the stage metrics."""
+
+    input_files: int = 0
+    input_bytes: int = 0
+    records: int = 0
+    utf8_replacements: int = 0
+    files_with_utf8_errors: int = 0
+    gutenberg_stripped: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    bad_record_examples: list[str] = field(default_factory=list)
+
+    def bad_record(self, where: str, why: str, on_bad_record: str) -> None:
+        msg = f"{where}: {why}"
+        if on_bad_record == "error":
+            raise CorpusError(f"{msg}. Fix or remove the record, or set corpus.on_bad_record: skip")
+        self.dropped["bad_record"] += 1
+        if len(self.bad_record_examples) < MAX_BAD_RECORD_EXAMPLES:
+            self.bad_record_examples.append(msg)
+        log.warning("skipping bad record %s", msg)
+
+    def merge(self, other: UnitStats) -> None:
+        for name in ("input_files", "input_bytes", "records", "utf8_replacements", "files_with_utf8_errors"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.gutenberg_stripped += other.gutenberg_stripped
+        self.dropped.update(other.dropped)
+        room = MAX_BAD_RECORD_EXAMPLES - len(self.bad_record_examples)
+        self.bad_record_examples.extend(other.bad_record_examples[: max(room, 0)])
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """One input file of a source (``path`` None: a whole Hub dataset)."""
+
+    index: int
+    source_index: int
+    source: SourceSpec
+    path: str | None
+    rel: str
+
+
+@dataclass(frozen=True)
+class RawDoc:
+    """A document as read, before cleaning. ``text`` holds paragraphs as described by ``newlines``."""
+
+    local_id: str
+    title: str
+    text: str
+    newlines: str
+
+
+# --- planning ------------------------------------------------------------------------------------------
+def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
+    raw = Path(source.path).expanduser()
+    base = raw if (raw.is_absolute() or root is None) else root / raw
+    if base.is_file():
+        files = [base]
+        anchor = base.parent
+    elif base.is_dir():
+        files = sorted(p for p in base.rglob(source.pattern) if p.is_file())
+        anchor = base
+    else:
+        files = sorted(Path(p) for p in glob.glob(str(base), recursive=True) if Path(p).is_file())
+        anchor = Path(glob.escape(str(base)).split("*")[0].split("?")[0].split("[")[0])
+        anchor = anchor if anchor.is_dir() else anchor.parent
+    files = [p for p in files if not any(fnmatch.fnmatch(p.name, pat) for pat in source.exclude)]
+    if not files:
+        where = f" under data root {root}" if root is not None and not raw.is_absolute() else ""
+        raise SourceNotFoundError(
+            f"source '{source.name}' ({source.kind}): path '{source.path}'{where} matches no files "
+            f"({base}). Check the path, or set/unset BERT_DATA_ROOT."
+        )
+    return anchor, files
+
+
+def plan_units(sources: tuple[SourceSpec, ...], root: Path | None) -> list[WorkUnit]:
+    """Resolve every source to its ordered work units.
+
+    Raises:
+        SourceNotFoundError: a source path matches no file (names the source, the path and the root).
+    """
+    units: list[WorkUnit] = []
+    for si, source in enumerate(sources):
+        if source.kind == "hf" and (root is None or not (root / source.path).exists()):
+            if root is not None:
+                raise SourceNotFoundError(
+                    f"source '{source.name}' (hf): '{source.path}' does not exist under data root {root}; "
+                    "with BERT_DATA_ROOT set, Hub datasets must be given as local dataset folders"
+                )
+            units.append(WorkUnit(len(units), si, source, None, f"{source.split}"))
+            continue
+        anchor, files = _resolve(source, root)
+        for p in files:
+            try:
+                rel = p.relative_to(anchor).as_posix()
+            except ValueError:
+                rel = p.name
+            units.append(WorkUnit(len(units), si, source, str(p), rel))
+    return units
+
+
+# --- readers -------------------------------------------------------------------------------------------
+def _open_binary(path: Path):
+    name = path.name.lower()
+    if name.endswith(".bz2"):
+        return bz2.open(path, "rb")
+    if name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".bz2", ".gz"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def _lines(path: Path, stats: UnitStats) -> Iterator[tuple[int, str]]:
+    """Decoded lines (1-based line numbers), counting UTF-8 replacements; compressed input errors named."""
+    replaced = 0
+    try:
+        with _open_binary(path) as fh:
+            for lineno, raw in enumerate(fh, 1):
+                stats.input_bytes += len(raw)
+                text, n = decode(raw)
+                replaced += n
+                yield lineno, text
+    except (EOFError, OSError) as err:
+        raise CorpusError(
+            f"{path}: cannot read ({err}); the compressed file is corrupt or truncated — re-create it or "
+            "remove it from the source"
+        ) from None
+    finally:
+        stats.utf8_replacements += replaced
+        stats.files_with_utf8_errors += int(replaced > 0)
+
+
+_WT_TITLE_RE = re.compile(r"^ ?= ([^=].*?) = ?$")
+_WT_SUBHEAD_RE = re.compile(r"^ ?(= ){2,}.*?( =){2,} ?$")
+
+
+def _wikitext_docs(lines: Iterator[str], prefix: str) -> Iterator[RawDoc]:
+    """Group WikiText lines into articles at top-level ``" = Title = "`` lines; drop sub-headings."""
+    title, paras, n = "", [], 0
+    for line in lines:
+        s = line.rstrip("\n")
+        m = _WT_TITLE_RE.match(s)
+        if m and not _WT_SUBHEAD_RE.match(s):
+            if paras:
+                yield RawDoc(f"{prefix}{n}", title, "\n".join(paras), "paragraph")
+                n += 1
+            title, paras = wikitext_detokenize(m.group(1).strip()), []
+            continue
+        if _WT_SUBHEAD_RE.match(s) or not s.strip():
+            continue
+        paras.append(wikitext_detokenize(s.strip()))
+    if paras:
+        yield RawDoc(f"{prefix}{n}", title, "\n".join(paras), "paragraph")
+
+
+def _read_text(unit: WorkUnit, stats: UnitStats, max_doc_chars: int) -> Iterator[RawDoc]:
+    src, path = unit.source, Path(unit.path)
+    mode = src.effective_doc_split
+    if mode == "file":
+        size = path.stat().st_size
+        compressed = path.name.lower().endswith((".bz2", ".gz"))
+        if not compressed and size > 4 * max_doc_chars:  # >= size/4 characters: cannot pass max_doc_chars
+            stats.input_bytes += size
+            stats.records += 1
+            stats.dropped["too_long"] += 1
+            return
+        try:
+            with _open_binary(path) as fh:
+                data = fh.read()
+        except (EOFError, OSError) as err:
+            raise CorpusError(
+                f"{path}: cannot read ({err}); the file is corrupt or truncated — re-create it or remove it"
+            ) from None
+        stats.input_bytes += len(data)
+        text, n = decode(data)
+        stats.utf8_replacements += n
+        stats.files_with_utf8_errors += int(n > 0)
+        yield RawDoc(unit.rel, _stem(path), text, src.effective_newlines)
+        return
+    lines = (line for _, line in _lines(path, stats))
+    if mode == "wikitext":
+        yield from _wikitext_docs(lines, f"{unit.rel}#")
+        return
+    # blank_lines: documents separated by blank lines; a document longer than max_doc_chars is dropped
+    # as soon as it gets there so memory stays bounded.
+    buf: list[str] = []
+    size, n, overflow = 0, 0, False
+    for line in lines:
+        if line.strip():
+            if not overflow:
+                buf.append(line)
+                size += len(line)
+                if size > max_doc_chars:
+                    overflow, buf = True, []
+            continue
+        if buf or overflow:
+            if overflow:
+                stats.records += 1
+                stats.dropped["too_long"] += 1
+            else:
+                yield RawDoc(f"{unit.rel}#{n}", "", "".join(buf), src.effective_newlines)
+            n += 1
+            buf, size, overflow = [], 0, False
+    if buf:
+        yield RawDoc(f"{unit.rel}#{n}", "", "".join(buf), src.effective_newlines)
+    elif overflow:
+        stats.records += 1
+        stats.dropped["too_long"] += 1
+
+
+def _field_str(rec: dict, name: str | None) -> str | None:
+    if name is None:
+        return None
+    v = rec.get(name)
+    return None if v is None else str(v)
+
+
+def _read_jsonl(unit: WorkUnit, stats: UnitStats, on_bad_record: str) -> Iterator[RawDoc]:
+    src, path = unit.source, Path(unit.path)
+    for lineno, line in _lines(path, stats):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            stats.records += 1
+            stats.bad_record(where, f"not valid JSON ({err.msg} at column {err.colno})", on_bad_record)
+            continue
+        if not isinstance(rec, dict) or not isinstance(rec.get(src.text_field), str):
+            stats.records += 1
+            stats.bad_record(where, f"no string field '{src.text_field}'", on_bad_record)
+            continue
+        rid = _field_str(rec, src.id_field) or f"{unit.rel}:{lineno}"
+        yield RawDoc(rid, _field_str(rec, src.title_field) or "", rec[src.text_field], src.effective_newlines)
+
+
+def _read_parquet(unit: WorkUnit, stats: UnitStats, on_bad_record: str) -> Iterator[RawDoc]:
+    import pyarrow.parquet as pq
+
+    src, path = unit.source, Path(unit.path)
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as err:
+        raise CorpusError(f"{path}: not a readable Parquet file ({err}); re-create it or remove it") from None
+    stats.input_bytes += path.stat().st_size
+    names = pf.schema_arrow.names
+    wanted = [c for c in (src.text_field, src.id_field, src.title_field) if c]
+    missing = [c for c in wanted if c not in names]
+    if missing:
+        raise CorpusError(
+            f"{path}: missing column(s) {missing} (columns: {names}); set text_field/id_field/title_field "
+            f"of source '{src.name}'"
+        )
+    row = 0
+    for batch in pf.iter_batches(batch_size=256, columns=sorted(set(wanted))):
+        cols = batch.to_pydict()
+        for i in range(batch.num_rows):
+            row += 1
+            text = cols[src.text_field][i]
+            if not isinstance(text, str):
+                stats.records += 1
+                stats.bad_record(
+                    f"{path}: row {row}", f"field '{src.text_field}' is not a string", on_bad_record
+                )
+                continue
+            rid = (
+                str(cols[src.id_field][i]) if src.id_field and cols[src.id_field][i] is not None else None
+            ) or (f"{unit.rel}:{row}")
+            title = str(cols[src.title_field][i] or "") if src.title_field else ""
+            yield RawDoc(rid, title, text, src.effective_newlines)
+
+
+def _read_wiki(unit: WorkUnit, stats: UnitStats) -> Iterator[RawDoc]:
+    path = Path(unit.path)
+    stats.input_bytes += path.stat().st_size
+    try:
+        for page in iter_pages(path):
+            if page.redirect:
+                stats.records += 1
+                stats.dropped["redirect"] += 1
+                continue
+            if page.ns != 0:
+                stats.records += 1
+                stats.dropped["non_article_namespace"] += 1
+                continue
+            if is_disambiguation(page.text):
+                stats.records += 1
+                stats.dropped["disambiguation"] += 1
+                continue
+            yield RawDoc(
+                page.page_id or page.title,
+                page.title,
+                "\n".join(wikitext_to_passages(page.text)),
+                "paragraph",
+            )
+    except WikiDumpError as err:
+        raise CorpusError(str(err)) from None
+
+
+def _read_hf(unit: WorkUnit, stats: UnitStats, root: Path | None) -> Iterator[RawDoc]:
+    src = unit.source
+    try:
+        import datasets
+
+        name = str(root / src.path) if root is not None else src.path
+        ds = datasets.load_dataset(name, src.config, split=src.split, streaming=True)
+    except Exception as err:
+        raise CorpusError(
+            f"source '{src.name}': cannot load Hugging Face dataset {src.path!r} "
+            f"(config {src.config!r}, split {src.split!r}): {err}. Check the name and your network, or set "
+            "BERT_DATA_ROOT to build from local files"
+        ) from None
+
+    def rows() -> Iterator[dict]:
+        for rec in ds:
+            text = rec.get(src.text_field)
+            if isinstance(text, str):
+                stats.input_bytes += len(text.encode("utf-8", "replace"))
+            yield rec
+
+    if src.effective_doc_split == "wikitext":
+        yield from _wikitext_docs((r.get(src.text_field) or "" for r in rows()), f"{src.split}#")
+        return
+    for i, rec in enumerate(rows()):
+        text = rec.get(src.text_field)
+        if not isinstance(text, str):
+            stats.records += 1
+            stats.bad_record(f"{src.path}: row {i}", f"no string field '{src.text_field}'", "skip")
+            continue
+        rid = _field_str(rec, src.id_field) or f"{src.split}:{i}"
+        yield RawDoc(rid, _field_str(rec, src.title_field) or "", text, src.effective_newlines)
+
+
+def iter_documents(
+    unit: WorkUnit, stats: UnitStats, *, max_doc_chars: int, on_bad_record: str, root: Path | None
+) -> Iterator[RawDoc]:
+    """Stream the raw documents of one work unit, updating ``stats`` (bytes, bad records, skips).
+
+    Raises:
+        CorpusError: unreadable file (corrupt/truncated compression, malformed XML or Parquet), a missing
+            Parquet column, or a bad record with ``on_bad_record='error'`` (names file and line).
+    """
+    kind = unit.source.kind
+    if kind == "hf":
+        stats.input_files += 1
+        yield from _read_hf(unit, stats, root)
+        return
+    path = Path(unit.path)
+    if not path.is_file():
+        raise SourceNotFoundError(
+            f"source '{unit.source.name}': {path} disappeared while building the corpus"
+        )
+    stats.input_files += 1
+    if kind == "text":
+        yield from _read_text(unit, stats, max_doc_chars)
+    elif kind == "jsonl":
+        yield from _read_jsonl(unit, stats, on_bad_record)
+    elif kind == "parquet":
+        yield from _read_parquet(unit, stats, on_bad_record)
+    elif kind == "wikipedia_xml":
+        yield from _read_wiki(unit, stats)
+    else:  # pragma: no cover - SourceSpec validation makes this unreachable
+        raise CorpusError(f"source '{unit.source.name}': unknown kind {kind!r}")
