@@ -1,0 +1,123 @@
+"""Small timing helpers shared by the benchmarks: interleaved timing, medians, a results table.
+
+Benchmarks compare two implementations *in one process, interleaved* (A, B, B, A, A, B, ...), so
+that slow drift of a shared machine (other processes, thermal state, memory) hits both alike, and
+report medians, which a few disturbed repetitions do not move.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of a non-empty sequence."""
+    if not values:
+        raise ValueError("median of an empty sequence")
+    return float(statistics.median(values))
+
+
+def time_call(fn: Callable[[], Any], sync: Callable[[], None] | None = None) -> float:
+    """Seconds one call of ``fn`` takes (``sync`` is run before reading the clock, e.g. CUDA sync)."""
+    start = time.perf_counter()
+    fn()
+    if sync is not None:
+        sync()
+    return time.perf_counter() - start
+
+
+def interleaved_timing(
+    fns: dict[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 1,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, list[float]]:
+    """Time several callables in alternation; returns seconds per call for each name.
+
+    Each repetition runs every callable once; the order alternates between repetitions (forward,
+    then reversed) so none always runs first. ``warmup`` untimed rounds are run the same way.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(warmup + repeats):
+        order = names if rep % 2 == 0 else names[::-1]
+        for name in order:
+            elapsed = time_call(fns[name], sync)
+            if rep >= warmup:
+                times[name].append(elapsed)
+    return times
+
+
+def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
+    """Per-repetition ratios ``numerator[i] / denominator[i]`` (e.g. theirs / ours = our speed-up)."""
+    return [n / d for n, d in zip(numerator, denominator, strict=True)]
+
+
+def cpu_model() -> str:
+    """The CPU model name (lscpu, falling back to /proc/cpuinfo and platform)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, core count, torch threads and library versions, for the benchmark record."""
+    import torch
+
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A Markdown table of ``rows`` (floats to 3 significant decimals)."""
+    if not rows:
+        return ""
+    columns = list(columns or rows[0])
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3f}" if abs(value) < 1000 else f"{value:,.0f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
+    """Print :func:`format_table`."""
+    print(format_table(rows, columns))
