@@ -1,0 +1,78 @@
+"""Shared pieces of the task loaders: the error type, the row container, and where data comes from."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+class TaskDataError(ValueError):
+    """Task data that cannot be used as it is; the message names the file (and line or id) and the fix."""
+
+
+class TaskRows(list):
+    """The rows of one task split: a plain ``list`` of canonical dicts, plus where they came from.
+
+    Attributes:
+        task: Task name (``"mrpc"``).
+        split: Split name (``"dev"``).
+        source: The local file read, or ``hf://<dataset id>[/<config>]:<split>``.
+        skipped: Rows left out on purpose, by reason (``{"malformed row": 3}``): only rows that the official
+            format is known to contain (e.g. QQP's broken lines), never silently anything else.
+    """
+
+    def __init__(
+        self, rows: Any = (), *, task: str, split: str, source: str, skipped: dict[str, int] | None = None
+    ):
+        super().__init__(rows)
+        self.task = task
+        self.split = split
+        self.source = source
+        self.skipped: dict[str, int] = dict(skipped or {})
+
+    @property
+    def n_skipped(self) -> int:
+        """Total number of rows skipped."""
+        return sum(self.skipped.values())
+
+    def __repr__(self) -> str:
+        return (
+            f"TaskRows(task={self.task!r}, split={self.split!r}, rows={len(self)}, "
+            f"skipped={self.skipped!r}, source={self.source!r})"
+        )
+
+
+def resolve_data_root(data_root: str | os.PathLike[str] | None) -> Path | None:
+    """The local data root to read from: the argument, else ``BERT_DATA_ROOT``; ``None`` means the Hub."""
+    if data_root is not None:
+        root = Path(data_root).expanduser()
+        if not root.is_dir():
+            raise FileNotFoundError(f"data root {root} is not a directory")
+        return root
+    from bert_core.sources import data_root as env_root
+
+    return env_root()
+
+
+def require_file(root: Path, relative: str, task: str, split: str) -> Path:
+    """``root / relative`` if it is a file, else a :class:`TaskDataError` that says what to do."""
+    path = root / relative
+    if not path.is_file():
+        raise TaskDataError(
+            f"{task}/{split}: {path} does not exist. Put the official file there (layout of shared/data: "
+            f"{relative} under the data root), or unset BERT_DATA_ROOT to load {task} from the Hugging Face Hub."
+        )
+    return path
+
+
+def hub_split(path: str, config: str | None, split: str, limit: int | None) -> Any:
+    """``datasets.load_dataset(path, config, split=...)``, the first ``limit`` rows when given."""
+    import datasets
+
+    spec = split if limit is None else f"{split}[:{int(limit)}]"
+    return datasets.load_dataset(path, config, split=spec)
+
+
+def hub_source(path: str, config: str | None, split: str) -> str:
+    return f"hf://{path}" + (f"/{config}" if config else "") + f":{split}"

@@ -1,0 +1,87 @@
+"""``load_task_split``: one entry point for every task's data, local or from the Hub."""
+
+from __future__ import annotations
+
+import os
+
+from bert_core.tasks import conll, glue, squad, swag
+from bert_core.tasks.base import TaskDataError, TaskRows, require_file, resolve_data_root
+from bert_core.tasks.registry import CONLL_IOB2_FILES, TaskSpec, get_task
+
+
+def load_task_split(
+    task: str | TaskSpec,
+    split: str,
+    data_root: str | os.PathLike[str] | None = None,
+    limit: int | None = None,
+) -> TaskRows:
+    """Load one split of one task as canonical rows (a list of plain dicts, schema per task kind).
+
+    Where the data comes from: ``data_root`` when given, else ``BERT_DATA_ROOT``
+    (:func:`bert_core.sources.data_root`), read in the task's official distribution format (layout of
+    ``shared/data``: ``glue/<TASK>/*.tsv``, ``squad/*.json``, ``conll2003/eng.*``, ``swag/*.csv``); with
+    neither, the Hugging Face Hub via ``datasets.load_dataset`` (``TaskSpec.hub_path``).
+
+    Schemas (keys exactly these):
+
+    * classification / regression: ``{"id", "text_a", "text_b", "label"}`` -- ``text_b`` ``None`` for
+      single-sentence tasks; ``label`` an index into ``TaskSpec.labels`` (float for STS-B), ``None``
+      on unlabelled test sets.
+    * span_qa: ``{"id", "title", "context", "question", "answers": {"text", "answer_start"},
+      "is_impossible"}``.
+    * token_classification: ``{"id", "tokens", "tags"}`` -- IOB2 tags (IOB1 input converted).
+    * multiple_choice: ``{"id", "context", "start", "endings" (4), "label"}``.
+
+    Args:
+        task: Task name (see :func:`bert_core.tasks.get_task`) or its spec.
+        split: One of ``TaskSpec.splits`` (``train``, ``dev``, ``test``; MNLI: ``dev_matched``,
+            ``dev_mismatched``, ``test_matched``, ``test_mismatched``, ``diagnostic``).
+        data_root: Local data root; overrides ``BERT_DATA_ROOT``.
+        limit: Keep only the first ``limit`` rows (quick runs and tests).
+
+    Returns:
+        :class:`~bert_core.tasks.base.TaskRows`: a ``list`` of dicts with ``.source`` and ``.skipped``
+        (rows skipped on purpose, by reason; see each loader).
+
+    Raises:
+        KeyError: unknown task or split (the message lists the valid ones).
+        TaskDataError: a missing local file, or a malformed row (the message names the file and line).
+    """
+    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    if split not in spec.splits:
+        raise KeyError(f"{spec.name} has no split {split!r}; valid splits: {list(spec.splits)}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive number of rows, got {limit}")
+    root = resolve_data_root(data_root)
+    if root is None:
+        return _from_hub(spec, split, limit)
+
+    relative = spec.local_files[split]
+    if (
+        spec.name == "conll2003"
+        and not (root / relative).is_file()
+        and (root / CONLL_IOB2_FILES[split]).is_file()
+    ):
+        relative = CONLL_IOB2_FILES[split]
+    path = require_file(root, relative, spec.name, split)
+    if spec.kind in ("classification", "regression"):
+        return glue.load_glue_tsv(spec, split, path, limit)
+    if spec.kind == "span_qa":
+        return squad.load_squad_json(spec, split, path, limit)
+    if spec.kind == "token_classification":
+        return conll.load_conll_file(spec, split, path, limit)
+    if spec.kind == "multiple_choice":
+        return swag.load_swag_csv(spec, split, path, limit)
+    raise TaskDataError(f"no local loader for task kind {spec.kind!r}")  # pragma: no cover
+
+
+def _from_hub(spec: TaskSpec, split: str, limit: int | None) -> TaskRows:
+    if spec.kind in ("classification", "regression"):
+        return glue.load_glue_hub(spec, split, limit)
+    if spec.kind == "span_qa":
+        return squad.load_squad_hub(spec, split, limit)
+    if spec.kind == "token_classification":
+        return conll.load_conll_hub(spec, split, limit)
+    if spec.kind == "multiple_choice":
+        return swag.load_swag_hub(spec, split, limit)
+    raise TaskDataError(f"no Hub loader for task kind {spec.kind!r}")  # pragma: no cover

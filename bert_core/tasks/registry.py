@@ -1,0 +1,322 @@
+"""The downstream tasks of the BERT paper: what each one is, where its data lives and how it is scored.
+
+One :class:`TaskSpec` per task. The label list is the single source of truth for label indices: every loader
+maps its source's labels (TSV strings, Hub ``ClassLabel`` ints) onto it, the model's output index ``i`` means
+``labels[i]``, and test predictions go to the GLUE leaderboard as ``submission_labels[i]``.
+
+The label order follows the Hugging Face Hub copies (``nyu-mll/glue`` ``ClassLabel`` names, HF
+``conll2003`` tags), so Hub and local files give the same indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from bert_core.metrics import MAIN_METRIC
+
+TaskKind = Literal["classification", "regression", "span_qa", "multiple_choice", "token_classification"]
+
+CONLL_TAGS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+MNLI_LABELS: tuple[str, ...] = ("entailment", "neutral", "contradiction")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything the pipeline needs to know about one downstream task.
+
+    Attributes:
+        name: Registry key (``"mnli"``).
+        kind: How the model reads and answers it (see :data:`TaskKind`).
+        labels: Label names; index ``i`` is class ``i`` (empty for regression and span QA; the IOB2 tag set
+            for token classification; ``("0", "1", "2", "3")`` for SWAG's endings).
+        splits: Split names :func:`~bert_core.tasks.load_task_split` accepts.
+        dev_splits: The labelled evaluation splits (MNLI has two); the first selects models.
+        test_splits: Unlabelled test splits (predictions go to a leaderboard).
+        metric_keys: Keys of the metric dict (:mod:`bert_core.metrics`), headline first.
+        main_metric: Headline metric key (BERT paper Table 1), used for model selection.
+        max_seq_length: Default maximum sequence length in WordPiece tokens.
+        hub_path, hub_config: ``datasets.load_dataset(hub_path, hub_config)``.
+        hub_splits: Our split name -> Hub split name (``"dev" -> "validation"``).
+        local_files: Our split name -> path under the data root, official format.
+        submission_files: Test split -> GLUE leaderboard file name (``"MNLI-m.tsv"``).
+        submission_labels: How a predicted index is written in the submission (the official label strings;
+            empty for STS-B, which writes the float score).
+        paper_reference: The BERT paper's reported score, for reports.
+    """
+
+    name: str
+    kind: TaskKind
+    labels: tuple[str, ...]
+    splits: tuple[str, ...]
+    dev_splits: tuple[str, ...]
+    test_splits: tuple[str, ...]
+    metric_keys: tuple[str, ...]
+    max_seq_length: int
+    hub_path: str
+    hub_config: str | None
+    hub_splits: dict[str, str]
+    local_files: dict[str, str]
+    submission_files: dict[str, str] = field(default_factory=dict)
+    submission_labels: tuple[str, ...] = ()
+    paper_reference: str = ""
+
+    def __post_init__(self) -> None:
+        missing = set(self.splits) - set(self.local_files)
+        assert not missing and set(self.dev_splits) <= set(self.splits), (self.name, missing)
+        assert self.metric_keys[0] == self.main_metric, self.name
+
+    @property
+    def main_metric(self) -> str:
+        return MAIN_METRIC[self.name]
+
+    @property
+    def num_labels(self) -> int:
+        """Output size of the task head (1 for regression, 2 start/end logits for span QA)."""
+        return {"regression": 1, "span_qa": 2}.get(self.kind, len(self.labels))
+
+    @property
+    def main_dev_split(self) -> str:
+        return self.dev_splits[0]
+
+    def label_index(self, label: str) -> int:
+        """Index of ``label`` in :attr:`labels` (raises ``KeyError`` naming the valid labels)."""
+        try:
+            return self.labels.index(label)
+        except ValueError:
+            raise KeyError(
+                f"{self.name}: unknown label {label!r}; valid labels: {list(self.labels)}"
+            ) from None
+
+
+_GLUE = "nyu-mll/glue"
+_GLUE_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
+
+
+def _glue(
+    name: str,
+    folder: str,
+    labels: tuple[str, ...],
+    submission_labels: tuple[str, ...],
+    metric_keys: tuple[str, ...],
+    submission: str,
+    *,
+    kind: TaskKind = "classification",
+    paper: str = "",
+) -> TaskSpec:
+    return TaskSpec(
+        name=name,
+        kind=kind,
+        labels=labels,
+        splits=("train", "dev", "test"),
+        dev_splits=("dev",),
+        test_splits=("test",),
+        metric_keys=metric_keys,
+        max_seq_length=128,
+        hub_path=_GLUE,
+        hub_config=name,
+        hub_splits=dict(_GLUE_SPLITS),
+        local_files={s: f"glue/{folder}/{s}.tsv" for s in ("train", "dev", "test")},
+        submission_files={"test": submission},
+        submission_labels=submission_labels,
+        paper_reference=paper,
+    )
+
+
+_BIN = ("0", "1")
+_NLI2 = ("entailment", "not_entailment")
+
+TASKS: dict[str, TaskSpec] = {
+    spec.name: spec
+    for spec in (
+        _glue(
+            "cola",
+            "CoLA",
+            ("unacceptable", "acceptable"),
+            _BIN,
+            ("matthews_corr",),
+            "CoLA.tsv",
+            paper="BERT-Base test 52.1",
+        ),
+        _glue(
+            "sst2",
+            "SST-2",
+            ("negative", "positive"),
+            _BIN,
+            ("accuracy",),
+            "SST-2.tsv",
+            paper="BERT-Base test 93.5",
+        ),
+        _glue(
+            "mrpc",
+            "MRPC",
+            ("not_equivalent", "equivalent"),
+            _BIN,
+            ("f1", "accuracy"),
+            "MRPC.tsv",
+            paper="BERT-Base test F1 88.9",
+        ),
+        _glue(
+            "stsb",
+            "STS-B",
+            (),
+            (),
+            ("spearman", "pearson"),
+            "STS-B.tsv",
+            kind="regression",
+            paper="BERT-Base test Spearman 85.8",
+        ),
+        _glue(
+            "qqp",
+            "QQP",
+            ("not_duplicate", "duplicate"),
+            _BIN,
+            ("f1", "accuracy"),
+            "QQP.tsv",
+            paper="BERT-Base test F1 71.2",
+        ),
+        TaskSpec(
+            name="mnli",
+            kind="classification",
+            labels=MNLI_LABELS,
+            splits=(
+                "train",
+                "dev_matched",
+                "dev_mismatched",
+                "test_matched",
+                "test_mismatched",
+                "diagnostic",
+            ),
+            dev_splits=("dev_matched", "dev_mismatched"),
+            test_splits=("test_matched", "test_mismatched", "diagnostic"),
+            metric_keys=("accuracy",),
+            max_seq_length=128,
+            hub_path=_GLUE,
+            hub_config="mnli",
+            hub_splits={
+                "train": "train",
+                "dev_matched": "validation_matched",
+                "dev_mismatched": "validation_mismatched",
+                "test_matched": "test_matched",
+                "test_mismatched": "test_mismatched",
+                "diagnostic": "ax:test",  # another config of nyu-mll/glue
+            },
+            local_files={
+                "train": "glue/MNLI/train.tsv",
+                "dev_matched": "glue/MNLI/dev_matched.tsv",
+                "dev_mismatched": "glue/MNLI/dev_mismatched.tsv",
+                "test_matched": "glue/MNLI/test_matched.tsv",
+                "test_mismatched": "glue/MNLI/test_mismatched.tsv",
+                "diagnostic": "glue/diagnostic/diagnostic.tsv",
+            },
+            # The diagnostic set (AX) is predicted by the MNLI model and submitted with the GLUE test files.
+            submission_files={
+                "test_matched": "MNLI-m.tsv",
+                "test_mismatched": "MNLI-mm.tsv",
+                "diagnostic": "AX.tsv",
+            },
+            submission_labels=MNLI_LABELS,
+            paper_reference="BERT-Base test 84.6 (m) / 83.4 (mm)",
+        ),
+        _glue("qnli", "QNLI", _NLI2, _NLI2, ("accuracy",), "QNLI.tsv", paper="BERT-Base test 90.5"),
+        _glue("rte", "RTE", _NLI2, _NLI2, ("accuracy",), "RTE.tsv", paper="BERT-Base test 66.4"),
+        _glue(
+            "wnli",
+            "WNLI",
+            ("not_entailment", "entailment"),
+            _BIN,
+            ("accuracy",),
+            "WNLI.tsv",
+            paper="excluded from the BERT paper's GLUE average",
+        ),
+        TaskSpec(
+            name="squad_v1",
+            kind="span_qa",
+            labels=(),
+            splits=("train", "dev"),
+            dev_splits=("dev",),
+            test_splits=(),
+            metric_keys=("f1", "exact_match"),
+            max_seq_length=384,
+            hub_path="rajpurkar/squad",
+            hub_config=None,
+            hub_splits={"train": "train", "dev": "validation"},
+            local_files={"train": "squad/train-v1.1.json", "dev": "squad/dev-v1.1.json"},
+            paper_reference="BERT-Base dev EM 80.8 / F1 88.5",
+        ),
+        TaskSpec(
+            name="squad_v2",
+            kind="span_qa",
+            labels=(),
+            splits=("train", "dev"),
+            dev_splits=("dev",),
+            test_splits=(),
+            metric_keys=("f1", "exact"),
+            max_seq_length=384,
+            hub_path="rajpurkar/squad_v2",
+            hub_config=None,
+            hub_splits={"train": "train", "dev": "validation"},
+            local_files={"train": "squad/train-v2.0.json", "dev": "squad/dev-v2.0.json"},
+            paper_reference="BERT-Large dev EM 78.7 / F1 81.9",
+        ),
+        TaskSpec(
+            name="swag",
+            kind="multiple_choice",
+            labels=("0", "1", "2", "3"),
+            splits=("train", "dev", "test"),
+            dev_splits=("dev",),
+            test_splits=("test",),
+            metric_keys=("accuracy",),
+            max_seq_length=128,
+            hub_path="allenai/swag",
+            hub_config="regular",
+            hub_splits={"train": "train", "dev": "validation", "test": "test"},
+            local_files={"train": "swag/train.csv", "dev": "swag/val.csv", "test": "swag/test.csv"},
+            paper_reference="BERT-Base dev 81.6",
+        ),
+        TaskSpec(
+            name="conll2003",
+            kind="token_classification",
+            labels=CONLL_TAGS,
+            splits=("train", "dev", "test"),
+            dev_splits=("dev",),
+            test_splits=(),  # the test set is labelled; it is reported, not submitted
+            metric_keys=("f1", "precision", "recall"),
+            max_seq_length=128,
+            hub_path="lhoestq/conll2003",  # a parquet copy; the canonical script-based one no longer loads
+            hub_config=None,
+            hub_splits={"train": "train", "dev": "validation", "test": "test"},
+            local_files={
+                "train": "conll2003/eng.train",
+                "dev": "conll2003/eng.testa",
+                "test": "conll2003/eng.testb",
+            },
+            paper_reference="BERT-Base F1 dev 96.4 / test 92.4",
+        ),
+    )
+}
+
+#: The GLUE tasks, in the order of the GLUE leaderboard.
+GLUE_TASKS: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+
+#: CoNLL-2003 in IOB2 (``iob2/{train,valid,test}.txt``), read when the original ``eng.*`` files are absent.
+CONLL_IOB2_FILES = {
+    "train": "conll2003/iob2/train.txt",
+    "dev": "conll2003/iob2/valid.txt",
+    "test": "conll2003/iob2/test.txt",
+}
+
+
+def get_task(name: str) -> TaskSpec:
+    """The :class:`TaskSpec` called ``name`` (case-insensitive; ``sst-2``/``sts-b`` spellings accepted).
+
+    Raises:
+        KeyError: naming the valid task names.
+    """
+    key = name.strip().lower().replace("-", "")
+    key = {"squad": "squad_v1", "squadv1": "squad_v1", "squadv2": "squad_v2", "conll": "conll2003"}.get(
+        key, key
+    )
+    if key not in TASKS:
+        raise KeyError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
+    return TASKS[key]

@@ -1,0 +1,112 @@
+"""SQuAD v1.1 / v2.0 loaders: the official JSON files, or ``rajpurkar/squad`` / ``rajpurkar/squad_v2``.
+
+Canonical row (one per question)::
+
+    {"id": str, "title": str, "context": str, "question": str,
+     "answers": {"text": [str, ...], "answer_start": [int, ...]}, "is_impossible": bool}
+
+Training files hold one answer per question, dev files several (all kept, in order: scoring takes the max).
+v2.0's unanswerable questions have no answers and ``is_impossible`` true; their ``plausible_answers`` are
+dropped. Every answer is checked against its context: ``context[start:start + len(text)] == text`` must
+hold, else :class:`TaskDataError` names the file and question id (the span-extraction labels would be
+wrong otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bert_core.tasks.base import TaskDataError, TaskRows, hub_source, hub_split
+from bert_core.tasks.registry import TaskSpec
+
+
+def check_answer_offsets(row: Mapping[str, Any], where: str) -> None:
+    """Raise :class:`TaskDataError` unless every answer of ``row`` is found at its character offset."""
+    answers = row["answers"]
+    if len(answers["text"]) != len(answers["answer_start"]):
+        raise TaskDataError(
+            f"{where}: question {row['id']}: {len(answers['text'])} answer texts but "
+            f"{len(answers['answer_start'])} offsets"
+        )
+    if row["is_impossible"] and answers["text"]:
+        raise TaskDataError(f"{where}: question {row['id']} is marked impossible but has answers")
+    if not row["is_impossible"] and not answers["text"]:
+        raise TaskDataError(f"{where}: question {row['id']} has no answer and is not marked is_impossible")
+    context = row["context"]
+    for text, start in zip(answers["text"], answers["answer_start"]):
+        found = context[start : start + len(text)] if isinstance(start, int) and start >= 0 else None
+        if found != text:
+            raise TaskDataError(
+                f"{where}: question {row['id']}: answer {text!r} is not at answer_start={start} of its "
+                f"context (found {found!r}); fix the offset"
+            )
+
+
+def _version_ok(spec: TaskSpec, version: str) -> bool:
+    v = version.lstrip("v")
+    return v.startswith("2") if spec.name == "squad_v2" else v.startswith("1")
+
+
+def load_squad_json(spec: TaskSpec, split: str, path: Path, limit: int | None = None) -> TaskRows:
+    """Read an official SQuAD JSON file into canonical rows, checking every answer offset."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            doc = json.load(f)
+    except json.JSONDecodeError as err:
+        raise TaskDataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise TaskDataError(f"{path}: expected an object with a 'data' list (the official SQuAD format)")
+    version = str(doc.get("version", ""))
+    if version and not _version_ok(spec, version):
+        raise TaskDataError(f"{path}: file says version {version!r}, which is not a {spec.name} file")
+    rows: list[dict[str, Any]] = []
+    for a, article in enumerate(doc["data"]):
+        for p, paragraph in enumerate(article.get("paragraphs", [])):
+            for q, qa in enumerate(paragraph.get("qas", [])):
+                where = f"{path} data[{a}].paragraphs[{p}].qas[{q}]"
+                try:
+                    row = {
+                        "id": str(qa["id"]),
+                        "title": str(article.get("title", "")),
+                        "context": paragraph["context"],
+                        "question": qa["question"],
+                        "answers": {
+                            "text": [ans["text"] for ans in qa["answers"]],
+                            "answer_start": [ans["answer_start"] for ans in qa["answers"]],
+                        },
+                        "is_impossible": bool(qa.get("is_impossible", False)),
+                    }
+                except (KeyError, TypeError) as err:
+                    raise TaskDataError(f"{where}: missing or malformed field {err}") from None
+                check_answer_offsets(row, str(path))
+                rows.append(row)
+                if limit is not None and len(rows) >= limit:
+                    return TaskRows(rows, task=spec.name, split=split, source=str(path))
+    return TaskRows(rows, task=spec.name, split=split, source=str(path))
+
+
+def load_squad_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskRows:
+    """Load SQuAD from the Hub (already one row per question) into canonical rows."""
+    hub_name = spec.hub_splits[split]
+    ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit)
+    source = hub_source(spec.hub_path, spec.hub_config, hub_name)
+    rows = []
+    for ex in ds:
+        answers = {
+            "text": list(ex["answers"]["text"]),
+            "answer_start": [int(s) for s in ex["answers"]["answer_start"]],
+        }
+        row = {
+            "id": str(ex["id"]),
+            "title": ex["title"],
+            "context": ex["context"],
+            "question": ex["question"],
+            "answers": answers,
+            "is_impossible": not answers["text"],
+        }
+        check_answer_offsets(row, source)
+        rows.append(row)
+    return TaskRows(rows, task=spec.name, split=split, source=source)
