@@ -44,6 +44,7 @@ class SourceSpec(StrictModel):
         path: Dataset id for ``hf``; otherwise a file, a folder or a glob (relative to the data root for
             ``local_sources``). Text/JSONL/XML files may be ``.bz2`` or ``.gz`` compressed.
         config: Dataset config name (``hf`` only), e.g. ``wikitext-103-raw-v1``.
+        revision: Dataset revision (git commit/tag on the Hub) to pin (``hf`` only).
         split: Dataset split (``hf`` only).
         text_field: Field holding the text (``hf``, ``jsonl``, ``parquet``).
         id_field: Optional field with a stable record id (default: file and line/row number).
@@ -61,6 +62,7 @@ class SourceSpec(StrictModel):
     kind: SourceKind
     path: str = Field(min_length=1)
     config: str | None = None
+    revision: str | None = None
     split: str = "train"
     text_field: str = "text"
     id_field: str | None = None
@@ -86,8 +88,8 @@ class SourceSpec(StrictModel):
                 f"doc_split {self.doc_split!r} is not valid for kind {self.kind!r}; "
                 f"use one of {list(_DOC_SPLITS[self.kind])}"
             )
-        if self.config is not None and self.kind != "hf":
-            raise ValueError("'config' is only valid for kind 'hf'")
+        if self.kind != "hf" and (self.config is not None or self.revision is not None):
+            raise ValueError("'config' and 'revision' are only valid for kind 'hf'")
         return self
 
     @property

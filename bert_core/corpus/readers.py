@@ -372,7 +372,7 @@ def _read_hf(unit: WorkUnit, stats: UnitStats, root: Path | None) -> Iterator[Ra
         import datasets
 
         name = str(root / src.path) if root is not None else src.path
-        ds = datasets.load_dataset(name, src.config, split=src.split, streaming=True)
+        ds = datasets.load_dataset(name, src.config, split=src.split, streaming=True, revision=src.revision)
     except Exception as err:
         raise CorpusError(
             f"source '{src.name}': cannot load Hugging Face dataset {src.path!r} "

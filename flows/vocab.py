@@ -1,0 +1,100 @@
+"""Prefect flow of the ``vocab`` stage: ``python -m flows.vocab``.
+
+Reads ``params/vocab.yaml`` (section ``vocab``), trains the WordPiece vocab on ``data/corpus`` with
+:func:`bert_core.vocab.train_vocab`, writes ``data/vocab`` and records the run. The released
+bert-base-uncased ``vocab.txt`` used for the comparison metrics comes from the data root
+(``vocab.reference_local``) when ``BERT_DATA_ROOT`` is set, else from the Hub (``vocab.reference_hub``;
+skipped with a warning when it cannot be fetched — it only feeds a comparison metric).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+from prefect import flow, task
+
+from bert_core.params import load_params
+from bert_core.sources import data_root
+from bert_core.vocab import VocabParams, train_vocab
+from flows._stage import finish_stage, stage_run
+
+PARAMS_MODEL = VocabParams
+log = logging.getLogger("bert_core.flows.vocab")
+
+
+@task(retries=3, retry_delay_seconds=[2, 10, 30])
+def _download_reference(repo_id: str) -> str:
+    from huggingface_hub import hf_hub_download
+
+    return hf_hub_download(repo_id, "vocab.txt")
+
+
+def reference_vocab(params: VocabParams) -> Path | None:
+    """The released vocab to compare with, or ``None`` (not configured or not reachable)."""
+    root = data_root()
+    if root is not None:
+        if params.reference_local is None:
+            return None
+        path = root / params.reference_local
+        if not path.is_file():
+            log.warning("reference vocab %s not found; comparison metrics skipped", path)
+            return None
+        return path
+    if params.reference_hub is None:
+        return None
+    try:
+        return Path(_download_reference(params.reference_hub))
+    except Exception as err:
+        log.warning(
+            "could not fetch %s/vocab.txt (%s); comparison metrics skipped", params.reference_hub, err
+        )
+        return None
+
+
+@flow(name="vocab", log_prints=True)
+def vocab_flow(
+    params_file: str = "params/vocab.yaml",
+    corpus_dir: str = "data/corpus",
+    out_dir: str = "data/vocab",
+    metrics_path: str | None = None,
+) -> dict:
+    """Train the WordPiece vocab; return its metrics."""
+    params = load_params(params_file, "vocab", VocabParams)
+    ref = reference_vocab(params)
+    with stage_run("vocab", params) as run, tempfile.TemporaryDirectory(prefix="vocab-checks-") as tmp:
+        report_dir = Path(tmp) / "data_docs"
+        try:
+            stats = train_vocab(
+                params, Path(corpus_dir), Path(out_dir), reference_vocab=ref, report_dir=report_dir
+            )
+        finally:
+            if report_dir.exists():
+                run.log_artifact(report_dir, artifact_path="data_checks/vocab")
+        run.log_check_report(stats.check_report)
+        run.log_artifact(Path(out_dir), artifact_path="vocab")
+        metrics = stats.as_metrics()
+        finish_stage("vocab", metrics, run, metrics_path)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.vocab", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", default="params/vocab.yaml")
+    parser.add_argument("--corpus", default="data/corpus")
+    parser.add_argument("--out", default="data/vocab")
+    parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/vocab.json)")
+    args = parser.parse_args(argv)
+    try:
+        vocab_flow(args.params, args.corpus, args.out, args.metrics)
+    except Exception as err:
+        print(f"vocab stage failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
