@@ -1,0 +1,55 @@
+"""The training loop shared by pretraining and fine-tuning, and its parts.
+
+Public API (import from here):
+
+- :class:`Trainer`, :class:`TrainConfig`, :class:`Task`, :class:`StepOutput`, :class:`FitResult`,
+  :class:`TrainingInterrupted`, :class:`NonFiniteLossError` (``loop``)
+- :func:`build_optimizer`, :func:`param_groups`, :class:`Lamb` (``optim``)
+- :class:`LinearWarmupDecay` (``schedule``)
+- :class:`DistContext`, :func:`setup_distributed`, :func:`teardown_distributed` (``distributed``)
+- :class:`RetryingSink`, :func:`mlflow_sink`, :func:`fan_out` (``tracking``)
+- :func:`bert_train_flops`, :func:`peak_tflops`, :func:`mfu` (``flops``)
+- :class:`CheckpointError`, :func:`list_checkpoints`, :func:`load_checkpoint` (``checkpoint``)
+"""
+
+from bert_core.training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from bert_core.training.distributed import DistContext, setup_distributed, teardown_distributed
+from bert_core.training.flops import bert_train_flops, mfu, peak_tflops
+from bert_core.training.loop import (
+    FitResult,
+    NonFiniteLossError,
+    StepOutput,
+    Task,
+    TrainConfig,
+    Trainer,
+    TrainingInterrupted,
+)
+from bert_core.training.optim import Lamb, build_optimizer, param_groups
+from bert_core.training.schedule import LinearWarmupDecay
+from bert_core.training.tracking import RetryingSink, fan_out, mlflow_sink
+
+__all__ = [
+    "CheckpointError",
+    "DistContext",
+    "FitResult",
+    "Lamb",
+    "LinearWarmupDecay",
+    "NonFiniteLossError",
+    "RetryingSink",
+    "StepOutput",
+    "Task",
+    "TrainConfig",
+    "Trainer",
+    "TrainingInterrupted",
+    "bert_train_flops",
+    "build_optimizer",
+    "fan_out",
+    "list_checkpoints",
+    "load_checkpoint",
+    "mfu",
+    "mlflow_sink",
+    "param_groups",
+    "peak_tflops",
+    "setup_distributed",
+    "teardown_distributed",
+]

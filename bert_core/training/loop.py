@@ -1,0 +1,710 @@
+"""The one training loop, shared by pretraining and fine-tuning.
+
+``Trainer.fit()`` runs a fixed lifecycle: **setup** (device, precision, optimizer, resume from the
+newest checkpoint, ``torch.compile``, DDP) -> **train** (gradient accumulation, clipping, schedule,
+logging, periodic evaluation and checkpoints) -> **evaluate** -> **save** (a final checkpoint marked
+complete) -> **clean up** (signal handlers, global flags). What is trained on and what is measured is
+pluggable through a :class:`Task`:
+
+.. code-block:: python
+
+    class MyTask(Task):
+        def step(self, model, batch):                  # batch: dict of tensors on the device
+            out = model(**batch)
+            correct = (out.logits.argmax(-1) == batch["labels"]).sum()
+            return StepOutput(loss=out.loss, stats={"loss_sum": out.loss.detach() * len(batch["labels"]),
+                                                    "correct": correct, "count": batch["labels"].numel()})
+
+        def summarize(self, sums):                     # sums: stats summed over batches and ranks
+            return {"loss": sums["loss_sum"] / sums["count"], "acc": sums["correct"] / sums["count"]}
+
+    result = Trainer(model, MyTask(), train_loader, TrainConfig(max_steps=1000, lr=5e-5, warmup_steps=100),
+                     checkpoint_dir=Path("ckpt"), eval_data=dev_loader, on_metrics=print).fit()
+
+Data protocol: ``train_data`` is re-iterable; each ``iter()`` continues where the last one stopped and a
+new epoch begins when one is exhausted. A loader with ``state_dict()`` / ``load_state_dict()`` is resumed
+exactly from its saved position; one without is resumed by calling ``set_epoch(epoch)`` (if it has it)
+and skipping the batches already consumed in that epoch, which is exact for loaders whose order depends
+only on the epoch. Under DDP each rank's loader yields that rank's share of the global batch.
+
+Counting: ``step`` is the number of optimizer steps done; metrics logged "at step s" describe steps up
+to s, and checkpoint ``step-s`` holds the state after s steps. The global batch is
+``micro_batch * grad_accum * world_size`` sequences.
+
+Faults: SIGTERM/SIGINT make the loop finish the current optimizer step, write a checkpoint and raise
+:class:`TrainingInterrupted` (the entry point exits with 128 + signal number). A non-finite loss or
+gradient norm raises :class:`NonFiniteLossError` naming the step, before the bad update is applied,
+leaving the last good checkpoint as the newest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from bert_core.training import checkpoint as ckpt
+from bert_core.training.distributed import DistContext, resolve_device
+from bert_core.training.flops import mfu, peak_tflops
+from bert_core.training.optim import build_optimizer
+from bert_core.training.schedule import LinearWarmupDecay
+from bert_core.training.tracking import MetricsCallback
+
+log = logging.getLogger(__name__)
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+# ====================================================================== task protocol
+@dataclass
+class StepOutput:
+    """What a task returns for one micro-batch.
+
+    Attributes:
+        loss: scalar the optimizer minimises (mean over the micro-batch); ``backward()`` is called on it.
+        stats: summable statistics (e.g. correct predictions and counts), scalars or fixed-shape
+            tensors; the loop sums them over micro-batches, steps and ranks and hands the sums to
+            :meth:`Task.summarize`. Detach them.
+    """
+
+    loss: Tensor
+    stats: dict[str, Tensor] = field(default_factory=dict)
+
+
+class Task:
+    """The objective: computes the loss and metrics of a batch. Subclass and override ``step``."""
+
+    def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
+        """Forward one micro-batch (already on the device) in training mode; return loss and stats."""
+        raise NotImplementedError
+
+    def eval_step(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Tensor]:
+        """Stats of one evaluation batch (under ``no_grad``, model in eval mode). Default: ``step``'s stats."""
+        return self.step(model, batch).stats
+
+    def summarize(self, sums: dict[str, Tensor]) -> dict[str, float]:
+        """Turn summed stats into metrics. Default: the sums themselves (scalars only)."""
+        return {k: float(v) for k, v in sums.items() if v.numel() == 1}
+
+    def count(self, batch: dict[str, Any]) -> tuple[int, int]:
+        """(sequences, tokens) in a CPU batch, for throughput. Default: from ``input_ids``."""
+        ids = batch["input_ids"]
+        return int(ids.shape[0]), int(ids.numel())
+
+    def flops(self, batch: dict[str, Any]) -> float | None:
+        """Training FLOPs of a CPU batch (forward + backward), for MFU; None when unknown."""
+        return None
+
+
+# ====================================================================== config and results
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train (what to train on is the Task's and the loader's business).
+
+    Attributes:
+        max_steps: optimizer steps to run; with ``time_budget_s`` too, whichever comes first.
+        time_budget_s: wall-clock budget of the training loop in seconds; the schedule then follows
+            ``elapsed / budget`` and ``warmup_ratio`` is the warmup share of the budget.
+        lr: peak learning rate.
+        warmup_steps: warmup length in steps (step mode only).
+        warmup_ratio: warmup as a share of the run (steps or budget). At most one of the two warmups.
+        weight_decay: decay of weight matrices (biases and LayerNorm never decay).
+        optimizer: "adamw" (fused where available) or "lamb".
+        betas, eps: Adam coefficients.
+        max_grad_norm: clip the global gradient norm to this; None = no clipping (norm still logged).
+        grad_accum: micro-batches per optimizer step on each rank.
+        precision: "auto" (bf16 on a GPU that has it, else fp32), "fp32", "bf16", "fp16" (+ loss scaling).
+        compile: wrap the model in ``torch.compile``.
+        checkpoint_every: steps between checkpoints (0 = only the final one).
+        keep_last: checkpoints kept.
+        eval_every: steps between evaluations (0 = only at the end).
+        max_eval_batches: evaluate on at most this many batches per rank (None = all).
+        log_every: steps between metric logs.
+        seed: base seed (rank r uses seed + r for its RNGs; the caller seeds model init itself).
+        deterministic: ``torch.use_deterministic_algorithms(True)`` (exact resume on CPU).
+        device: "auto", "cpu" or "cuda" (ignored when a DistContext is given).
+        resume: continue from the newest checkpoint in ``checkpoint_dir`` if there is one.
+    """
+
+    max_steps: int | None = None
+    time_budget_s: float | None = None
+    lr: float = 1e-4
+    warmup_steps: int | None = None
+    warmup_ratio: float | None = None
+    weight_decay: float = 0.01
+    optimizer: Literal["adamw", "lamb"] = "adamw"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    max_grad_norm: float | None = 1.0
+    grad_accum: int = 1
+    precision: Precision = "auto"
+    compile: bool = False
+    checkpoint_every: int = 0
+    keep_last: int = 2
+    eval_every: int = 0
+    max_eval_batches: int | None = None
+    log_every: int = 10
+    seed: int = 0
+    deterministic: bool = False
+    device: str = "auto"
+    resume: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_steps is None and self.time_budget_s is None:
+            raise ValueError("TrainConfig needs max_steps or time_budget_s (or both)")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise ValueError(f"time_budget_s must be > 0, got {self.time_budget_s}")
+        if self.warmup_steps is not None and self.warmup_ratio is not None:
+            raise ValueError("give warmup_steps or warmup_ratio, not both")
+        if self.time_budget_s is not None and self.warmup_steps:
+            raise ValueError(
+                "with time_budget_s the schedule follows elapsed time: give the warmup as warmup_ratio "
+                "(a share of the budget), not warmup_steps"
+            )
+        if self.warmup_ratio is not None and not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if (
+            self.warmup_steps is not None
+            and self.max_steps is not None
+            and self.warmup_steps >= self.max_steps
+        ):
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) must be less than max_steps ({self.max_steps})"
+            )
+        for name in ("grad_accum", "log_every", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("checkpoint_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+
+    def schedule(self) -> LinearWarmupDecay:
+        """The LR schedule this config describes."""
+        if self.time_budget_s is not None:
+            return LinearWarmupDecay(
+                self.lr, self.time_budget_s, (self.warmup_ratio or 0.0) * self.time_budget_s, by_time=True
+            )
+        assert self.max_steps is not None
+        warmup = (
+            self.warmup_steps
+            if self.warmup_steps is not None
+            else (self.warmup_ratio or 0.0) * self.max_steps
+        )
+        return LinearWarmupDecay(self.lr, self.max_steps, warmup)
+
+
+@dataclass
+class FitResult:
+    """Outcome of ``Trainer.fit()``.
+
+    Attributes:
+        step: optimizer steps done.
+        elapsed_s: wall-clock seconds of training (summed over resumed segments).
+        stop_reason: "max_steps" or "time_budget".
+        train_metrics: the last logged training metrics.
+        eval_metrics: the final evaluation (empty without evaluation data).
+        history: every logged record: ``{"step", "kind": "train"|"eval", **metrics}``.
+        checkpoint: the final checkpoint directory (None without a checkpoint_dir).
+        resumed_from_step: the step the run was resumed from (None for a fresh start).
+    """
+
+    step: int
+    elapsed_s: float
+    stop_reason: str
+    train_metrics: dict[str, float]
+    eval_metrics: dict[str, float]
+    history: list[dict[str, Any]]
+    checkpoint: Path | None
+    resumed_from_step: int | None
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM/SIGINT arrived; a checkpoint was written. ``exit_code`` is 128 + signal number."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
+        name = signal.Signals(signum).name
+        where = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint directory was configured"
+        super().__init__(f"training stopped by {name} after step {step}; {where}; run again to resume")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.exit_code = 128 + signum
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm became NaN/Inf; the bad update was not applied."""
+
+    def __init__(self, step: int, loss: float, grad_norm: float, last_checkpoint: Path | None) -> None:
+        keep = (
+            f"the last good checkpoint is {last_checkpoint}"
+            if last_checkpoint
+            else "no checkpoint was written before it"
+        )
+        super().__init__(
+            f"non-finite loss at optimizer step {step} (loss={loss}, grad_norm={grad_norm}); training "
+            f"stopped before applying it; {keep}. Lower the learning rate, check the data, or use "
+            "fp32/bf16 instead of fp16."
+        )
+        self.step, self.loss, self.grad_norm, self.last_checkpoint = step, loss, grad_norm, last_checkpoint
+
+
+def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
+def _sum_into(acc: dict[str, Tensor], stats: dict[str, Tensor], device: torch.device) -> None:
+    for k, v in stats.items():
+        v = torch.as_tensor(v, device=device).detach()
+        acc[k] = acc[k] + v if k in acc else v.clone()
+
+
+# ====================================================================== trainer
+class Trainer:
+    """Runs the training lifecycle for one model, task and loader (see the module docstring).
+
+    Args:
+        model: the model to train (unwrapped); it is moved to the device.
+        task: the objective.
+        train_data: re-iterable training batches (dicts of CPU tensors) for this rank.
+        config: the ``TrainConfig``.
+        checkpoint_dir: where checkpoints go (None: no checkpoints, no resume).
+        eval_data: evaluation batches for this rank, or a zero-argument callable returning a fresh
+            iterable for each evaluation.
+        evaluator: instead of ``eval_data``: ``evaluator(model) -> metrics`` (e.g. SQuAD post-processing).
+        on_metrics: called as ``on_metrics(step, metrics)`` on rank 0 at each log and evaluation.
+        dist: the process's ``DistContext`` (default: single process on ``config.device``).
+        fingerprint: identifies the run's settings; resuming a checkpoint with another fingerprint raises.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: Task,
+        train_data: Iterable[dict[str, Any]],
+        config: TrainConfig,
+        *,
+        checkpoint_dir: Path | None = None,
+        eval_data: Iterable[dict[str, Any]] | Callable[[], Iterable[dict[str, Any]]] | None = None,
+        evaluator: Callable[[nn.Module], dict[str, float]] | None = None,
+        on_metrics: MetricsCallback | None = None,
+        dist: DistContext | None = None,
+        fingerprint: str = "",
+    ) -> None:
+        self.model = model
+        self.task = task
+        self.train_data = train_data
+        self.config = config
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.eval_data = eval_data
+        self.evaluator = evaluator
+        self.on_metrics = on_metrics
+        self.dist = dist or DistContext(device=resolve_device(config.device))
+        self.fingerprint = fingerprint
+        self.device = self.dist.device
+        self.schedule = config.schedule()
+        # run state (saved in checkpoints)
+        self.step = 0
+        self.elapsed_s = 0.0
+        self.history: list[dict[str, Any]] = []
+        self.eval_metrics: dict[str, float] = {}
+        self.train_metrics: dict[str, float] = {}
+        self._data_pos = {"epoch": 0, "batches": 0}  # for loaders without state_dict
+        self._last_ckpt: Path | None = None
+        self._resumed_from: int | None = None
+        self._complete = False
+        self._stop_reason = "max_steps"
+        self._stop_signal: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def fit(self) -> FitResult:
+        """setup -> train -> evaluate -> save -> clean up. See the module docstring for the faults raised."""
+        self._setup()
+        old_handlers = self._install_signal_handlers()
+        try:
+            if not self._complete:
+                self._stop_reason = self._train()
+                self._evaluate()
+                self._complete = True
+                self._save()
+            return FitResult(
+                step=self.step,
+                elapsed_s=self.elapsed_s,
+                stop_reason=self._stop_reason,
+                train_metrics=self.train_metrics,
+                eval_metrics=self.eval_metrics,
+                history=self.history,
+                checkpoint=self._last_ckpt,
+                resumed_from_step=self._resumed_from,
+            )
+        finally:
+            self._cleanup(old_handlers)
+
+    # ------------------------------------------------------------------ setup
+    def _setup(self) -> None:
+        cfg, dev = self.config, self.device
+        self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
+        if cfg.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+        self.precision = self._resolve_precision()
+        if dev.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.model.to(dev)
+        self.model.train()
+        self.optimizer = build_optimizer(
+            self.model,
+            name=cfg.optimizer,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            fused=None,
+        )
+        self.scaler = torch.amp.GradScaler(dev.type, enabled=self.precision == "fp16")
+        self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        self._peak = (
+            peak_tflops(torch.cuda.get_device_name(dev), self.precision) if dev.type == "cuda" else None
+        )
+        self._seed_rngs()
+        self._resume()
+        net: nn.Module = self.model
+        if cfg.compile:
+            net = torch.compile(net)
+        if self.dist.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            net = DistributedDataParallel(
+                net, device_ids=[dev.index] if dev.type == "cuda" else None, gradient_as_bucket_view=True
+            )
+        self.net = net
+
+    def _resolve_precision(self) -> str:
+        p = self.config.precision
+        if p == "auto":
+            if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
+                return "bf16"
+            return "fp32"
+        if p == "fp16" and self.device.type != "cuda":
+            raise ValueError("precision fp16 needs a CUDA device; use fp32 (or bf16) on the CPU")
+        return p
+
+    def _seed_rngs(self) -> None:
+        import random
+
+        import numpy as np
+
+        seed = self.config.seed + self.dist.rank
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def _resume(self) -> None:
+        if self.checkpoint_dir is None or not self.config.resume:
+            return
+        candidates = ckpt.latest_loadable(self.checkpoint_dir) if self.dist.is_main else []
+        candidates = self.dist.broadcast_object([str(c) for c in candidates])
+        for path in map(Path, candidates):
+            state = ckpt.read_state(path)
+            if self.fingerprint and state.get("fingerprint") != self.fingerprint:
+                raise ckpt.CheckpointError(
+                    f"{path} was written by a run with other settings (fingerprint {state.get('fingerprint')!r}, "
+                    f"this run {self.fingerprint!r}); use another checkpoint directory or delete {self.checkpoint_dir}"
+                )
+            if state.get("world_size", 1) != self.dist.world_size:
+                raise ckpt.CheckpointError(
+                    f"{path} was written with {state.get('world_size')} processes, this run has "
+                    f"{self.dist.world_size}; resume with the same number of processes (the data position "
+                    "is per process)"
+                )
+            try:
+                state, rng_states, data_states = ckpt.load_checkpoint(
+                    path, model=self.model, optimizer=self.optimizer, scaler=self.scaler
+                )
+            except ckpt.CheckpointError as exc:
+                if path == Path(candidates[-1]):
+                    raise
+                log.error("%s; trying the previous checkpoint", exc)
+                continue
+            self._restore_state(state)
+            ckpt.restore_rng_state(rng_states[self.dist.rank])
+            data_state = data_states[self.dist.rank]
+            if hasattr(self.train_data, "load_state_dict") and data_state is not None:
+                self.train_data.load_state_dict(data_state)
+            self._last_ckpt = path
+            self._resumed_from = self.step
+            log.info("resumed from %s (step %d, %.0f s trained)", path, self.step, self.elapsed_s)
+            return
+
+    def _restore_state(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.elapsed_s = float(state["elapsed_s"])
+        self.history = list(state.get("history", []))
+        self.eval_metrics = dict(state.get("eval_metrics", {}))
+        self.train_metrics = dict(state.get("train_metrics", {}))
+        self._data_pos = dict(state.get("data_pos", self._data_pos))
+        self._complete = bool(state.get("complete", False))
+        self._stop_reason = state.get("stop_reason", "max_steps")
+
+    # ------------------------------------------------------------------ train
+    def _batches(self) -> Iterator[dict[str, Any]]:
+        """Endless stream of training batches; tracks the position for loaders without state_dict."""
+        data = self.train_data
+        stateful = hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
+        skip = 0 if stateful else self._data_pos["batches"]
+        empty_passes = 0
+        while True:
+            if not stateful and hasattr(data, "set_epoch"):
+                data.set_epoch(self._data_pos["epoch"])
+            got = False
+            for batch in itertools.islice(iter(data), skip, None):
+                got = True
+                self._data_pos["batches"] += 1
+                yield batch
+            # One empty pass is normal (resumed exactly at the end of an epoch); two mean no data.
+            empty_passes = 0 if got else empty_passes + 1
+            if empty_passes >= 2:
+                raise ValueError("the training data yielded no batch: is the data directory empty?")
+            skip = 0
+            self._data_pos = {"epoch": self._data_pos["epoch"] + 1, "batches": 0}
+
+    def _autocast(self):
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
+
+    def _now(self) -> float:
+        """This process's training clock: seconds trained before a resume plus this segment's."""
+        return self._elapsed_base + (time.perf_counter() - self._t_start)
+
+    def _train(self) -> str:
+        cfg = self.config
+        batches = self._batches()
+        self._elapsed_base, self._t_start = self.elapsed_s, time.perf_counter()
+        self._reset_window()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        while True:
+            if cfg.max_steps is not None and self.step >= cfg.max_steps:
+                reason = "max_steps"
+                break
+            if cfg.time_budget_s is not None and self.elapsed_s >= cfg.time_budget_s:
+                reason = "time_budget"
+                break
+            loss_sum = torch.zeros((), device=self.device)
+            for micro in range(cfg.grad_accum):
+                batch = next(batches)
+                seqs, toks = self.task.count(batch)
+                flops = self.task.flops(batch) if self._peak is not None else None
+                self._win["seqs"] += seqs
+                self._win["tokens"] += toks
+                self._win["flops"] += flops or 0.0
+                batch = _to_device(batch, self.device)
+                sync = micro == cfg.grad_accum - 1 or not self.dist.distributed
+                with contextlib.nullcontext() if sync else self.net.no_sync(), self._autocast():
+                    out = self.task.step(self.net, batch)
+                    loss = out.loss / cfg.grad_accum
+                self.scaler.scale(loss).backward()
+                loss_sum += out.loss.detach().float()
+                _sum_into(self._win_stats, out.stats, self.device)
+            loss_mean = loss_sum / cfg.grad_accum
+            if self.scaler.is_enabled():
+                self.scaler.unscale_(self.optimizer)
+            if cfg.max_grad_norm is not None:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            else:
+                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+            nonfinite, stop, elapsed = self._sync_flags(loss_mean, grad_norm)
+            if nonfinite:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError(self.step + 1, float(loss_mean), float(grad_norm), self._last_ckpt)
+            lr = self.schedule.lr_for_step(self.step, elapsed)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            self.elapsed_s = elapsed
+            self._win["steps"] += 1
+            self._win["loss"] += loss_mean
+            self._win["grad_norm"] += grad_norm.detach().float()
+            self._win["lr"] = lr
+            done = (cfg.max_steps is not None and self.step >= cfg.max_steps) or (
+                cfg.time_budget_s is not None and self.elapsed_s >= cfg.time_budget_s
+            )
+            if self.step % cfg.log_every == 0 or done:
+                self._log_train()
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
+                self._timed(self._evaluate)
+            if stop:
+                self._timed(self._save)
+                raise TrainingInterrupted(self._stop_signal or signal.SIGTERM, self.step, self._last_ckpt)
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not done:
+                self._timed(self._save)
+        return reason
+
+    def _timed(self, fn: Callable[[], Any]) -> None:
+        """Run eval/checkpoint work: it counts toward the elapsed time but not toward throughput."""
+        t = time.perf_counter()
+        fn()
+        self._win["t0"] += time.perf_counter() - t
+
+    def _sync_flags(self, loss: Tensor, grad_norm: Tensor) -> tuple[bool, bool, float]:
+        """The one host sync per step: a non-finite loss or gradient on any rank, a stop signal on any
+        rank, and the training clock (rank 0's, so every rank computes the same learning rate)."""
+        check = loss if self.scaler.is_enabled() else loss + grad_norm.float()
+        bad = (~torch.isfinite(check)).double()
+        if not self.dist.distributed:
+            return bool(bad.item()), self._stop_signal is not None, self._now()
+        stop = float(self._stop_signal is not None)
+        clock = self._now() if self.dist.is_main else 0.0
+        flags = torch.stack([bad, torch.tensor(stop, dtype=torch.float64, device=self.device),
+                             torch.tensor(clock, dtype=torch.float64, device=self.device)])  # fmt: skip
+        self.dist.all_reduce(flags, op="max")
+        bad_any, stop_any, elapsed = flags.tolist()
+        return bad_any > 0, stop_any > 0, elapsed
+
+    # ------------------------------------------------------------------ metrics
+    def _reset_window(self) -> None:
+        zero = torch.zeros((), device=self.device)
+        self._win: dict[str, Any] = {
+            "t0": time.perf_counter(), "steps": 0, "seqs": 0, "tokens": 0, "flops": 0.0,
+            "loss": zero.clone(), "grad_norm": zero.clone(), "lr": 0.0,
+        }  # fmt: skip
+        self._win_stats: dict[str, Tensor] = {}
+
+    def _log_train(self) -> None:
+        w = self._win
+        seconds = max(time.perf_counter() - w["t0"], 1e-9)
+        counts = torch.tensor([w["seqs"], w["tokens"], w["flops"]], dtype=torch.float64, device=self.device)
+        scalars = torch.stack([w["loss"], w["grad_norm"]]).float() / max(w["steps"], 1)
+        self.dist.all_reduce(counts)
+        self.dist.all_reduce(scalars)
+        for k in sorted(self._win_stats):
+            self.dist.all_reduce(self._win_stats[k])
+        loss, gnorm = (scalars / self.dist.world_size).tolist()
+        seqs, tokens, flops = counts.tolist()
+        metrics = {"loss": loss, **self.task.summarize(self._win_stats)}
+        metrics.update(
+            lr=w["lr"],
+            grad_norm=gnorm,
+            seq_per_s=seqs / seconds,
+            tokens_per_s=tokens / seconds,
+            step_time_s=seconds / max(w["steps"], 1),
+            elapsed_s=self.elapsed_s,
+        )
+        util = mfu(flops, seconds, self._peak, self.dist.world_size) if flops else None
+        if util is not None:
+            metrics["mfu"] = util
+        self.train_metrics = metrics
+        self._emit("train", metrics)
+        self._reset_window()
+
+    def _emit(self, kind: str, metrics: dict[str, float]) -> None:
+        self.history.append({"step": self.step, "kind": kind, **metrics})
+        if self.dist.is_main:
+            log.info("step %d %s: %s", self.step, kind, ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+            if self.on_metrics is not None:
+                self.on_metrics(self.step, metrics)
+
+    # ------------------------------------------------------------------ evaluate
+    @torch.no_grad()
+    def _evaluate(self) -> None:
+        if self.evaluator is None and self.eval_data is None:
+            return
+        model = self.model
+        model.eval()
+        try:
+            if self.evaluator is not None:
+                metrics = dict(self.evaluator(model))
+            else:
+                data = self.eval_data() if callable(self.eval_data) else self.eval_data
+                sums: dict[str, Tensor] = {}
+                limit = self.config.max_eval_batches
+                for batch in itertools.islice(data, limit):
+                    with self._autocast():
+                        stats = self.task.eval_step(model, _to_device(batch, self.device))
+                    _sum_into(sums, stats, self.device)
+                for k in sorted(sums):
+                    self.dist.all_reduce(sums[k])
+                metrics = {f"eval_{k}": v for k, v in self.task.summarize(sums).items()}
+        finally:
+            model.train()
+        self.eval_metrics = metrics
+        self._emit("eval", metrics)
+
+    # ------------------------------------------------------------------ save
+    def _save(self) -> None:
+        if self.checkpoint_dir is None:
+            return
+        rng = self.dist.gather_objects(ckpt.capture_rng_state())
+        data_state = self.train_data.state_dict() if hasattr(self.train_data, "state_dict") else None
+        data_states = self.dist.gather_objects(data_state)
+        if self.dist.is_main:
+            state = {
+                "elapsed_s": self.elapsed_s,
+                "history": self.history,
+                "eval_metrics": self.eval_metrics,
+                "train_metrics": self.train_metrics,
+                "data_pos": self._data_pos,
+                "fingerprint": self.fingerprint,
+                "world_size": self.dist.world_size,
+                "complete": self._complete,
+                "stop_reason": getattr(self, "_stop_reason", None),
+                "schedule": {"peak_lr": self.schedule.peak_lr, "total": self.schedule.total,
+                             "warmup": self.schedule.warmup, "by_time": self.schedule.by_time},
+            }  # fmt: skip
+            path = ckpt.save_checkpoint(
+                self.checkpoint_dir,
+                step=self.step,
+                model=self.model,
+                optimizer=self.optimizer,
+                scaler=self.scaler,
+                state=state,
+                rng_states=rng,
+                data_states=data_states,
+                keep_last=self.config.keep_last,
+            )
+            log.info("checkpoint written: %s", path)
+        self._last_ckpt = ckpt.step_dir(self.checkpoint_dir, self.step)
+        self.dist.barrier()
+
+    # ------------------------------------------------------------------ signals and clean-up
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("not on the main thread: SIGTERM/SIGINT will not trigger a checkpoint")
+            return {}
+
+        def handler(signum: int, _frame: Any) -> None:
+            if self._stop_signal is not None:  # second signal: stop now
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+            log.warning(
+                "%s received: finishing the current step, writing a checkpoint and stopping",
+                signal.Signals(signum).name,
+            )
+
+        old = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old[sig] = signal.signal(sig, handler)
+        return old
+
+    def _cleanup(self, old_handlers: dict[int, Any]) -> None:
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+        torch.use_deterministic_algorithms(self._prev_deterministic)
