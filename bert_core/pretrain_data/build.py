@@ -1,0 +1,240 @@
+"""The ``pretrain_data`` builder: corpus shards -> MLM + NSP instances, in parallel, streaming, bounded memory.
+
+Work is split into *tasks* (consecutive corpus shards, grouped only so that each task holds enough
+documents). Tasks are planned from the Parquet metadata alone, so the plan, every seed and therefore every
+output byte are the same whatever ``num_workers`` is. A worker (:mod:`.worker`) streams its task's
+documents and holds one window of about ``window_tokens`` tokens at a time, so peak memory is a function of
+``window_tokens`` and the number of workers, never of the corpus size (Google's generator keeps every
+instance of every pass in memory: 64-70 GB for its users).
+
+The whole output directory is written through :func:`bert_core.atomic.atomic_path` and validated by the
+data checks (:mod:`.checks`) *before* it is moved into place: a crash or a failed check leaves no output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bert_core.atomic import atomic_path
+from bert_core.pretrain_data.params import PretrainDataParams
+from bert_core.pretrain_data.storage import FORMAT, FORMAT_VERSION
+from bert_core.pretrain_data.vocab import load_tokenizer, read_vocab
+from bert_core.pretrain_data.worker import Job, Task, run_task
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "heldout")
+
+
+@dataclass
+class BuildResult:
+    """Metrics per phase and split (``metrics[phase][split][name]``) and the data-check reports."""
+
+    metrics: dict[str, Any]
+    reports: list[Any] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def plan_tasks(corpus_dir: str | Path, split: str, min_docs: int) -> list[Task]:
+    """Group the split's ``part-*.parquet`` files into tasks of at least ``min_docs`` documents.
+
+    Raises:
+        FileNotFoundError: the split directory does not exist.
+        ValueError: no shard, no document, a single document (NSP needs two), or a shard without a
+            ``sentences`` list<string> column.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = Path(corpus_dir) / split
+    if not d.is_dir():
+        raise FileNotFoundError(f"corpus split directory {d} not found; run the corpus stage first")
+    files = sorted(d.glob("part-*.parquet"))
+    if not files:
+        raise ValueError(f"empty corpus: {d} has no part-*.parquet shard; run the corpus stage first")
+    rows = []
+    for f in files:
+        pf = pq.ParquetFile(f)
+        schema = pf.schema_arrow
+        col = schema.field("sentences").type if "sentences" in schema.names else None
+        if col is None or not (pa.types.is_list(col) or pa.types.is_large_list(col)):
+            raise ValueError(
+                f"{f}: needs a 'sentences' column of type list<string> (one document per row); "
+                f"found columns {schema.names}"
+            )
+        rows.append(pf.metadata.num_rows)
+    total = sum(rows)
+    if total == 0:
+        raise ValueError(f"empty corpus: the {len(files)} shard(s) in {d} hold no document")
+    if total < 2:
+        raise ValueError(
+            f"the corpus split {d} holds a single document; next-sentence prediction takes NotNext "
+            f"segments from another document, so it needs at least two"
+        )
+    groups: list[list[int]] = []
+    for i in range(len(files)):
+        if not groups or sum(rows[j] for j in groups[-1]) >= min_docs:
+            groups.append([])
+        groups[-1].append(i)
+    if len(groups) > 1 and sum(rows[j] for j in groups[-1]) < min_docs:
+        groups[-2].extend(groups.pop())
+    return [
+        Task(split, k, tuple(str(files[j]) for j in g), sum(rows[j] for j in g)) for k, g in enumerate(groups)
+    ]
+
+
+def _init_worker(threads: int) -> None:
+    os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's thread pool, set before its first use
+
+
+def _execute(jobs: list[Job], num_workers: int) -> list[dict[str, Any]]:
+    """Run the jobs (in order of the results, whatever finishes first)."""
+    if num_workers == 1 or len(jobs) == 1:
+        return [run_task(j) for j in jobs]
+    workers = min(num_workers, len(jobs))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    ctx = mp.get_context("spawn")  # fresh interpreters: no inherited tokenizer threads or locks
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(threads,)) as pool:
+        return list(pool.imap(run_task, jobs, chunksize=1))
+
+
+def summarize(stats: dict[str, int], corpus: dict[str, int], max_seq_length: int) -> dict[str, Any]:
+    """Turn the workers' counters into the stage's metrics for one phase and split."""
+    n = max(stats["instances"], 1)
+    preds = stats["predictions"]
+    out: dict[str, Any] = {
+        "instances": stats["instances"],
+        "tokens": stats["tokens"],
+        "mean_length": stats["tokens"] / n,
+        "padding_share": 1 - stats["tokens"] / max(stats["slots"], 1),
+        "truncated_share": stats["truncated"] / n,
+        "short_target_share": stats["short_target"] / n,
+        "is_next_share": 1 - stats["random_next"] / n,
+        "mean_a_tokens": stats["a_tokens"] / n,
+        "mean_b_tokens": stats["b_tokens"] / n,
+        "corpus_documents": corpus["documents"],
+        "corpus_sentences": corpus["sentences"],
+        "corpus_tokens": corpus["tokens"],
+        "windows": corpus["windows"],
+        "max_seq_length": max_seq_length,
+    }
+    if preds:
+        out |= {
+            "predictions": preds,
+            "predictions_per_instance": preds / n,
+            "masked_share": preds / max(stats["eligible"], 1),
+            "mask_share": stats["pred_mask"] / preds,
+            "random_share": stats["pred_random"] / preds,
+            "keep_share": stats["pred_keep"] / preds,
+        }
+    return out
+
+
+def _sum(dicts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def build_pretrain_data(
+    params: PretrainDataParams,
+    *,
+    corpus_dir: str | Path,
+    vocab_dir: str | Path,
+    output_dir: str | Path,
+    report_dir: str | Path | None = None,
+    run_checks: bool = True,
+) -> BuildResult:
+    """Build ``<output_dir>/<phase>/{train,heldout}/`` for every phase in ``params.phases``.
+
+    Args:
+        params: The stage's params.
+        corpus_dir: Holds ``train/part-*.parquet`` and ``heldout/part-*.parquet`` (column ``sentences``).
+        vocab_dir: Holds ``vocab.txt`` (and ``tokenizer.json`` for the tokenizer, if present).
+        output_dir: Replaced atomically when the build and its checks succeed.
+        report_dir: Where the checks' Data Docs HTML goes (one folder per phase/split); kept on failure.
+        run_checks: Validate the output with the Great Expectations suites (:mod:`.checks`).
+
+    Returns:
+        The metrics and check reports.
+
+    Raises:
+        FileNotFoundError, ValueError: missing or unusable inputs (the message names the file).
+        bert_core.checks.DataCheckError: a critical data check failed (nothing is written).
+    """
+    t0 = time.perf_counter()
+    vocab_dir = Path(vocab_dir)
+    vocab = read_vocab(vocab_dir / "vocab.txt")
+    load_tokenizer(vocab_dir, vocab)  # fail here, not in a worker, on a mismatched tokenizer.json
+    plans = {split: plan_tasks(corpus_dir, split, params.min_window_docs) for split in SPLITS}
+    result = BuildResult(metrics={})
+    with atomic_path(output_dir, is_dir=True) as tmp:
+        jobs = [
+            Job(task, str(tmp), str(vocab_dir), params.model_dump(mode="json"))
+            for split in SPLITS
+            for task in plans[split]
+        ]
+        log.info("pretrain_data: %d tasks on %d worker(s)", len(jobs), params.num_workers)
+        results = _execute(jobs, params.num_workers)
+        for phase in params.phases:
+            spec = params.phase_specs[phase]
+            result.metrics[phase] = {}
+            for split in SPLITS:
+                rs = [r for r in results if r["split"] == split]
+                shards = [r["phases"][phase]["shard"] for r in rs]
+                stats = _sum([r["phases"][phase]["stats"] for r in rs])
+                summary = summarize(stats, _sum([r["corpus"] for r in rs]), spec.max_seq_length)
+                d = tmp / phase / split
+                static = params.masking == "static" or split == "heldout"
+                index = {
+                    "format": FORMAT,
+                    "format_version": FORMAT_VERSION,
+                    "phase": phase,
+                    "split": split,
+                    "max_seq_length": spec.max_seq_length,
+                    "max_predictions_per_seq": spec.max_predictions_per_seq,
+                    "masked_lm_prob": params.masked_lm_prob,
+                    "whole_word_masking": params.whole_word_masking,
+                    "masking": "static" if static else "dynamic",
+                    "dupe_factor": params.dupe_factor if split == "train" else params.heldout_dupe_factor,
+                    "vocab_size": vocab.size,
+                    "vocab_sha256": vocab.sha256,
+                    "token_dtype": vocab.token_dtype,
+                    "special_token_ids": vocab.special_ids,
+                    "track_docs": params.track_docs,
+                    "num_instances": sum(s["num_instances"] for s in shards),
+                    "num_tokens": sum(s["num_tokens"] for s in shards),
+                    "num_predictions": sum(s["num_predictions"] for s in shards),
+                    "shards": shards,
+                    "stats": summary,
+                    "params": params.data_params(),
+                }
+                (d / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+                shutil.copyfile(vocab.path, d / "vocab.txt")
+                summary["disk_bytes"] = sum(f.stat().st_size for f in d.iterdir())
+                result.metrics[phase][split] = summary
+        if run_checks:
+            from bert_core.pretrain_data.checks import check_output
+
+            for phase in params.phases:
+                for split in SPLITS:
+                    rd = Path(report_dir) / f"{phase}-{split}" if report_dir is not None else None
+                    report, sample = check_output(
+                        tmp / phase / split, sample_size=params.check_sample, seed=params.seed, report_dir=rd
+                    )
+                    result.reports.append(report)
+                    result.metrics[phase][split]["check_sample"] = sample
+            for report in result.reports:
+                report.raise_for_critical()
+    result.seconds = time.perf_counter() - t0
+    return result

@@ -1,0 +1,195 @@
+"""Data checks (Great Expectations, via :mod:`bert_core.checks`) on a sample of a built output.
+
+The sample goes through the loader's own batch construction (:func:`.loader.build_batch`), so the checks
+see exactly what the model will see, dynamic masks included (epoch 0). One row per instance:
+
+* layout: ``[CLS]`` at 0, ``[SEP]`` after A and at the end, segment ids 0 up to the first ``[SEP]`` and 1
+  after, attention on the real tokens only; A and B non-empty; length <= ``max_seq_length``;
+* ids: every input id and label < ``vocab_size``; no special position or special token ever predicted;
+  at most ``max_predictions_per_seq`` predictions;
+* statistics: masked share of the eligible tokens ``masked_lm_prob`` +- 0.5 point, measured on instances
+  with at least 64 eligible tokens (``round(n * 0.15)`` is coarse for short ones, e.g. 1 of 2 = 50%);
+  the [MASK]/random/unchanged split 80/10/10 +- 1 point each; the IsNext share ``1 - random_next_prob``
+  +- 1 point.
+
+A statistical check is critical only when the sample is large enough for its tolerance (three standard
+errors of sampling within the tolerance, finite population corrected); otherwise it is reported but
+advisory, and the report says so.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bert_core.pretrain_data.loader import build_batch, masking_spec
+from bert_core.pretrain_data.masking import KEEP_PROB, MASK_PROB, eligible_positions
+from bert_core.pretrain_data.storage import IGNORE_INDEX, InstanceStore
+
+LONG_ENOUGH = 64  # eligible tokens for an instance to count in the masked-share check
+CHUNK = 2048
+
+
+def _features(store: InstanceStore, idx: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """Per-instance features of the instances ``idx`` (what the frame's columns hold)."""
+    spec, cont = masking_spec(store.data_dir, store.index)
+    sp = store.index["special_token_ids"]
+    specials = np.array(sorted(sp.values()))
+    b = build_batch(store, idx, seed=seed, epoch=0, spec=spec, continuation=cont)
+    ids, labels, types, att = b["input_ids"], b["labels"], b["token_type_ids"], b["attention_mask"]
+    n, t = ids.shape
+    chosen = labels != IGNORE_INDEX
+    original = np.where(chosen, labels, ids)
+    length = att.sum(1)
+    rows = np.arange(n)
+    # segment A = tokens before the first [SEP] of the *unmasked* ids; recomputed here, not read from storage
+    sep = original == sp["[SEP]"]
+    first_sep = np.where(sep.any(1), sep.argmax(1), 0)
+    len_a = first_sep - 1
+    pos = np.arange(t)[None, :]
+    expected_types = (pos > first_sep[:, None]) & (pos < length[:, None])
+    layout_ok = (
+        (original[:, 0] == sp["[CLS]"])
+        & (first_sep >= 2)
+        & (original[rows, np.maximum(length - 1, 0)] == sp["[SEP]"])
+        & (first_sep < length - 2)
+        & (types == expected_types).all(1)
+        & (att == (pos < length[:, None])).all(1)
+    )
+    layout_ok &= np.where(pos >= length[:, None], original == sp["[PAD]"], True).all(1)
+    structural = (
+        (pos == 0) | (pos == first_sep[:, None]) | (pos == length[:, None] - 1) | (pos >= length[:, None])
+    )
+    special_masked = (chosen & (structural | np.isin(labels, specials))).sum(1)
+    inside = (pos > 0) & (pos < length[:, None] - 1) & (pos != first_sep[:, None])
+    literal = [sp[k] for k in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")]  # [UNK] in text is a real token
+    stray = (inside & np.isin(original, literal)).sum(1)
+    eligible = eligible_positions(original, length, len_a, tuple(specials.tolist())).sum(1)
+    n_pred = chosen.sum(1)
+    n_mask = (chosen & (ids == sp["[MASK]"])).sum(1)
+    n_keep = (chosen & (ids == labels)).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(eligible >= LONG_ENOUGH, n_pred / eligible, np.nan)
+        frac = lambda k: np.where(n_pred > 0, k / n_pred, np.nan)  # noqa: E731
+        return {
+            "length": length,
+            "len_a": len_a,
+            "len_b": length - len_a - 3,
+            "max_id": np.maximum(ids.max(1), labels.max(1)),
+            "min_id": np.where(chosen, labels, ids).min(1),
+            "layout_ok": layout_ok,
+            "special_masked": special_masked,
+            "stray_special_tokens": stray,
+            "eligible": eligible,
+            "predictions": n_pred,
+            "masked_share_long": share,
+            "mask_frac": frac(n_mask),
+            "keep_frac": frac(n_keep),
+            "random_frac": frac(n_pred - n_mask - n_keep),
+            "n_mask": n_mask,
+            "n_keep": n_keep,
+            "is_next": 1 - b["next_sentence_label"],
+        }
+
+
+def _enough(n: int, population: int, p: float, tol: float) -> bool:
+    """Three standard errors of a sampled share (finite population corrected) within ``tol``."""
+    if n <= 0:
+        return False
+    fpc = (population - n) / max(population - 1, 1)
+    return 3 * math.sqrt(p * (1 - p) / n * fpc) <= tol
+
+
+def check_output(data_dir: str | Path, *, sample_size: int, seed: int, report_dir: str | Path | None = None):
+    """Validate a sample of one output directory.
+
+    Args:
+        data_dir: e.g. ``<out>/seq128/train``.
+        sample_size: Instances drawn (uniformly, without replacement; all when fewer).
+        seed: Seeds the sample (and the epoch-0 dynamic masks).
+        report_dir: Data Docs HTML goes here.
+
+    Returns:
+        ``(report, sample_stats)``: the :class:`bert_core.checks.CheckReport` and the sample's statistics.
+    """
+    import great_expectations as gx
+    import pandas as pd
+
+    from bert_core.checks import Check, validate
+
+    store = InstanceStore(data_dir)
+    index = store.index
+    n_all = len(store)
+    rng = np.random.default_rng(seed)
+    idx = np.sort(rng.choice(n_all, size=min(sample_size, n_all), replace=False))
+    parts = [_features(store, idx[i : i + CHUNK], seed) for i in range(0, len(idx), CHUNK)]
+    df = pd.DataFrame({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+
+    t, v = index["max_seq_length"], index["vocab_size"]
+    p_mlm = index["masked_lm_prob"]
+    p_next = 1 - index["params"]["random_next_prob"]
+    n_preds = int(df["predictions"].sum())
+    n_long = int(df["masked_share_long"].notna().sum())
+    e = gx.expectations
+    checks = [
+        Check(e.ExpectColumnValuesToBeBetween(column="length", min_value=5, max_value=t)),
+        Check(e.ExpectColumnValuesToBeBetween(column="len_a", min_value=1, max_value=t - 4)),
+        Check(e.ExpectColumnValuesToBeBetween(column="len_b", min_value=1, max_value=t - 4)),
+        Check(e.ExpectColumnValuesToBeInSet(column="layout_ok", value_set=[True])),
+        Check(e.ExpectColumnValuesToBeBetween(column="max_id", min_value=0, max_value=v - 1)),
+        Check(e.ExpectColumnValuesToBeBetween(column="min_id", min_value=0, max_value=v - 1)),
+        Check(e.ExpectColumnValuesToBeBetween(column="special_masked", min_value=0, max_value=0)),
+        Check(
+            e.ExpectColumnValuesToBeBetween(
+                column="predictions", min_value=0, max_value=index["max_predictions_per_seq"]
+            )
+        ),
+        Check(
+            e.ExpectColumnValuesToBeBetween(column="stray_special_tokens", min_value=0, max_value=0), False
+        ),
+        Check(
+            e.ExpectColumnMeanToBeBetween(
+                column="masked_share_long", min_value=p_mlm - 0.005, max_value=p_mlm + 0.005
+            ),
+            critical=n_long >= 100,
+        ),
+    ]
+    for col, p in (
+        ("mask_frac", MASK_PROB),
+        ("keep_frac", KEEP_PROB),
+        ("random_frac", 1 - MASK_PROB - KEEP_PROB),
+    ):
+        checks.append(
+            Check(
+                e.ExpectColumnMeanToBeBetween(column=col, min_value=p - 0.01, max_value=p + 0.01),
+                critical=_enough(
+                    n_preds, int(index["num_predictions"]) or n_preds * n_all // len(df), p, 0.01
+                ),
+            )
+        )
+    checks.append(
+        Check(
+            e.ExpectColumnMeanToBeBetween(column="is_next", min_value=p_next - 0.01, max_value=p_next + 0.01),
+            critical=_enough(len(df), n_all, p_next, 0.01),
+        )
+    )
+    suite = f"pretrain_data.{index['phase']}.{index['split']}"
+    report = validate(df, suite, checks, report_dir=report_dir)
+    stats: dict[str, Any] = {
+        "instances": len(df),
+        "long_instances": n_long,
+        "predictions": n_preds,
+        "masked_share_long": float(df["masked_share_long"].mean()) if n_long else float("nan"),
+        "masked_share_all": n_preds / max(int(df["eligible"].sum()), 1),
+        "mask_share": float(df["n_mask"].sum() / max(n_preds, 1)),
+        "keep_share": float(df["n_keep"].sum() / max(n_preds, 1)),
+        "random_share": float((n_preds - df["n_mask"].sum() - df["n_keep"].sum()) / max(n_preds, 1)),
+        "is_next_share": float(df["is_next"].mean()),
+        "advisory_checks": sum(not c.critical for c in checks) - 1,
+        "failed": len(report.failed),
+        "failed_critical": len(report.failed_critical),
+    }
+    return report, stats

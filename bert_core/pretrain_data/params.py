@@ -1,0 +1,94 @@
+"""Typed params of the ``pretrain_data`` stage (``params/pretrain_data.yaml``, section ``pretrain_data``).
+
+Defaults follow Google's ``create_pretraining_data.py`` and the BERT paper (Devlin et al., 2019, §3.1 and
+appendix A.2): ``masked_lm_prob`` 0.15, ``short_seq_prob`` 0.1, ``dupe_factor`` 10, and the two phases
+``seq128`` (20 predictions) and ``seq512`` (80 predictions).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from bert_core.params import StrictModel
+
+MIN_SEQ_LENGTH = 8  # [CLS] A [SEP] B [SEP] needs at least 5; below 8 nothing useful remains to mask.
+
+
+class PhaseSpec(StrictModel):
+    """One output of the stage: a sequence length and the matching prediction budget.
+
+    ``max_predictions_per_seq`` must agree with the pretraining stage (the reference implementations' users
+    lost accuracy when it did not); it is recorded in each output's ``index.json``.
+    """
+
+    max_seq_length: int = Field(ge=MIN_SEQ_LENGTH, description="tokens per instance, [CLS]/[SEP] included")
+    max_predictions_per_seq: int = Field(ge=1, description="most masked positions per instance")
+
+
+class PretrainDataParams(StrictModel):
+    """Everything that decides the stage's output (plus ``num_workers``, which never changes it)."""
+
+    seed: int = Field(
+        12345, ge=0, description="base seed; each (phase, split, task, window, pass) derives one"
+    )
+    phases: list[str] = Field(default_factory=lambda: ["seq128", "seq512"], min_length=1)
+    phase_specs: dict[str, PhaseSpec] = Field(
+        default_factory=lambda: {
+            "seq128": PhaseSpec(max_seq_length=128, max_predictions_per_seq=20),
+            "seq512": PhaseSpec(max_seq_length=512, max_predictions_per_seq=80),
+        }
+    )
+    max_position_embeddings: int = Field(512, ge=MIN_SEQ_LENGTH, description="the model's position table")
+    dupe_factor: int = Field(10, ge=1, description="passes over the train split, each with fresh masks")
+    heldout_dupe_factor: int = Field(1, ge=1, description="passes over the heldout split")
+    short_seq_prob: float = Field(0.1, ge=0.0, le=1.0)
+    masked_lm_prob: float = Field(0.15, gt=0.0, le=1.0)
+    random_next_prob: float = Field(0.5, ge=0.0, le=1.0, description="NotNext share for NSP")
+    nsp_balance: bool = Field(
+        True,
+        description="compensate the forced NotNext of single-sentence chunks so the NotNext share is "
+        "random_next_prob; false = Google's rule exactly",
+    )
+    whole_word_masking: bool = False
+    masking: Literal["static", "dynamic"] = Field(
+        "static", description="static: masks stored (dupe_factor passes); dynamic: masked at load time"
+    )
+    window_tokens: int = Field(
+        2_000_000, ge=1_000, description="tokens of corpus held at once per worker (bounds memory)"
+    )
+    min_window_docs: int = Field(
+        64, ge=2, description="documents per window at least (NotNext B is drawn from the same window)"
+    )
+    track_docs: bool = Field(False, description="debug: store the corpus rows of A and B per instance")
+    check_sample: int = Field(20_000, ge=100, description="instances per output validated by the checks")
+    num_workers: int = Field(2, ge=1, description="worker processes; the output does not depend on it")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PretrainDataParams:
+        if len(set(self.phases)) != len(self.phases):
+            raise ValueError(f"phases lists a phase twice: {self.phases}")
+        unknown = [p for p in self.phases if p not in self.phase_specs]
+        if unknown:
+            raise ValueError(
+                f"phases {unknown} have no entry in phase_specs (defined: {sorted(self.phase_specs)})"
+            )
+        for name, spec in self.phase_specs.items():
+            if spec.max_seq_length > self.max_position_embeddings:
+                raise ValueError(
+                    f"phase_specs.{name}.max_seq_length = {spec.max_seq_length} exceeds "
+                    f"max_position_embeddings = {self.max_position_embeddings}: the model has no position "
+                    f"embedding beyond it; lower max_seq_length or raise max_position_embeddings"
+                )
+            eligible = spec.max_seq_length - 3
+            if spec.max_predictions_per_seq > eligible:
+                raise ValueError(
+                    f"phase_specs.{name}.max_predictions_per_seq = {spec.max_predictions_per_seq} is more "
+                    f"than the {eligible} maskable positions of a {spec.max_seq_length}-token instance"
+                )
+        return self
+
+    def data_params(self) -> dict:
+        """The params that decide the bytes of the output (``num_workers`` and ``check_sample`` do not)."""
+        return self.model_dump(mode="json", exclude={"num_workers", "check_sample"})

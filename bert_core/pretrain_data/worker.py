@@ -1,0 +1,222 @@
+"""Worker side of the builder: one task (consecutive corpus shards) -> one output shard per phase.
+
+Runs in a worker process (or in-process with one worker). Streams the task's documents from Parquet,
+tokenises them in bounded batches, cuts them into windows of about ``window_tokens`` tokens and, per
+window, phase and dupe pass, creates, masks and appends instances. Every random choice is seeded by
+(seed, phase, split, task, window, pass), so the output does not depend on which process runs the task.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bert_core.pretrain_data.instances import Window, create_pairs, materialize
+from bert_core.pretrain_data.masking import MaskingSpec, mask_with_generator
+from bert_core.pretrain_data.params import PretrainDataParams
+from bert_core.pretrain_data.storage import ShardWriter
+from bert_core.pretrain_data.vocab import load_tokenizer, read_vocab
+
+READ_BATCH_DOCS = 64  # documents decoded from Parquet at a time
+ENCODE_BATCH_SENTENCES = 8192  # sentences per tokenizer call (bounds the tokenizer's temporary objects)
+
+
+@dataclass(frozen=True)
+class Task:
+    """Consecutive corpus shards of one split, processed by one worker into one output shard per phase."""
+
+    split: str
+    index: int
+    files: tuple[str, ...]
+    num_rows: int
+
+
+@dataclass(frozen=True)
+class Job:
+    """A task plus what a worker process needs to run it (picklable)."""
+
+    task: Task
+    out_dir: str
+    vocab_dir: str
+    params: dict[str, Any]
+
+
+def _encode(tokenizer, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of ``sentences`` back to back (int32) and the token count of each sentence."""
+    ids: list[np.ndarray] = []
+    lens: list[np.ndarray] = []
+    for k in range(0, len(sentences), ENCODE_BATCH_SENTENCES):
+        encs = tokenizer.encode_batch_fast(
+            sentences[k : k + ENCODE_BATCH_SENTENCES], add_special_tokens=False
+        )
+        lens.append(np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs)))
+        ids.append(np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int32))
+    if not ids:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    return np.concatenate(ids), np.concatenate(lens)
+
+
+def iter_windows(task: Task, tokenizer, window_tokens: int, min_docs: int) -> Iterator[Window]:
+    """Stream the task's documents as tokenised windows.
+
+    A window closes after the first document at which it holds at least ``window_tokens`` tokens and
+    ``min_docs`` documents, unless fewer than ``min_docs`` rows remain in the task (those join it).
+    Sentences without tokens and documents without sentences are dropped (as Google's reader does).
+    Window boundaries depend only on the task's rows, never on how they are read.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    parts: list[tuple[np.ndarray, np.ndarray, int]] = []  # (token ids, sentence lengths, row) per document
+    held_tokens = 0
+    row = 0  # task-stream row of the next document
+
+    def emit() -> Window:
+        sent_lens = np.concatenate([p[1] for p in parts])
+        window = Window(
+            tokens=np.concatenate([p[0] for p in parts]),
+            sent_starts=np.concatenate([[0], np.cumsum(sent_lens)]).astype(np.int64),
+            doc_sents=np.concatenate([[0], np.cumsum([len(p[1]) for p in parts])]).astype(np.int64),
+            doc_rows=np.array([p[2] for p in parts], dtype=np.int64),
+        )
+        parts.clear()
+        return window
+
+    for path in task.files:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH_DOCS, columns=["sentences"]):
+            col = batch.column(0)
+            per_doc = pc.fill_null(pc.list_value_length(col), 0).to_numpy().astype(np.int64)
+            ids, sent_lens = _encode(tokenizer, [s or "" for s in pc.list_flatten(col).to_pylist()])
+            sent_first = np.concatenate([[0], np.cumsum(per_doc)])
+            tok_first = np.concatenate([[0], np.cumsum(sent_lens)])
+            for d in range(len(per_doc)):
+                lo, hi = sent_first[d], sent_first[d + 1]
+                lens = sent_lens[lo:hi]
+                lens = lens[lens > 0]  # empty sentences add no tokens, so the doc's tokens stay contiguous
+                if len(lens):
+                    parts.append((ids[tok_first[lo] : tok_first[hi]], lens, row))
+                    held_tokens += int(lens.sum())
+                row += 1
+                if (
+                    held_tokens >= window_tokens
+                    and len(parts) >= min_docs
+                    and task.num_rows - row >= min_docs
+                ):
+                    yield emit()
+                    held_tokens = 0
+    if parts:
+        yield emit()
+
+
+def derive_seed(*words: int | str) -> int:
+    ints = [zlib.crc32(w.encode()) if isinstance(w, str) else int(w) for w in words]
+    state = np.random.SeedSequence(ints).generate_state(2, dtype=np.uint64)
+    return int(state[0]) << 64 | int(state[1])
+
+
+def _new_stats() -> dict[str, int]:
+    keys = (
+        "instances tokens slots truncated short_target random_next a_tokens b_tokens eligible predictions "
+        "pred_mask pred_random pred_keep"
+    )
+    return dict.fromkeys(keys.split(), 0)
+
+
+def run_task(job: Job) -> dict[str, Any]:
+    """Worker: build every phase's output shard for one task; return the shards' index entries + stats."""
+    p = PretrainDataParams.model_validate(job.params)
+    vocab = read_vocab(Path(job.vocab_dir) / "vocab.txt")
+    tokenizer = load_tokenizer(job.vocab_dir, vocab)
+    task, split = job.task, job.task.split
+    static = p.masking == "static" or split == "heldout"
+    dupe = p.dupe_factor if split == "train" else p.heldout_dupe_factor
+    sp = vocab.special_ids
+    name = f"shard-{task.index:05d}"
+    writers, stats, specs = {}, {}, {}
+    for phase in p.phases:
+        ps = p.phase_specs[phase]
+        writers[phase] = ShardWriter(
+            Path(job.out_dir) / phase / split, name, vocab.token_dtype, static=static, track_docs=p.track_docs
+        )
+        stats[phase] = _new_stats()
+        specs[phase] = MaskingSpec(
+            masked_lm_prob=p.masked_lm_prob,
+            max_predictions_per_seq=ps.max_predictions_per_seq,
+            vocab_size=vocab.size,
+            mask_id=sp["[MASK]"],
+            special_ids=tuple(int(i) for i in vocab.special_id_array),
+            whole_word=p.whole_word_masking,
+        )
+    corpus = {"documents": 0, "sentences": 0, "tokens": 0, "windows": 0}
+    for w, window in enumerate(iter_windows(task, tokenizer, p.window_tokens, p.min_window_docs)):
+        if window.num_docs < 2:
+            raise ValueError(
+                f"corpus shard(s) {', '.join(task.files)} hold fewer than two non-empty documents; "
+                f"next-sentence prediction needs two. Merge them into larger shards."
+            )
+        corpus["documents"] += window.num_docs
+        corpus["sentences"] += len(window.sent_starts) - 1
+        corpus["tokens"] += len(window.tokens)
+        corpus["windows"] += 1
+        for phase in p.phases:
+            t = p.phase_specs[phase].max_seq_length
+            for k in range(dupe):
+                pairs = create_pairs(
+                    window,
+                    max_seq_length=t,
+                    short_seq_prob=p.short_seq_prob,
+                    random_next_prob=p.random_next_prob,
+                    nsp_balance=p.nsp_balance,
+                    rng=random.Random(derive_seed(p.seed, phase, split, task.index, w, k, 0)),
+                )
+                ids, lengths = materialize(window.tokens, pairs, t, sp["[CLS]"], sp["[SEP]"], sp["[PAD]"])
+                docs = None
+                if p.track_docs:
+                    docs = np.stack([window.doc_rows[pairs.a_doc], window.doc_rows[pairs.b_doc]], axis=1)
+                s = stats[phase]
+                if static:
+                    rng = np.random.Generator(
+                        np.random.PCG64(derive_seed(p.seed, phase, split, task.index, w, k, 1))
+                    )
+                    masked, chosen = mask_with_generator(
+                        ids, lengths, pairs.a_len, specs[phase], rng, vocab.continuation
+                    )
+                    writers[phase].append(
+                        masked,
+                        lengths,
+                        pairs.a_len,
+                        pairs.random_next,
+                        chosen=chosen,
+                        original=ids,
+                        docs=docs,
+                    )
+                    orig, new = ids[chosen], masked[chosen]
+                    s["predictions"] += len(orig)
+                    s["pred_mask"] += int((new == sp["[MASK]"]).sum())
+                    s["pred_keep"] += int((new == orig).sum())
+                else:
+                    writers[phase].append(ids, lengths, pairs.a_len, pairs.random_next, docs=docs)
+                s["instances"] += len(pairs)
+                s["tokens"] += int(lengths.sum())
+                s["slots"] += len(pairs) * t
+                s["truncated"] += int(pairs.truncated.sum())
+                s["short_target"] += int(pairs.short_target.sum())
+                s["random_next"] += int(pairs.random_next.sum())
+                s["a_tokens"] += int(pairs.a_len.sum())
+                s["b_tokens"] += int(pairs.b_len.sum())
+                s["eligible"] += int((lengths - 3).sum())
+    out = {}
+    for phase in p.phases:
+        s = stats[phase]
+        s["pred_random"] = s["predictions"] - s["pred_mask"] - s["pred_keep"]
+        entry = writers[phase].close()
+        entry["corpus_files"] = [Path(f).name for f in task.files]
+        out[phase] = {"shard": entry, "stats": s}
+    return {"task": task.index, "split": split, "phases": out, "corpus": corpus}
