@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import pickle
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,10 +159,14 @@ def _read_pickle(file: Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        what = (
+            f"references {found.group(1)}, which is not a tensor type" if found else "holds more than tensors"
+        )
         raise UnsafeCheckpointError(
-            f"refusing to load {file}: it is a pickle that holds more than tensors (loading it could run "
-            f"arbitrary code). Only plain state dicts are accepted. If you trust its origin, convert it to "
-            f"safetensors in a sandbox, then load that. Details: {str(err).splitlines()[0]}"
+            f"refusing to load {file}: the pickle {what}, and unpickling it could run arbitrary code. Only "
+            "plain state dicts (name -> tensor) are accepted. If you trust its origin, convert it to "
+            "safetensors in a sandbox and load that instead."
         ) from err
     except (RuntimeError, EOFError, OSError) as err:
         raise CheckpointError(
