@@ -241,6 +241,7 @@ class _Merger:
         self.src_done: set[int] = set()
         self.done = False
         self.check_rows: list[dict[str, Any]] = []
+        self.pending: tuple[dict[str, Any], int] | None = None
         self._rng = random.Random(params.seed)
         self._key = str(params.seed).encode()[:64]
 
@@ -300,7 +301,15 @@ class _Merger:
         u = _h64(row["doc_id"].encode(), self._key) / 2.0**64
         heldout = u < self.p.heldout.fraction and st.documents_heldout < self.p.heldout.max_documents
         doc = {k: row[k] for k in SCHEMA.names}
-        (self.heldout if heldout else self.train).write(doc, n_bytes)
+        if heldout:
+            self.heldout.write(doc, n_bytes)
+            if self.pending is not None:  # the held-out split is no longer empty: release the reserve
+                self.train.write(*self.pending)
+                self.pending = None
+        elif st.documents_heldout == 0 and self.pending is None:
+            self.pending = (doc, n_bytes)  # reserve: goes to held-out if no document hashes there
+        else:
+            self.train.write(doc, n_bytes)
         self.src_docs[si] += 1
         self.src_bytes[si] += n_bytes
         st.documents += 1
@@ -328,6 +337,21 @@ class _Merger:
                 self.check_rows[j] = check_row
 
     def close(self) -> tuple[list[dict], list[dict]]:
+        """Finish both splits. On a small corpus where no document hashed into the held-out split, the
+        first train document (kept in reserve) becomes the held-out split, when train keeps at least one."""
+        if self.pending is not None:
+            st = self.stats
+            if st.documents_train >= 2:
+                doc, n_bytes = self.pending
+                self.heldout.write(doc, n_bytes)
+                st.documents_train -= 1
+                st.documents_heldout += 1
+                for row in self.check_rows:
+                    if row["doc_id"] == doc["doc_id"]:
+                        row["split"] = "heldout"
+            else:
+                self.train.write(*self.pending)
+            self.pending = None
         return self.train.close(), self.heldout.close()
 
 
@@ -448,9 +472,10 @@ def build_corpus(
             )
         if stats.documents_heldout == 0 or stats.documents_train == 0:
             raise EmptyCorpusError(
-                f"the {'held-out' if stats.documents_heldout == 0 else 'train'} split is empty "
-                f"({stats.documents} documents, heldout.fraction={params.heldout.fraction}); "
-                "adjust corpus.heldout.fraction or add documents"
+                f"the {'held-out' if stats.documents_heldout == 0 else 'train'} split is empty: "
+                f"{stats.documents} document(s) survived filtering (dropped: {dict(stats.dropped)}), "
+                f"heldout.fraction={params.heldout.fraction}. The corpus needs at least 2 documents "
+                "(one per split); add documents or adjust corpus.heldout / corpus.clean"
             )
         stats.shards_train, stats.shards_heldout = len(train_shards), len(heldout_shards)
         for si, src in enumerate(sources):

@@ -78,9 +78,9 @@ def strip_gutenberg(text: str) -> tuple[str, bool]:
     body = text[start:end].strip() if changed else text
     head = _PG_CREDITS_RE.match(body[:3000])
     if head is not None:
-        body = body[head.end() :].lstrip()
+        body = body[head.end() :]
         changed = True
-    return body, changed
+    return (body.strip(), True) if changed else (text, False)
 
 
 def paragraphs(text: str, newlines: str) -> list[str]:

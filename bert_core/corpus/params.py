@@ -139,6 +139,9 @@ class CapParams(StrictModel):
 class HeldoutParams(StrictModel):
     """Held-out split of whole documents, chosen by a seeded hash of ``doc_id`` (stable across runs).
 
+    When no document hashes into it (a tiny corpus), the first train document is moved there instead, so
+    any corpus of two or more documents gets both splits.
+
     Attributes:
         fraction: Share of documents sent to the held-out split.
         max_documents: The held-out split stops growing here; later picks go to train.
