@@ -1,7 +1,7 @@
 """The ``pretrain_data`` builder: corpus shards -> MLM + NSP instances, in parallel, streaming, bounded memory.
 
-Work is split into *tasks* (consecutive corpus shards, grouped only so that each task holds enough
-documents). Tasks are planned from the Parquet metadata alone, so the plan, every seed and therefore every
+Work is split into *tasks* of ``task_documents`` consecutive documents (a shard may hold several tasks,
+a task may span shards). Tasks are planned from the Parquet metadata alone, so the plan, every seed and therefore every
 output byte are the same whatever ``num_workers`` is. A worker (:mod:`.worker`) streams its task's
 documents and holds one window of about ``window_tokens`` tokens at a time, so peak memory is a function of
 ``window_tokens`` and the number of workers, never of the corpus size (Google's generator keeps every
@@ -13,6 +13,7 @@ data checks (:mod:`.checks`) *before* it is moved into place: a crash or a faile
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -22,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bert_core.atomic import atomic_path
 from bert_core.pretrain_data.params import PretrainDataParams
@@ -43,8 +46,11 @@ class BuildResult:
     seconds: float = 0.0
 
 
-def plan_tasks(corpus_dir: str | Path, split: str, min_docs: int) -> list[Task]:
-    """Group the split's ``part-*.parquet`` files into tasks of at least ``min_docs`` documents.
+def plan_tasks(corpus_dir: str | Path, split: str, task_documents: int, min_docs: int) -> list[Task]:
+    """Cut the split's documents (all ``part-*.parquet`` files, in name order, as one stream) into tasks of
+    ``task_documents`` consecutive rows; a last task below ``min_docs`` rows joins the one before.
+
+    The plan depends on the Parquet metadata and the params only, never on the worker count.
 
     Raises:
         FileNotFoundError: the split directory does not exist.
@@ -79,16 +85,19 @@ def plan_tasks(corpus_dir: str | Path, split: str, min_docs: int) -> list[Task]:
             f"the corpus split {d} holds a single document; next-sentence prediction takes NotNext "
             f"segments from another document, so it needs at least two"
         )
-    groups: list[list[int]] = []
-    for i in range(len(files)):
-        if not groups or sum(rows[j] for j in groups[-1]) >= min_docs:
-            groups.append([])
-        groups[-1].append(i)
-    if len(groups) > 1 and sum(rows[j] for j in groups[-1]) < min_docs:
-        groups[-2].extend(groups.pop())
-    return [
-        Task(split, k, tuple(str(files[j]) for j in g), sum(rows[j] for j in g)) for k, g in enumerate(groups)
-    ]
+    cuts = [*range(0, total, task_documents), total]
+    if len(cuts) > 2 and cuts[-1] - cuts[-2] < min_docs:
+        del cuts[-2]
+    starts = np.concatenate([[0], np.cumsum(rows)])
+    tasks = []
+    for k, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+        segments = []
+        for i, f in enumerate(files):
+            a, b = max(lo, starts[i]), min(hi, starts[i + 1])
+            if b > a:
+                segments.append((str(f), int(a - starts[i]), int(b - starts[i])))
+        tasks.append(Task(split, k, tuple(segments), hi - lo))
+    return tasks
 
 
 def _init_worker(threads: int) -> None:
@@ -176,7 +185,10 @@ def build_pretrain_data(
     vocab_dir = Path(vocab_dir)
     vocab = read_vocab(vocab_dir / "vocab.txt")
     load_tokenizer(vocab_dir, vocab)  # fail here, not in a worker, on a mismatched tokenizer.json
-    plans = {split: plan_tasks(corpus_dir, split, params.min_window_docs) for split in SPLITS}
+    plans = {
+        split: plan_tasks(corpus_dir, split, params.task_documents, params.min_window_docs)
+        for split in SPLITS
+    }
     result = BuildResult(metrics={})
     with atomic_path(output_dir, is_dir=True) as tmp:
         jobs = [

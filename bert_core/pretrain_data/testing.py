@@ -85,21 +85,65 @@ def real_documents(
                 yield sents
 
 
-def synthetic_documents(
-    n_docs: int,
-    vocab_words: list[str],
+SUFFIXES = ("ing", "ed", "s", "er", "ly")
+
+
+def synthetic_vocab(path: str | Path, n_words: int = 400) -> list[str]:
+    """Write a small BERT-layout ``vocab.txt`` (specials, letters, ``w0..wN`` words, ``##`` suffixes);
+    return the whole words. A word plus a suffix (``w12ing``) tokenises to two pieces (``w12 ##ing``)."""
+    words = [f"w{i}" for i in range(n_words)]
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)]
+    tokens = ["[PAD]", *[f"[unused{i}]" for i in range(10)], "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","]
+    tokens += letters + [f"##{c}" for c in letters] + words + [f"##{s}" for s in SUFFIXES]
+    tokens = list(dict.fromkeys(tokens))  # "##s" is both a letter and a suffix
+    Path(path).write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return words
+
+
+def make_synthetic_inputs(
+    root: str | Path,
     *,
+    n_train: int = 600,
+    n_heldout: int = 120,
+    docs_per_shard: int = 200,
     seed: int = 0,
-    sentences: tuple[int, int] = (1, 30),
-    words: tuple[int, int] = (3, 40),
-) -> list[list[str]]:
-    """Random documents of random vocabulary words (sentence and word counts uniform in the ranges)."""
+    sentences: tuple[int, int] = (1, 20),
+    tokenizer_json: bool = True,
+) -> tuple[Path, Path]:
+    """A generated corpus (``<root>/corpus``) and vocabulary (``<root>/vocab``) in the stages' formats.
+
+    Sentences are 3-25 words; a quarter of the words carry a ``##`` suffix piece.
+
+    Returns:
+        ``(corpus_dir, vocab_dir)``.
+    """
+    root = Path(root)
+    vocab_dir = root / "vocab"
+    vocab_dir.mkdir(parents=True, exist_ok=True)
+    words = synthetic_vocab(vocab_dir / "vocab.txt")
+    if tokenizer_json:
+        from tokenizers import BertWordPieceTokenizer
+
+        BertWordPieceTokenizer(str(vocab_dir / "vocab.txt"), lowercase=True).save(
+            str(vocab_dir / "tokenizer.json")
+        )
     rng = np.random.default_rng(seed)
-    docs = []
-    for _ in range(n_docs):
-        doc = []
-        for _ in range(rng.integers(sentences[0], sentences[1] + 1)):
-            n = rng.integers(words[0], words[1] + 1)
-            doc.append(" ".join(vocab_words[i] for i in rng.integers(0, len(vocab_words), n)))
-        docs.append(doc)
-    return docs
+
+    def docs(n: int) -> list[list[str]]:
+        out = []
+        for _ in range(n):
+            doc = []
+            for _ in range(int(rng.integers(sentences[0], sentences[1] + 1))):
+                k = int(rng.integers(3, 26))
+                ws = [words[i] for i in rng.integers(0, len(words), k)]
+                ws = [
+                    w + SUFFIXES[int(rng.integers(len(SUFFIXES)))] if rng.random() < 0.25 else w for w in ws
+                ]
+                doc.append(" ".join(ws) + " .")
+            out.append(doc)
+        return out
+
+    corpus = root / "corpus"
+    write_corpus(corpus, "train", docs(n_train), docs_per_shard)
+    write_corpus(corpus, "heldout", docs(n_heldout), docs_per_shard)
+    return corpus, vocab_dir

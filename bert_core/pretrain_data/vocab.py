@@ -44,7 +44,7 @@ def read_vocab(path: str | Path) -> VocabInfo:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: the file is empty, not UTF-8, or lacks one of :data:`SPECIAL_TOKENS`.
+        ValueError: the file is empty, not UTF-8, repeats an entry, or lacks one of :data:`SPECIAL_TOKENS`.
     """
     path = Path(path)
     if not path.is_file():
@@ -62,9 +62,14 @@ def read_vocab(path: str | Path) -> VocabInfo:
     tokens = [t.rstrip("\r") for t in tokens]
     if not tokens:
         raise ValueError(f"{path}: the vocabulary is empty")
-    index = {}
+    index: dict[str, int] = {}
     for i, t in enumerate(tokens):
-        index.setdefault(t, i)
+        if t in index:
+            raise ValueError(
+                f"{path}: line {i + 1} repeats {t!r} (first on line {index[t] + 1}); every entry must be "
+                f"unique or ids shift. Rebuild the vocabulary."
+            )
+        index[t] = i
     missing = [t for t in SPECIAL_TOKENS if t not in index]
     if missing:
         raise ValueError(

@@ -30,12 +30,47 @@ ENCODE_BATCH_SENTENCES = 8192  # sentences per tokenizer call (bounds the tokeni
 
 @dataclass(frozen=True)
 class Task:
-    """Consecutive corpus shards of one split, processed by one worker into one output shard per phase."""
+    """Consecutive documents of one split, processed by one worker into one output shard per phase.
+
+    Attributes:
+        split: ``train`` or ``heldout``.
+        index: Task number within the split (names the output shard and keys its seeds).
+        segments: ``(file, first_row, end_row)`` ranges of corpus shards, in stream order.
+        num_rows: Documents in the task.
+    """
 
     split: str
     index: int
-    files: tuple[str, ...]
+    segments: tuple[tuple[str, int, int], ...]
     num_rows: int
+
+    def describe(self) -> str:
+        return ", ".join(f"{Path(f).name}[{a}:{b}]" for f, a, b in self.segments)
+
+
+def read_segment(path: str, start: int, end: int) -> Iterator[Any]:
+    """The ``sentences`` column of rows ``[start, end)`` of a Parquet file, in batches (only the row groups
+    that overlap the range are decoded)."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    md = pf.metadata
+    groups, pos, first = [], None, 0
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        if first < end and first + n > start:
+            groups.append(g)
+            pos = first if pos is None else pos
+        first += n
+    if not groups:
+        return
+    for batch in pf.iter_batches(batch_size=READ_BATCH_DOCS, row_groups=groups, columns=["sentences"]):
+        lo, hi = max(start - pos, 0), min(end - pos, batch.num_rows)
+        if hi > lo:
+            yield batch.column(0).slice(lo, hi - lo)
+        pos += batch.num_rows
+        if pos >= end:
+            break
 
 
 @dataclass(frozen=True)
@@ -72,7 +107,6 @@ def iter_windows(task: Task, tokenizer, window_tokens: int, min_docs: int) -> It
     Window boundaries depend only on the task's rows, never on how they are read.
     """
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     parts: list[tuple[np.ndarray, np.ndarray, int]] = []  # (token ids, sentence lengths, row) per document
     held_tokens = 0
@@ -89,9 +123,8 @@ def iter_windows(task: Task, tokenizer, window_tokens: int, min_docs: int) -> It
         parts.clear()
         return window
 
-    for path in task.files:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH_DOCS, columns=["sentences"]):
-            col = batch.column(0)
+    for path, start, end in task.segments:
+        for col in read_segment(path, start, end):
             per_doc = pc.fill_null(pc.list_value_length(col), 0).to_numpy().astype(np.int64)
             ids, sent_lens = _encode(tokenizer, [s or "" for s in pc.list_flatten(col).to_pylist()])
             sent_first = np.concatenate([[0], np.cumsum(per_doc)])
@@ -158,8 +191,8 @@ def run_task(job: Job) -> dict[str, Any]:
     for w, window in enumerate(iter_windows(task, tokenizer, p.window_tokens, p.min_window_docs)):
         if window.num_docs < 2:
             raise ValueError(
-                f"corpus shard(s) {', '.join(task.files)} hold fewer than two non-empty documents; "
-                f"next-sentence prediction needs two. Merge them into larger shards."
+                f"corpus rows {task.describe()} hold fewer than two non-empty documents; "
+                f"next-sentence prediction needs two (drop empty documents in the corpus stage)"
             )
         corpus["documents"] += window.num_docs
         corpus["sentences"] += len(window.sent_starts) - 1
@@ -217,6 +250,6 @@ def run_task(job: Job) -> dict[str, Any]:
         s = stats[phase]
         s["pred_random"] = s["predictions"] - s["pred_mask"] - s["pred_keep"]
         entry = writers[phase].close()
-        entry["corpus_files"] = [Path(f).name for f in task.files]
+        entry["corpus_rows"] = [[Path(f).name, a, b] for f, a, b in task.segments]
         out[phase] = {"shard": entry, "stats": s}
     return {"task": task.index, "split": split, "phases": out, "corpus": corpus}
