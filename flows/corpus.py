@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/corpus.json)")
     args = parser.parse_args(argv)
     try:
+        load_params(args.params, "corpus", CorpusParams)  # fail fast on bad params, before Prefect starts
         corpus_flow(args.params, args.out, args.workers, args.metrics)
     except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
         print(f"corpus stage failed: {type(err).__name__}: {err}", file=sys.stderr)

@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/vocab.json)")
     args = parser.parse_args(argv)
     try:
+        load_params(args.params, "vocab", VocabParams)  # fail fast on bad params, before Prefect starts
         vocab_flow(args.params, args.corpus, args.out, args.metrics)
     except Exception as err:
         print(f"vocab stage failed: {type(err).__name__}: {err}", file=sys.stderr)

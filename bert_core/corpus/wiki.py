@@ -61,7 +61,7 @@ _LEADING_PUNCT_PARENS_RE = re.compile(r"\(\s*[,;:]\s*")
 # Inline templates whose visible text is prose: {{lang|fr|texte}}, {{nowrap|1 000 km}}, {{convert|5|km}}.
 _INLINE_TEMPLATES = {"lang": 2, "transl": 2, "nowrap": 1, "nobr": 1, "nobreak": 1, "script": 2, "small": 1}
 _SPACE_BEFORE_PUNCT_RE = re.compile(r" +([,.;:!?)])")
-_MULTI_SPACE_RE = re.compile(r"[ \t]+")
+_MULTI_SPACE_RE = re.compile(r"[^\S\n]+")  # incl. NBSP from &nbsp;
 _TABLE_LINE_RE = re.compile(r"^\s*(\{\||\|\}|\|-|\||!)")
 
 
