@@ -126,54 +126,34 @@ def _glue(
 _BIN = ("0", "1")
 _NLI2 = ("entailment", "not_entailment")
 
+# name, folder under glue/, labels, their spelling in the TSVs and submissions, metric keys (headline first),
+# BERT-Base GLUE test score (paper Table 1).
+_GLUE_TABLE: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], tuple[str, ...], str], ...] = (
+    ("cola", "CoLA", ("unacceptable", "acceptable"), _BIN, ("matthews_corr",), "BERT-Base test 52.1"),
+    ("sst2", "SST-2", ("negative", "positive"), _BIN, ("accuracy",), "BERT-Base test 93.5"),
+    ("mrpc", "MRPC", ("not_equivalent", "equivalent"), _BIN, ("f1", "accuracy"), "BERT-Base test F1 88.9"),
+    ("stsb", "STS-B", (), (), ("spearman", "pearson"), "BERT-Base test Spearman 85.8"),
+    ("qqp", "QQP", ("not_duplicate", "duplicate"), _BIN, ("f1", "accuracy"), "BERT-Base test F1 71.2"),
+    ("qnli", "QNLI", _NLI2, _NLI2, ("accuracy",), "BERT-Base test 90.5"),
+    ("rte", "RTE", _NLI2, _NLI2, ("accuracy",), "BERT-Base test 66.4"),
+    ("wnli", "WNLI", ("not_entailment", "entailment"), _BIN, ("accuracy",), "not in the GLUE average"),
+)
+
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec
     for spec in (
-        _glue(
-            "cola",
-            "CoLA",
-            ("unacceptable", "acceptable"),
-            _BIN,
-            ("matthews_corr",),
-            "CoLA.tsv",
-            paper="BERT-Base test 52.1",
-        ),
-        _glue(
-            "sst2",
-            "SST-2",
-            ("negative", "positive"),
-            _BIN,
-            ("accuracy",),
-            "SST-2.tsv",
-            paper="BERT-Base test 93.5",
-        ),
-        _glue(
-            "mrpc",
-            "MRPC",
-            ("not_equivalent", "equivalent"),
-            _BIN,
-            ("f1", "accuracy"),
-            "MRPC.tsv",
-            paper="BERT-Base test F1 88.9",
-        ),
-        _glue(
-            "stsb",
-            "STS-B",
-            (),
-            (),
-            ("spearman", "pearson"),
-            "STS-B.tsv",
-            kind="regression",
-            paper="BERT-Base test Spearman 85.8",
-        ),
-        _glue(
-            "qqp",
-            "QQP",
-            ("not_duplicate", "duplicate"),
-            _BIN,
-            ("f1", "accuracy"),
-            "QQP.tsv",
-            paper="BERT-Base test F1 71.2",
+        *(
+            _glue(
+                name,
+                folder,
+                labels,
+                spelled,
+                keys,
+                f"{folder}.tsv",
+                kind="regression" if name == "stsb" else "classification",
+                paper=paper,
+            )
+            for name, folder, labels, spelled, keys, paper in _GLUE_TABLE
         ),
         TaskSpec(
             name="mnli",
@@ -217,17 +197,6 @@ TASKS: dict[str, TaskSpec] = {
             },
             submission_labels=MNLI_LABELS,
             paper_reference="BERT-Base test 84.6 (m) / 83.4 (mm)",
-        ),
-        _glue("qnli", "QNLI", _NLI2, _NLI2, ("accuracy",), "QNLI.tsv", paper="BERT-Base test 90.5"),
-        _glue("rte", "RTE", _NLI2, _NLI2, ("accuracy",), "RTE.tsv", paper="BERT-Base test 66.4"),
-        _glue(
-            "wnli",
-            "WNLI",
-            ("not_entailment", "entailment"),
-            _BIN,
-            ("accuracy",),
-            "WNLI.tsv",
-            paper="excluded from the BERT paper's GLUE average",
         ),
         TaskSpec(
             name="squad_v1",
