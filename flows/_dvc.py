@@ -1,0 +1,199 @@
+"""DVC plumbing for the pipeline flow: the stage graph, one streamed DVC process, the workspace lock.
+
+The pipeline flow never re-implements DVC's decisions: it runs one ``dvc exp run`` (or ``dvc repro``) and
+follows its output, so DVC's caching decides what reruns. DVC announces each stage with stable lines
+(``Running stage 'x':``, ``Stage 'x' didn't change, skipping``, ``ERROR: failed to reproduce 'x'``), which
+:func:`parse_line` turns into events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+LOCK_RELPATH = Path(".dvc") / "tmp" / "bert-pipeline.lock"
+
+_RUNNING = re.compile(r"^Running stage '(?P<stage>[^']+)':")
+_SKIPPED = re.compile(r"^Stage '(?P<stage>[^']+)' (?:didn't change, skipping|is cached - skipping run)")
+_FAILED = re.compile(r"^ERROR: failed to reproduce(?: stages:)? '(?P<stage>[^']+)'")
+
+EventKind = Literal["running", "skipped", "failed", "line"]
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: EventKind
+    line: str
+    stage: str | None = None
+
+
+def parse_line(line: str) -> Event:
+    """Classify one line of DVC output."""
+    for kind, pattern in (("running", _RUNNING), ("skipped", _SKIPPED), ("failed", _FAILED)):
+        m = pattern.match(line)
+        if m:
+            return Event(kind, line, m.group("stage"))  # type: ignore[arg-type]
+    return Event("line", line)
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """One stage of ``dvc.yaml`` as DVC resolves it (``foreach`` expanded: ``finetune@sst2``)."""
+
+    name: str
+    cmd: str
+    metrics: tuple[str, ...] = ()
+    params: tuple[tuple[str, str], ...] = field(default=())  # (file, dotted key)
+
+
+def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
+    """The pipeline's stages in an order DVC could run them (dependencies first).
+
+    Raises:
+        dvc.exceptions.DvcException: ``dvc.yaml`` is invalid (DVC's message names the line).
+    """
+    import networkx as nx
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+    from dvc.stage import PipelineStage
+
+    with Repo(os.fspath(root)) as repo:
+        graph = repo.index.graph
+        ordered = [s for s in reversed(list(nx.topological_sort(graph))) if isinstance(s, PipelineStage)]
+        infos = []
+        for stage in ordered:
+            cmd = stage.cmd if isinstance(stage.cmd, str) else " && ".join(stage.cmd or [])
+            params = []
+            for dep in stage.deps:
+                if isinstance(dep, ParamsDependency):
+                    keys = dep.params if isinstance(dep.params, list) else list(dep.params or [])
+                    params += [(dep.def_path, k) for k in keys]
+            infos.append(
+                StageInfo(
+                    name=stage.addressing,
+                    cmd=cmd,
+                    metrics=tuple(o.def_path for o in stage.outs if o.metric),
+                    params=tuple(params),
+                )
+            )
+    return infos
+
+
+class DvcRun(Protocol):
+    """A running DVC command: its merged stdout/stderr lines, then its exit code."""
+
+    def lines(self) -> Iterator[str]: ...
+
+    def wait(self) -> int: ...
+
+    def stop(self) -> None: ...
+
+
+class DvcProcess:
+    """``python -m dvc <args>`` in its own process group, output streamed line by line.
+
+    The process group lets :meth:`stop` end DVC *and* the stage command it runs (a cancelled Prefect run
+    must not leave a training process behind holding DVC's lock).
+    """
+
+    def __init__(self, args: list[str], *, cwd: str | os.PathLike[str], env: dict[str, str]) -> None:
+        self.args = [sys.executable, "-m", "dvc", *args]
+        self.proc = subprocess.Popen(
+            self.args,
+            cwd=os.fspath(cwd),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def lines(self) -> Iterator[str]:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            # Progress bars redraw with '\r': keep only the last state of such a line.
+            text = raw.decode("utf-8", errors="replace").rstrip("\n").split("\r")[-1].rstrip()
+            yield text
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``."""
+        if self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+class WorkspaceBusy(RuntimeError):
+    """Another pipeline run holds the workspace for longer than this run was willing to wait."""
+
+
+@contextlib.contextmanager
+def workspace_lock(
+    root: str | os.PathLike[str],
+    *,
+    holder: str,
+    timeout_s: float,
+    on_wait: Callable[[str], None] | None = None,
+    poll_s: float = 1.0,
+    note_every_s: float = 60.0,
+) -> Iterator[None]:
+    """Hold the repository's pipeline lock (``.dvc/tmp/bert-pipeline.lock``) for the block.
+
+    Two pipeline runs on one workspace would interleave their params overrides and outputs; DVC itself
+    refuses a second ``repro`` outright. Here the second run waits (up to ``timeout_s``), and says who it
+    is waiting for. The lock is an ``flock``: the kernel releases it when the holder dies, so a killed run
+    never blocks the next one.
+
+    Raises:
+        WorkspaceBusy: the lock was not free within ``timeout_s``; names the holder.
+    """
+    path = Path(root) / LOCK_RELPATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        start = time.monotonic()
+        next_note = start
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = time.monotonic()
+                current = path.read_text(encoding="utf-8", errors="replace").strip() or "another run"
+                if now - start >= timeout_s:
+                    raise WorkspaceBusy(
+                        f"{root}: the pipeline workspace is busy ({current}); waited {timeout_s:.0f}s. "
+                        "Wait for that run to finish, or cancel it."
+                    ) from None
+                if on_wait is not None and now >= next_note:
+                    on_wait(current)
+                    next_note = now + note_every_s
+                time.sleep(poll_s)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{holder} (pid {os.getpid()})\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

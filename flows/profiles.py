@@ -1,0 +1,477 @@
+"""Named profiles: one set of params overrides per scale, selectable without editing code.
+
+The params files ``params/<stage>.yaml`` (top-level key ``<stage>``) hold the *default* profile: a tiny
+model and capped data that run end to end on a 2-core CPU. A named profile is an override file
+``params/profiles/<name>.yaml`` that maps a params file to dotted keys and their values::
+
+    # GPU recipe: BERT-Base as in the paper.            <- leading comment = description
+    params/pretrain.yaml:
+      pretrain.model.preset: base
+      pretrain.optimizer.lr: 1.0e-4
+
+A profile fully determines every key that *any* profile sets: keys it does not set itself go back to
+their committed default (``git show HEAD:<file>``). Switching from ``gpu-base`` back to ``cpu-small``
+therefore restores the defaults instead of leaving GPU values behind. Keys that no profile touches keep
+whatever value the workspace has.
+
+Command line::
+
+    python -m flows.profiles list
+    python -m flows.profiles args gpu-base [-S params/finetune.yaml:finetune.seeds=[1,2]]
+    python -m flows.profiles apply gpu-base          # write the values into params/ (for `dvc repro`)
+    python -m flows.profiles check                   # every profile's keys exist and parse
+
+``args`` prints the ``-S`` arguments of ``dvc exp run`` (shell-quoted)::
+
+    eval dvc exp run $(python -m flows.profiles args gpu-base)
+
+Values use DVC's ``-S`` syntax (Hydra's override grammar), and ``apply`` writes them with DVC's own
+implementation of ``-S``, so both paths produce the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROFILES_SUBDIR = Path("params") / "profiles"
+DEFAULT_PROFILE = "cpu-small"
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_PLAIN_STR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
+_HYDRA_KEYWORDS = {"null", "true", "false", "inf", "nan"}
+
+Overrides = dict[str, dict[str, Any]]
+"""``{params file (repo-relative): {dotted key: value}}``."""
+
+
+class ProfileError(ValueError):
+    """A profile or an override is wrong; the message names the file and key and what to do."""
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+def profiles_dir(root: Path = REPO_ROOT) -> Path:
+    return Path(root) / PROFILES_SUBDIR
+
+
+def list_profiles(root: Path = REPO_ROOT) -> list[str]:
+    """Profile names (file stems under ``params/profiles``), sorted, the default first."""
+    names = sorted(p.stem for p in profiles_dir(root).glob("*.yaml") if _NAME_RE.match(p.stem))
+    if DEFAULT_PROFILE in names:
+        names.remove(DEFAULT_PROFILE)
+        names.insert(0, DEFAULT_PROFILE)
+    return names
+
+
+def profile_path(name: str, root: Path = REPO_ROOT) -> Path:
+    path = profiles_dir(root) / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(list_profiles(root)) or "none"
+        raise ProfileError(f"unknown profile '{name}' ({path} not found). Known profiles: {known}")
+    return path
+
+
+def describe_profile(name: str, root: Path = REPO_ROOT) -> str:
+    """The profile's leading comment block, as one paragraph."""
+    lines = []
+    for line in profile_path(name, root).read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(x for x in lines if x)
+
+
+def load_profile(name: str, root: Path = REPO_ROOT) -> Overrides:
+    """Read ``params/profiles/<name>.yaml`` into ``{file: {dotted key: value}}`` (shape checked)."""
+    path = profile_path(name, root)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ProfileError(f"{path}{line}: not valid YAML: {err}") from None
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: top level must map params files to overrides, got {type(data).__name__}")
+    out: Overrides = {}
+    for file, keys in data.items():
+        if not (isinstance(file, str) and file.startswith("params/") and file.endswith(".yaml")):
+            raise ProfileError(f"{path}: '{file}' is not a params file (expected params/<stage>.yaml)")
+        if keys is None:
+            keys = {}
+        if not isinstance(keys, dict) or not all(isinstance(k, str) and k for k in keys):
+            raise ProfileError(f"{path}: '{file}' must map dotted keys to values")
+        out[file] = dict(keys)
+    return out
+
+
+def _committed_text(root: str, file: str) -> str | None:
+    try:
+        proc = subprocess.run(
+            ["git", "show", f"HEAD:{file}"], cwd=root, capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def read_params_file(file: str, root: Path = REPO_ROOT, *, committed: bool = False) -> dict[str, Any]:
+    """A params file as a mapping: the workspace copy, or the committed one (falls back to the workspace)."""
+    text = _committed_text(str(root), file) if committed else None
+    if text is None:
+        path = Path(root) / file
+        if not path.is_file():
+            raise ProfileError(f"{path}: params file not found")
+        text = path.read_text(encoding="utf-8")
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise ProfileError(f"{file}: top level must be a mapping")
+    return data
+
+
+_MISSING = object()
+
+
+def get_dotted(data: dict[str, Any], key: str) -> Any:
+    """``data['a']['b']`` for ``'a.b'``; a sentinel (not an exception) when absent."""
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def has_dotted(data: dict[str, Any], key: str) -> bool:
+    return get_dotted(data, key) is not _MISSING
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    node = data
+    for part in parents:
+        node = node[part]
+    node[last] = value
+
+
+# ------------------------------------------------------------------------------------- -S formatting
+
+
+def format_value(value: Any) -> str:
+    """A Python value in DVC's ``-S`` syntax (Hydra's override grammar), e.g. ``[1e-05,3e-05]``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        if _PLAIN_STR_RE.match(value) and value.lower() not in _HYDRA_KEYWORDS:
+            return value
+        # Hydra's quoted strings: backslashes need escaping only before a quote or at the end.
+        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
+        return f"'{escaped}'"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(format_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
+    raise ProfileError(f"cannot express {value!r} ({type(value).__name__}) as a params value")
+
+
+def parse_value(text: str) -> Any:
+    """Parse one ``-S`` value the way DVC does (Hydra's grammar): ``1e-4`` is a float, ``[1,2]`` a list."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        override = OverridesParser.create().parse_override(f"key={text}")
+    except Exception as err:
+        raise ProfileError(f"'{text}' is not a valid -S value: {err}") from None
+    return override.value()
+
+
+def parse_set_args(specs: list[str] | tuple[str, ...]) -> Overrides:
+    """Parse ``file:key=value`` strings (the argument of ``dvc exp run -S``) into overrides."""
+    out: Overrides = {}
+    for spec in specs:
+        target, eq, text = spec.partition("=")
+        file, colon, key = target.partition(":")
+        if not (eq and colon and file and key):
+            raise ProfileError(
+                f"'{spec}': expected FILE:KEY=VALUE, e.g. params/finetune.yaml:finetune.seeds=[1,2]"
+            )
+        out.setdefault(file, {})[key] = parse_value(text)
+    return out
+
+
+def merge(*layers: Overrides) -> Overrides:
+    out: Overrides = {}
+    for layer in layers:
+        for file, keys in layer.items():
+            out.setdefault(file, {}).update(keys)
+    return out
+
+
+def set_args(overrides: Overrides) -> list[str]:
+    """``["-S", "params/x.yaml:key=value", ...]`` for ``dvc exp run``."""
+    args: list[str] = []
+    for file, keys in overrides.items():
+        for key, value in keys.items():
+            args += ["-S", f"{file}:{key}={format_value(value)}"]
+    return args
+
+
+# ------------------------------------------------------------------------------------------ resolving
+
+
+def managed_keys(root: Path = REPO_ROOT) -> dict[str, set[str]]:
+    """Every key that any profile sets, per file."""
+    out: dict[str, set[str]] = {}
+    for name in list_profiles(root):
+        for file, keys in load_profile(name, root).items():
+            out.setdefault(file, set()).update(keys)
+    return out
+
+
+def resolve(
+    name: str | None, extra: Overrides | None = None, root: Path = REPO_ROOT, *, only_changes: bool = True
+) -> Overrides:
+    """The overrides that turn the workspace params into profile ``name`` plus ``extra``.
+
+    Args:
+        name: A profile name, or ``None`` to keep the workspace params and apply only ``extra``.
+        extra: Further overrides (from ``-S`` or a form), applied last.
+        root: Repository root.
+        only_changes: Drop overrides equal to the workspace value (so ``dvc exp run`` shows only
+            real changes).
+
+    Raises:
+        ProfileError: unknown profile, missing params file, or a key that does not exist in its file.
+    """
+    layers: list[Overrides] = []
+    if name is not None:
+        profile = load_profile(name, root)
+        defaults: Overrides = {}
+        for file, keys in managed_keys(root).items():
+            committed = read_params_file(file, root, committed=True)
+            for key in sorted(keys):
+                value = get_dotted(committed, key)
+                if value is not _MISSING:
+                    defaults.setdefault(file, {})[key] = value
+        layers += [defaults, profile]
+    layers.append(extra or {})
+    wanted = merge(*layers)
+    out: Overrides = {}
+    for file, keys in wanted.items():
+        current = read_params_file(file, root)
+        for key, value in keys.items():
+            now = get_dotted(current, key)
+            if now is _MISSING:
+                raise ProfileError(
+                    f"{file}: no key '{key}' (an override can only change an existing key; check its "
+                    f"spelling against {file})"
+                )
+            if only_changes and _same(now, value):
+                continue
+            out.setdefault(file, {})[key] = value
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return float(a) == float(b)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
+    """Write overrides into the params files with DVC's own ``-S`` implementation (comments kept)."""
+    from dvc.utils.hydra import apply_overrides
+
+    written = []
+    for file, keys in overrides.items():
+        if not keys:
+            continue
+        path = Path(root) / file
+        try:
+            apply_overrides(path, [f"{k}={format_value(v)}" for k, v in keys.items()])
+        except Exception as err:
+            raise ProfileError(f"{file}: could not apply {keys}: {err} ({err.__cause__ or ''})") from None
+        written.append(path)
+    return written
+
+
+# ------------------------------------------------------------------------------------------- checking
+
+
+def params_model(stage: str) -> type | None:
+    """The pydantic params model of stage ``stage`` (from ``flows.<stage>``), or ``None`` if not found.
+
+    Looks for ``PARAMS_MODEL``, then ``<Stage>Params`` (``pretrain_data`` -> ``PretrainDataParams``), then
+    the only pydantic model whose name ends in ``Params``.
+
+    Raises:
+        ModuleNotFoundError: ``flows.<stage>`` does not exist.
+    """
+    from pydantic import BaseModel
+
+    if importlib.util.find_spec(f"flows.{stage}") is None:
+        raise ModuleNotFoundError(f"flows.{stage}")
+    module = importlib.import_module(f"flows.{stage}")
+    explicit = getattr(module, "PARAMS_MODEL", None)
+    if explicit is not None:
+        return explicit
+    camel = "".join(part.capitalize() for part in stage.split("_")) + "Params"
+    if isinstance(getattr(module, camel, None), type):
+        return getattr(module, camel)
+    candidates = {
+        obj
+        for n, obj in vars(module).items()
+        if inspect.isclass(obj) and issubclass(obj, BaseModel) and n.endswith("Params")
+    }
+    return candidates.pop() if len(candidates) == 1 else None
+
+
+@dataclass
+class CheckReport:
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> CheckReport:
+    """Validate profiles: every key exists in its file and the resulting params parse with the stage model.
+
+    A stage whose ``flows.<stage>`` module does not exist yet (or has no params model) is checked for
+    keys only, with a note.
+    """
+    from bert_core.params import ParamsError, parse_params
+
+    report = CheckReport()
+    names = list_profiles(root) if names is None else names
+    if not names:
+        report.problems.append(f"no profiles found in {profiles_dir(root)}")
+    models: dict[str, type | None] = {}
+    for name in names:
+        try:
+            profile = load_profile(name, root)
+        except ProfileError as err:
+            report.problems.append(str(err))
+            continue
+        where = f"profile '{name}'"
+        stage_files = sorted(
+            {*profile, *(str(p.relative_to(root)) for p in (root / "params").glob("*.yaml"))}
+        )
+        for file in stage_files:
+            keys = profile.get(file, {})
+            try:
+                data = copy.deepcopy(read_params_file(file, root))
+            except ProfileError as err:
+                report.problems.append(f"{where}: {err}")
+                continue
+            missing = [k for k in keys if not has_dotted(data, k)]
+            for key in missing:
+                report.problems.append(f"{where}: {file} has no key '{key}'")
+            if missing:
+                continue
+            for key, value in keys.items():
+                set_dotted(data, key, value)
+            stage = Path(file).stem
+            if stage not in models:
+                try:
+                    models[stage] = params_model(stage)
+                    if models[stage] is None:
+                        report.notes.append(f"flows.{stage} has no params model; checked key names only")
+                except ModuleNotFoundError:
+                    models[stage] = None
+                    report.notes.append(f"flows.{stage} does not exist yet; checked key names only")
+                except Exception as err:
+                    models[stage] = None
+                    report.problems.append(f"flows.{stage} failed to import: {type(err).__name__}: {err}")
+            model = models[stage]
+            if model is None:
+                continue
+            if stage not in data:
+                report.problems.append(f"{where}: {file} has no top-level section '{stage}'")
+                continue
+            try:
+                parse_params(data[stage], model, where=f"{file} with {where}", prefix=stage)
+            except ParamsError as err:
+                report.problems.append(str(err))
+    return report
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.profiles", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list profiles with their descriptions")
+    for cmd, text in (
+        ("show", "print the overrides a profile makes to the workspace params"),
+        ("args", "print the -S arguments of `dvc exp run` for a profile"),
+        ("apply", "write a profile's values into the params files (for `dvc repro`)"),
+    ):
+        p = sub.add_parser(cmd, help=text)
+        p.add_argument("name", help="profile name (see `list`)")
+        p.add_argument(
+            "-S", "--set-param", dest="sets", action="append", default=[], metavar="FILE:KEY=VALUE"
+        )
+    sub.add_parser("check", help="validate every profile against the params files and stage models")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            for name in list_profiles():
+                print(f"{name:12s} {describe_profile(name)}")
+            return 0
+        if args.command == "check":
+            report = check_profiles()
+            for note in report.notes:
+                print(f"note: {note}")
+            for problem in report.problems:
+                print(f"error: {problem}", file=sys.stderr)
+            print(f"{len(list_profiles())} profiles checked: {'ok' if report.ok else 'FAILED'}")
+            return 0 if report.ok else 1
+        overrides = resolve(args.name, parse_set_args(args.sets))
+        if args.command == "args":
+            print(" ".join(shlex.quote(a) for a in set_args(overrides)))
+        elif args.command == "show":
+            print(yaml.safe_dump(overrides, sort_keys=False).rstrip() if overrides else "# no changes")
+        else:
+            for path in apply(overrides):
+                print(f"updated {path.relative_to(REPO_ROOT)}")
+        return 0
+    except ProfileError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Serve the pipeline and its stages from a local Prefect server: ``make serve``.
+
+Starts ``prefect server start`` on 127.0.0.1 (port 4200; SQLite database under ``.prefect/`` in the
+repository) unless a Prefect server already answers there, then serves these deployments in this process
+(``prefect.serve(..., limit=1)``: one flow run at a time, further runs wait in the queue):
+
+* ``bert-pipeline/local``: the whole pipeline through DVC (:mod:`flows.pipeline`);
+* ``<stage>/local`` for each stage flow that ``dvc.yaml`` runs (``python -m flows.<stage>``): the stage on
+  its own, outside DVC (DVC reruns it on the next ``dvc repro`` if its outputs changed). To run one stage
+  *through* DVC, run ``bert-pipeline/local`` with ``targets: [<stage>]``.
+
+Their typed parameters are the UI's run form ("Run" -> "Custom run"). Stop with Ctrl-C: the server this
+command started stops with it. Only one ``flows.serve`` may serve a repository at a time (a second
+runner would defeat ``limit=1``).
+
+    python -m flows.serve [--host 127.0.0.1] [--port 4200] [--home .prefect]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import importlib
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 4200
+DEPLOYMENT_NAME = "local"
+ORCHESTRATION_MODULES = {"pipeline", "serve", "profiles", "compare"}
+_STAGE_CMD_RE = re.compile(r"-m\s+flows\.([A-Za-z_][A-Za-z0-9_]*)")
+
+log = logging.getLogger("flows.serve")
+
+TELEMETRY_OFF = {
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DVC_NO_ANALYTICS": "1",
+    "GX_ANALYTICS_ENABLED": "false",
+}
+
+
+class ServeError(RuntimeError):
+    """The server could not be started or reached; the message says what to do."""
+
+
+def api_url(host: str, port: int) -> str:
+    return f"http://{host}:{port}/api"
+
+
+def prefect_env(home: Path, host: str, port: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for the server, the runner and the flow runs: local home, loopback API, no telemetry."""
+    env = dict(os.environ if base is None else base)
+    env.update(TELEMETRY_OFF)
+    env["PREFECT_HOME"] = str(home)
+    env["PREFECT_API_URL"] = api_url(host, port)
+    env["PREFECT_SERVER_API_HOST"] = host
+    env["PREFECT_SERVER_API_PORT"] = str(port)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def is_healthy(url: str, timeout: float = 2.0) -> bool:
+    """``True`` when a Prefect API answers ``/health`` at ``url``."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((host, port)) == 0
+
+
+def start_server(env: dict[str, str], log_path: Path, *, timeout_s: float = 180.0) -> subprocess.Popen[bytes]:
+    """Start ``prefect server start`` and wait until it is healthy.
+
+    Raises:
+        ServeError: the port is taken by something else, or the server did not become healthy in time
+            (its log file is named).
+    """
+    host, port = env["PREFECT_SERVER_API_HOST"], int(env["PREFECT_SERVER_API_PORT"])
+    if port_in_use(host, port):
+        raise ServeError(
+            f"port {port} on {host} is in use by something that is not a Prefect server; use --port"
+        )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    logfile = open(log_path, "ab")  # noqa: SIM115 - the child keeps writing to it
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--analytics-off",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=logfile,
+        stderr=subprocess.STDOUT,
+    )
+    logfile.close()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if is_healthy(env["PREFECT_API_URL"]):
+            return proc
+        if proc.poll() is not None:
+            raise ServeError(f"the Prefect server exited with code {proc.returncode}; see {log_path}")
+        time.sleep(0.5)
+    stop_process(proc)
+    raise ServeError(f"the Prefect server did not answer within {timeout_s:.0f}s; see {log_path}")
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def stage_modules(root: Path = REPO_ROOT) -> list[str]:
+    """The ``flows.<stage>`` modules that ``dvc.yaml`` runs, in file order, without duplicates."""
+    path = root / "dvc.yaml"
+    if not path.is_file():
+        return []
+    names = [m.group(1) for m in _STAGE_CMD_RE.finditer(path.read_text(encoding="utf-8"))]
+    return [n for n in dict.fromkeys(names) if n not in ORCHESTRATION_MODULES and not n.startswith("_")]
+
+
+def stage_flows(root: Path = REPO_ROOT) -> list[Any]:
+    """The Prefect flows defined in the stage modules; a module that fails to import is skipped with a warning."""
+    from prefect import Flow
+
+    found = []
+    for name in stage_modules(root):
+        module_name = f"flows.{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as err:
+            log.warning("not serving %s: it failed to import (%s: %s)", module_name, type(err).__name__, err)
+            continue
+        flows_here = [
+            obj
+            for obj in vars(module).values()
+            if isinstance(obj, Flow) and getattr(obj.fn, "__module__", None) == module_name
+        ]
+        if not flows_here:
+            log.warning("not serving %s: it defines no Prefect flow", module_name)
+        found += flows_here
+    return found
+
+
+def build_deployments(root: Path = REPO_ROOT) -> list[Any]:
+    """The pipeline deployment first, then one per stage flow (module entrypoints, so any cwd works)."""
+    from prefect.deployments.runner import EntrypointType
+
+    from flows.pipeline import pipeline_flow
+
+    deployments = [
+        pipeline_flow.to_deployment(
+            name=DEPLOYMENT_NAME,
+            description="The whole pipeline through DVC (dvc exp run): what reruns is DVC's decision.",
+            tags=["bert", "pipeline"],
+            entrypoint_type=EntrypointType.MODULE_PATH,
+        )
+    ]
+    for stage_flow in stage_flows(root):
+        deployments.append(
+            stage_flow.to_deployment(
+                name=DEPLOYMENT_NAME,
+                description=(
+                    f"Stage flow {stage_flow.name} on its own, outside DVC. To run it through DVC, run "
+                    f"bert-pipeline/{DEPLOYMENT_NAME} with targets=[{stage_flow.name!r}]."
+                ),
+                tags=["bert", "stage"],
+                entrypoint_type=EntrypointType.MODULE_PATH,
+            )
+        )
+    return deployments
+
+
+@contextlib.contextmanager
+def serve_lock(home: Path):
+    """One ``flows.serve`` per repository: a second runner would run a second flow at the same time."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "serve.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = path.read_text(encoding="utf-8", errors="replace").strip()
+            raise ServeError(
+                f"this repository is already being served ({holder}); stop that one first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"flows.serve pid {os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default=os.environ.get("PREFECT_SERVE_HOST", DEFAULT_HOST))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PREFECT_SERVE_PORT", DEFAULT_PORT)))
+    parser.add_argument(
+        "--home", type=Path, default=None, help="PREFECT_HOME (default: $PREFECT_HOME or .prefect)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)-7s | %(name)s - %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    home = (args.home or Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")).resolve()
+    env = prefect_env(home, args.host, args.port)
+    os.environ.update(env)  # before Prefect is imported: its settings come from the environment
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    server = None
+    try:
+        with serve_lock(home):
+            if is_healthy(env["PREFECT_API_URL"]):
+                log.info("using the Prefect server already running at %s", env["PREFECT_API_URL"])
+            else:
+                log.info("starting a Prefect server on %s:%s (home %s)", args.host, args.port, home)
+                server = start_server(env, home / "server.log")
+            deployments = build_deployments()
+            log.info(
+                "Prefect UI: http://%s:%s  (deployments: %s)",
+                args.host,
+                args.port,
+                ", ".join(f"{d.flow_name}/{d.name}" for d in deployments),
+            )
+            from prefect import serve
+
+            serve(*deployments, limit=1)
+    except ServeError as err:
+        log.error("%s", err)
+        return 1
+    except KeyboardInterrupt:
+        log.info("stopping")
+    finally:
+        if server is not None:
+            stop_process(server)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
