@@ -259,8 +259,14 @@ def load_state_dict_into(
     source: list[Path] | None = None,
     strict: bool = False,
     ignore_mismatched_sizes: bool = False,
+    init_missing: bool = False,
 ) -> LoadReport:
     """Copy checkpoint tensors into ``model`` (cast to the model's dtype) after :func:`normalise_keys`.
+
+    Args:
+        init_missing: (Re-)initialise the modules owning missing or mismatched tensors with the
+            model's ``_init_weights`` first; needed when ``model`` was built uninitialised
+            (``to_empty``), harmless otherwise.
 
     Raises:
         CheckpointError: shapes differ (naming each tensor and both shapes) unless
@@ -307,6 +313,10 @@ def load_state_dict_into(
             f"strict load of {where} into {type(model).__name__} failed: missing {report.missing_keys}, "
             f"unexpected {report.unexpected_keys}"
         )
+    if init_missing:
+        fresh = report.missing_keys + [k for k, _, _ in report.mismatched_keys]
+        for owner in sorted({key.rpartition(".")[0] for key in fresh}):
+            model._init_weights(model.get_submodule(owner))
     model.load_state_dict(loadable, strict=False)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
@@ -331,7 +341,9 @@ def load_pretrained(
 ) -> tuple[M, LoadReport]:
     """Build ``model_cls`` from a Hugging Face model directory and load its weights.
 
-    The model is returned in eval mode, as transformers does; call ``.train()`` to fine-tune.
+    The model is built without initialising it (on the meta device, then allocated), so only the
+    tensors the checkpoint lacks are initialised. It is returned in eval mode, as transformers does;
+    call ``.train()`` to fine-tune.
 
     Args:
         model_cls: A class from ``bert_core.model`` (anything built from a ``BertConfig``).
@@ -346,9 +358,16 @@ def load_pretrained(
     if config_overrides:
         cfg = cfg.replace(**config_overrides)
     state, files = read_state_dict(path)
-    model = model_cls(cfg)
+    with torch.device("meta"):
+        model = model_cls(cfg)
+    model.to_empty(device="cpu")
     report = load_state_dict_into(
-        model, state, source=files, strict=strict, ignore_mismatched_sizes=ignore_mismatched_sizes
+        model,
+        state,
+        source=files,
+        strict=strict,
+        ignore_mismatched_sizes=ignore_mismatched_sizes,
+        init_missing=True,
     )
     model.eval()
     return model, report

@@ -252,7 +252,9 @@ def test_pretraining_checkpoint_into_classifier_initialises_the_new_head(tmp_pat
     assert torch.equal(
         clf.bert.encoder.layer[1].output.dense.weight, pre.bert.encoder.layer[1].output.dense.weight
     )
-    assert torch.all(clf.classifier.bias == 0) and clf.classifier.weight.std() > 0  # freshly initialised
+    assert torch.all(clf.classifier.bias == 0)  # freshly initialised as transformers does
+    assert abs(clf.classifier.weight.std().item() - 0.02) < 0.01
+    assert all(torch.isfinite(p).all() for p in clf.parameters())
     # transformers agrees on what is new
     _, info = transformers.AutoModelForSequenceClassification.from_pretrained(
         tmp_path, num_labels=4, output_loading_info=True
@@ -392,6 +394,7 @@ def test_other_label_count_needs_ignore_mismatched_sizes(tmp_path):
     )
     assert [k for k, _, _ in report.mismatched_keys] == ["classifier.bias", "classifier.weight"]
     assert model.classifier.weight.shape == (5, 32)
+    assert torch.all(model.classifier.bias == 0) and abs(model.classifier.weight.std().item() - 0.02) < 0.01
 
 
 def test_not_a_bert_directory(tmp_path):
