@@ -292,8 +292,13 @@ class BertPreTrainedModel(nn.Module):
         self.config = config
 
     def post_init(self) -> None:
-        """Initialise every weight as transformers does, then tie the MLM decoder to the embeddings."""
-        self.apply(self._init_weights)
+        """Initialise weights as transformers does, then tie the MLM decoder to the embeddings.
+
+        The ``bert`` encoder inside a head model has already initialised itself, so it is skipped.
+        """
+        for name, child in self.named_children():
+            if name != "bert":
+                child.apply(self._init_weights)
         self.tie_weights()
 
     @torch.no_grad()

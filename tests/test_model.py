@@ -274,3 +274,23 @@ def test_parameter_counts_equal_transformers(preset):
     count = sum(p.numel() for p in ours.parameters())
     assert count == sum(p.numel() for p in theirs.parameters())
     assert count == {"base": 109_482_240, "large": 335_141_888}[preset]  # the paper's 110M / 340M
+
+
+@pytest.mark.parametrize(
+    ("cls", "head"),
+    [
+        (BertForSequenceClassification, "classifier"),
+        (BertForTokenClassification, "classifier"),
+        (BertForMultipleChoice, "classifier"),
+        (BertForPreTraining, "cls.seq_relationship"),
+        (BertForPreTraining, "cls.predictions.transform.dense"),
+    ],
+)
+def test_heads_are_initialised_like_transformers(cls, head):
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=V, hidden_size=256, num_hidden_layers=1, num_attention_heads=4, num_labels=64
+    )
+    layer = cls(config).get_submodule(head)
+    assert torch.all(layer.bias == 0)  # nn.Linear's own default init would not give zeros
+    assert abs(layer.weight.std().item() - config.initializer_range) < 0.005
