@@ -4,7 +4,10 @@ Training uses Hugging Face ``tokenizers``. Its ``WordPieceTrainer`` builds the v
 frequency-based pair merges (BPE-style) and then writes the pieces with the ``##`` continuation prefix; it
 is *not* Google's original WordPiece criterion (merge the pair that most increases the likelihood of a
 unigram language model of the training data). The resulting vocab is used exactly like BERT's:
-greedy longest-match-first segmentation of each word.
+greedy longest-match-first segmentation of each word. The trainer breaks ties between equally frequent
+pairs in hash-map order, so two runs on the same sample can differ in a few entries
+(huggingface/tokenizers#1794); the sample itself is deterministic, and DVC's cache keeps a trained vocab
+from being retrained while nothing changed.
 
 Special-token layout (checked against the released ``bert-base-uncased`` vocab, 30,522 entries)::
 

@@ -1,0 +1,122 @@
+"""The corpus and vocab stages as DVC/Prefect/MLflow stages: dvc.yaml entries and the thin flows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _dvc_stages() -> dict:
+    return yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+
+
+def _get(data: dict, dotted: str):
+    node = data
+    for part in dotted.split("."):
+        assert isinstance(node, dict) and part in node, dotted
+        node = node[part]
+    return node
+
+
+def test_every_dvc_params_key_exists_in_params():
+    """Every params key any stage of dvc.yaml names exists in its params file."""
+    for name, stage in _dvc_stages().items():
+        for entry in stage.get("params", []):
+            items = entry.items() if isinstance(entry, dict) else [("params.yaml", [entry])]
+            for file, keys in items:
+                data = yaml.safe_load((REPO / file).read_text())
+                for key in keys:
+                    try:
+                        _get(data, key)
+                    except AssertionError:
+                        pytest.fail(f"dvc.yaml stage '{name}': {file} has no key '{key}'")
+
+
+def test_corpus_and_vocab_stage_entries():
+    stages = _dvc_stages()
+    corpus, vocab = stages["corpus"], stages["vocab"]
+    assert corpus["cmd"] == "python -m flows.corpus" and vocab["cmd"] == "python -m flows.vocab"
+    for stage in (corpus, vocab):
+        for dep in stage["deps"]:
+            assert dep.startswith("data/") or (REPO / dep).exists(), dep
+    # The corpus stage lists every key of its section except `workers`, which does not change the output.
+    section = yaml.safe_load((REPO / "params/corpus.yaml").read_text())["corpus"]
+    listed = {k.split(".", 1)[1] for k in corpus["params"][0]["params/corpus.yaml"]}
+    assert listed == set(section) - {"workers"}
+    vsection = yaml.safe_load((REPO / "params/vocab.yaml").read_text())["vocab"]
+    assert {k.split(".", 1)[1] for k in vocab["params"][0]["params/vocab.yaml"]} == set(vsection)
+    assert (
+        "data/corpus" in vocab["deps"]
+        and corpus["outs"] == ["data/corpus"]
+        and vocab["outs"] == ["data/vocab"]
+    )
+    assert corpus["metrics"] == [{"metrics/corpus.json": {"cache": False}}]
+    assert vocab["metrics"] == [{"metrics/vocab.json": {"cache": False}}]
+
+
+def test_committed_params_parse():
+    from bert_core.corpus import CorpusParams
+    from bert_core.params import load_params
+    from bert_core.vocab import VocabParams
+
+    corpus = load_params(REPO / "params/corpus.yaml", "corpus", CorpusParams)
+    vocab = load_params(REPO / "params/vocab.yaml", "vocab", VocabParams)
+    assert (
+        corpus.sources[0].path == "Salesforce/wikitext" and corpus.sources[0].config == "wikitext-103-raw-v1"
+    )
+    assert [s.name for s in corpus.local_sources] == ["gutenberg", "wikipedia"]
+    assert vocab.vocab_size == 30522 and vocab.unused_slots == 994 and vocab.lowercase
+
+
+def test_flows_run_the_stages_and_record_them(shared_data, tmp_path, monkeypatch):
+    """Both flows' bodies (without a Prefect server): outputs, DVC metrics files, one MLflow run each."""
+    import mlflow
+
+    from flows.corpus import corpus_flow
+    from flows.vocab import vocab_flow
+
+    root = tmp_path / "root"
+    (root / "corpus" / "wikipedia").mkdir(parents=True)
+    (root / "corpus" / "wikipedia" / "wiki_01.jsonl").symlink_to(
+        shared_data / "corpus/wikipedia/wiki_01.jsonl"
+    )
+    (root / "checkpoints").symlink_to(shared_data / "checkpoints")
+    corpus_yaml = {
+        "corpus": {
+            "sources": [{"name": "hub", "kind": "hf", "path": "Salesforce/wikitext"}],
+            "local_sources": [
+                {"name": "wikipedia", "kind": "jsonl", "path": "corpus/wikipedia/*.jsonl", "id_field": "id",
+                 "title_field": "title", "max_documents": 150}
+            ],
+            "heldout": {"fraction": 0.05, "max_documents": 10},
+            "workers": 1,
+        }
+    }  # fmt: skip
+    (tmp_path / "corpus.yaml").write_text(yaml.safe_dump(corpus_yaml))
+    (tmp_path / "vocab.yaml").write_text(yaml.safe_dump({"vocab": {"vocab_size": 1200}}))
+    monkeypatch.setenv("BERT_DATA_ROOT", str(root))
+    cm = corpus_flow.fn(
+        str(tmp_path / "corpus.yaml"),
+        str(tmp_path / "corpus"),
+        metrics_path=str(tmp_path / "m" / "corpus.json"),
+    )
+    vm = vocab_flow.fn(
+        str(tmp_path / "vocab.yaml"), str(tmp_path / "corpus"), str(tmp_path / "vocab"),
+        metrics_path=str(tmp_path / "m" / "vocab.json"),
+    )  # fmt: skip
+    assert json.loads((tmp_path / "m" / "corpus.json").read_text()) == json.loads(json.dumps(cm))
+    assert cm["documents"] == 150 and cm["checks_failed"] == 0
+    assert json.loads((tmp_path / "m" / "vocab.json").read_text())["vocab_size"] == vm["vocab_size"] == 1200
+    assert "reference_bert_base_uncased" in vm  # the released vocab came from the local root
+    runs = mlflow.search_runs(experiment_names=["bert-pipeline"])
+    assert sorted(runs["tags.stage"]) == ["corpus", "vocab"]
+    assert set(runs["status"]) == {"FINISHED"}
+    corpus_run = runs[runs["tags.stage"] == "corpus"].iloc[0]
+    assert corpus_run["metrics.documents"] == 150 and corpus_run["tags.data_root"] == "local"
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(corpus_run["run_id"])}
+    assert {"manifest.json", "data_checks"} <= artifacts

@@ -1,0 +1,175 @@
+"""Stage `vocab`: WordPiece on a real corpus sample, BERT's special layout, HF loading, checks, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bert_core.checks import validate
+from bert_core.corpus import CorpusParams, build_corpus
+from bert_core.params import ParamsError, parse_params
+from bert_core.vocab import (
+    VocabError,
+    VocabParams,
+    read_vocab,
+    special_layout,
+    train_vocab,
+    vocab_checks,
+)
+
+RELEASED = "checkpoints/bert-base-uncased/vocab.txt"
+TEXT = "The Café in Zürich served 1,234 coffees; HELLO world!"
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("vocab-corpus")
+    params = CorpusParams.model_validate(
+        {
+            "sources": [{"name": "hub", "kind": "hf", "path": "x"}],
+            "local_sources": [
+                {"name": "gutenberg", "kind": "text", "path": "corpus/gutenberg/pg2*.txt", "max_bytes": 400_000},
+                {"name": "wikipedia", "kind": "jsonl", "path": "corpus/wikipedia/wiki_00.jsonl", "id_field": "id",
+                 "title_field": "title", "max_documents": 250},
+            ],
+            "heldout": {"fraction": 0.05, "max_documents": 20},
+        }
+    )  # fmt: skip
+    build_corpus(params, tmp / "corpus", data_root=shared_data, workers=1)
+    return tmp / "corpus"
+
+
+@pytest.fixture(scope="module")
+def uncased(corpus, shared_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("vocab") / "vocab"
+    params = VocabParams(vocab_size=3000)
+    stats = train_vocab(
+        params, corpus, out, reference_vocab=shared_data / RELEASED, report_dir=out.parent / "r"
+    )
+    return params, out, stats
+
+
+def test_layout_matches_the_released_vocab(shared_data):
+    released = read_vocab(shared_data / RELEASED)
+    assert len(released) == 30522
+    layout = special_layout(VocabParams().unused_slots)
+    assert len(layout) == 999 and released[: len(layout)] == layout
+    assert [released.index(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [
+        0,
+        100,
+        101,
+        102,
+        103,
+    ]
+    df, checks = vocab_checks(released, 30522, 994)
+    assert validate(df, "vocab", checks).success
+
+
+def test_trained_vocab_files_and_layout(uncased):
+    params, out, stats = uncased
+    assert sorted(p.name for p in out.iterdir()) == [
+        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+    ]  # fmt: skip
+    tokens = read_vocab(out / "vocab.txt")
+    assert len(tokens) == stats.vocab_size == 3000
+    n_unused = round(994 * 3000 / 30522)  # 98: all before [UNK], so [UNK] sits at 99
+    assert params.unused_slots == n_unused == 98
+    assert tokens[: n_unused + 5] == [
+        "[PAD]",
+        *[f"[unused{i}]" for i in range(98)],
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+    ]
+    assert len(set(tokens)) == len(tokens) and all(tokens)
+    assert stats.check_report.success and (out.parent / "r" / "index.html").is_file()
+    assert stats.continuation_pieces > 100
+
+
+def test_loads_in_transformers_and_tokenizers(uncased):
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, BertTokenizerFast
+
+    _, out, _ = uncased
+    fast = BertTokenizerFast.from_pretrained(str(out))
+    auto = AutoTokenizer.from_pretrained(str(out))
+    raw = Tokenizer.from_file(str(out / "tokenizer.json"))
+    ids = fast(TEXT)["input_ids"]
+    assert auto(TEXT)["input_ids"] == ids == raw.encode(TEXT).ids
+    assert ids[0] == fast.cls_token_id == 100 and ids[-1] == fast.sep_token_id == 101
+    assert (fast.pad_token_id, fast.unk_token_id, fast.mask_token_id) == (0, 99, 102)
+    assert len(fast) == 3000
+    # Uncased: lower-cased, accents stripped.
+    assert fast("CAFÉ zürich")["input_ids"] == fast("cafe zurich")["input_ids"]
+    assert fast.unk_token_id not in ids
+    assert fast.decode(fast("the coffee")["input_ids"], skip_special_tokens=True) == "the coffee"
+
+
+def test_heldout_metrics_next_to_the_released_vocab(uncased):
+    _, _, stats = uncased
+    m = stats.as_metrics()
+    ours, ref = m["heldout"], m["reference_bert_base_uncased"]
+    assert ours["sentences"] > 100 and ours["words"] == ref["words"] > 1000
+    assert 0.0 <= ours["unk_rate"] < 0.01 and 0.0 <= ref["unk_rate"] < 0.01
+    # A 3,000-entry vocab splits words more often than the released 30,522-entry one.
+    assert ours["subwords_per_word"] > ref["subwords_per_word"] > 1.0
+    assert m["sample_documents"] > 0 and m["sample_bytes"] > 0 and m["sample_fraction"] == 1.0
+
+
+def test_cased_option_and_bounded_sample(corpus, tmp_path):
+    from transformers import BertTokenizerFast
+
+    params = VocabParams(vocab_size=1500, lowercase=False, sample_max_bytes=100_000)
+    stats = train_vocab(params, corpus, tmp_path / "cased", reference_vocab=None)
+    assert stats.sample_bytes <= 100_000 and stats.sample_fraction < 1.0 and stats.reference is None
+    tok = BertTokenizerFast.from_pretrained(str(tmp_path / "cased"))
+    assert tok("Hello")["input_ids"] != tok("hello")["input_ids"]
+    assert json.loads((tmp_path / "cased" / "tokenizer_config.json").read_text())["do_lower_case"] is False
+    # The sample is a seeded hash of doc_id: the same params give the same sample. tokenizers' trainer
+    # breaks count ties in hash-map order (huggingface/tokenizers#1794), so a few entries may differ.
+    again = train_vocab(params, corpus, tmp_path / "again", reference_vocab=None)
+    assert (again.sample_documents, again.sample_bytes) == (stats.sample_documents, stats.sample_bytes)
+    a, b = read_vocab(tmp_path / "cased" / "vocab.txt"), read_vocab(tmp_path / "again" / "vocab.txt")
+    assert a[:104] == b[:104] and len(set(a) & set(b)) >= 0.95 * len(a)
+
+
+def test_checks_catch_broken_vocabs(shared_data):
+    good = read_vocab(shared_data / RELEASED)
+    no_mask = [("[MSK]" if t == "[MASK]" else t) for t in good]
+    dup = [*good[:-1], good[2000]]
+    empty = [*good[:-1], ""]
+    for tokens, failing in (
+        (no_mask, {"expect_column_pair_values_to_be_equal", "expect_column_distinct_values_to_contain_set"}),
+        (dup, {"expect_column_values_to_be_unique"}),
+        (empty, {"expect_column_value_lengths_to_be_between"}),
+        (good[:-5], {"expect_table_row_count_to_equal"}),
+    ):
+        df, checks = vocab_checks(tokens, 30522, 994)
+        report = validate(df, "vocab", checks)
+        assert {r.name.split("(")[0] for r in report.failed} == failing
+
+
+def test_errors_leave_no_output(corpus, tmp_path):
+    out = tmp_path / "vocab"
+    out.mkdir()
+    (out / "vocab.txt").write_text("previous\n")
+    with pytest.raises(VocabError, match=r"fewer than vocab\.vocab_size=200000; lower vocab_size"):
+        train_vocab(VocabParams(vocab_size=200_000), corpus, out)
+    assert (out / "vocab.txt").read_text() == "previous\n"
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    with pytest.raises(FileNotFoundError, match="is not a built corpus"):
+        train_vocab(VocabParams(vocab_size=1000), tmp_path / "nope", tmp_path / "v2")
+    with pytest.raises(FileNotFoundError, match="reference vocab"):
+        train_vocab(VocabParams(vocab_size=1000), corpus, tmp_path / "v3", reference_vocab=tmp_path / "x.txt")
+
+
+def test_bad_params():
+    with pytest.raises(ParamsError, match=r"'vocab\.vocab_size' = 50"):
+        parse_params({"vocab_size": 50}, VocabParams, where="params/vocab.yaml", prefix="vocab")
+    with pytest.raises(ParamsError, match="unused slots"):
+        parse_params({"vocab_size": 1000, "num_unused": 600}, VocabParams, prefix="vocab")
+    with pytest.raises(ParamsError, match=r"unknown key 'vocab\.size'"):
+        parse_params({"size": 1000}, VocabParams, prefix="vocab")
