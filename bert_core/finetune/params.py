@@ -1,0 +1,178 @@
+"""Typed params of the ``finetune`` stage (``params/finetune.yaml``, section ``finetune``).
+
+The paper's protocol is the default (BERT §4, Appendix A.3): batch 32, 3 epochs, the best learning rate of
+{5e-5, 4e-5, 3e-5, 2e-5} on dev, warmup over 10% of the steps then linear decay, weight decay 0.01, and
+several restarts (seeds) for the small tasks (RTE, MRPC, STS-B, CoLA, WNLI), whose dev scores are noisy.
+
+``tasks`` maps each task to run to its overrides of ``defaults`` (any :class:`TaskSettings` field), so
+DVC's ``foreach`` makes one stage per task whose params are ``finetune.tasks.<task>`` plus the shared
+sections: changing one task's settings re-runs only that task.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from bert_core.params import StrictModel
+
+PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
+SMALL_TASKS = ("rte", "mrpc", "stsb", "cola", "wnli")
+
+
+class TaskSettings(StrictModel):
+    """How one task is fine-tuned (every field can be overridden per task).
+
+    Attributes:
+        batch_size: Training batch size (examples; SWAG examples hold 4 sequences).
+        epochs: Training epochs (may be fractional).
+        learning_rates: The grid; the best on the dev main metric is selected.
+        seeds: Restarts per learning rate (head init, dropout, data order).
+        warmup_ratio: Linear warmup share of the steps, then linear decay to 0.
+        weight_decay: AdamW decay (not on biases and LayerNorm).
+        max_grad_norm: Gradient clipping.
+        max_seq_length: Longest input in WordPiece tokens; ``None`` = the task's default (128; 384 SQuAD).
+        train_limit: Use only the first N training rows (small CPU profiles, tests).
+        eval_limit: Use only the first N rows of each dev split.
+        test_limit: Use only the first N rows of each test split.
+        eval_batch_size: Batch size for dev/test prediction.
+        evals_per_epoch: Dev evaluations per epoch (the learning curves); the last one is at the end.
+        group_by_length: Length-grouped batches (dynamic padding is always on).
+        doc_stride, max_query_length, n_best_size, max_answer_length: SQuAD windows and answer search.
+        random_init_baseline: Also train the same architecture from random initialisation (same grid).
+        predict_test: Write leaderboard predictions for the task's test splits (GLUE).
+    """
+
+    batch_size: int = Field(32, ge=1)
+    epochs: float = Field(3.0, gt=0)
+    learning_rates: list[float] = Field(default_factory=lambda: list(PAPER_LEARNING_RATES), min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    max_seq_length: int | None = Field(None, ge=8, le=512)
+    train_limit: int | None = Field(None, ge=1)
+    eval_limit: int | None = Field(None, ge=1)
+    test_limit: int | None = Field(None, ge=1)
+    eval_batch_size: int = Field(128, ge=1)
+    evals_per_epoch: int = Field(1, ge=1)
+    group_by_length: bool = True
+    doc_stride: int = Field(128, ge=1)
+    max_query_length: int = Field(64, ge=1)
+    n_best_size: int = Field(20, ge=1)
+    max_answer_length: int = Field(30, ge=1)
+    random_init_baseline: bool = False
+    predict_test: bool = True
+
+    @field_validator("learning_rates")
+    @classmethod
+    def _positive_lrs(cls, v: list[float]) -> list[float]:
+        bad = [x for x in v if not x > 0]
+        if bad:
+            raise ValueError(f"learning rates must be > 0, got {bad}")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"seeds must be distinct, got {v}")
+        return v
+
+
+class TaskOverrides(StrictModel):
+    """Per-task overrides: any field of :class:`TaskSettings`, all optional."""
+
+    batch_size: int | None = Field(None, ge=1)
+    epochs: float | None = Field(None, gt=0)
+    learning_rates: list[float] | None = Field(None, min_length=1)
+    seeds: list[int] | None = Field(None, min_length=1)
+    warmup_ratio: float | None = Field(None, ge=0, lt=1)
+    weight_decay: float | None = Field(None, ge=0)
+    max_grad_norm: float | None = Field(None, gt=0)
+    max_seq_length: int | None = Field(None, ge=8, le=512)
+    train_limit: int | None = Field(None, ge=1)
+    eval_limit: int | None = Field(None, ge=1)
+    test_limit: int | None = Field(None, ge=1)
+    eval_batch_size: int | None = Field(None, ge=1)
+    evals_per_epoch: int | None = Field(None, ge=1)
+    group_by_length: bool | None = None
+    doc_stride: int | None = Field(None, ge=1)
+    max_query_length: int | None = Field(None, ge=1)
+    n_best_size: int | None = Field(None, ge=1)
+    max_answer_length: int | None = Field(None, ge=1)
+    random_init_baseline: bool | None = None
+    predict_test: bool | None = None
+
+
+class ModelSource(StrictModel):
+    """Where the pretrained encoder comes from.
+
+    Attributes:
+        source: A local Hugging Face BERT directory (default: the ``pretrain`` stage's output), or an
+            MLflow registry URI ``models:/<name>@<alias>`` / ``models:/<name>/<version>``.
+        init: ``pretrained`` loads the weights; ``random`` trains the same architecture from scratch.
+    """
+
+    source: str = "models/pretrained"
+    init: Literal["pretrained", "random"] = "pretrained"
+
+
+class RegistryParams(StrictModel):
+    """MLflow model registry: one registered model per task, an alias on the best version.
+
+    Attributes:
+        enabled: Register the selected model of each task.
+        name_prefix: Registered model name = prefix + task (``bert-sst2``).
+        alias: Alias that moves to a new version only when it beats the current one on the dev metric.
+    """
+
+    enabled: bool = True
+    name_prefix: str = Field("bert-", min_length=1)
+    alias: str = Field("champion", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+class FinetuneParams(StrictModel):
+    """The ``finetune`` section.
+
+    Attributes:
+        model: The pretrained encoder to start from.
+        defaults: Settings of every task.
+        small_tasks: Tasks that get ``small_task_seeds`` unless they set ``seeds`` themselves.
+        small_task_seeds: Restarts for the small tasks (the paper reports the best of several).
+        tasks: Task name -> overrides; the keys are the tasks the pipeline fine-tunes.
+        registry: Model registration.
+        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+        precision: ``auto`` (bf16 on a GPU that has it, else fp32), ``fp32``, ``bf16``.
+        data_checks: Run the Great Expectations checks on the train and dev rows first.
+    """
+
+    model: ModelSource = Field(default_factory=ModelSource)
+    defaults: TaskSettings = Field(default_factory=TaskSettings)
+    small_tasks: list[str] = Field(default_factory=lambda: list(SMALL_TASKS))
+    small_task_seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
+    tasks: dict[str, TaskOverrides] = Field(default_factory=dict)
+    registry: RegistryParams = Field(default_factory=RegistryParams)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    data_checks: bool = True
+
+    @model_validator(mode="after")
+    def _known_tasks(self) -> FinetuneParams:
+        from bert_core.tasks import TASKS
+
+        unknown = [t for t in (*self.tasks, *self.small_tasks) if t not in TASKS]
+        if unknown:
+            raise ValueError(f"unknown task(s) {unknown}; valid tasks: {', '.join(TASKS)}")
+        return self
+
+    def for_task(self, task: str) -> TaskSettings:
+        """The resolved settings of ``task``: defaults, small-task seeds, then the task's overrides."""
+        merged = self.defaults.model_dump()
+        if task in self.small_tasks:
+            merged["seeds"] = list(self.small_task_seeds)
+        overrides = self.tasks.get(task)
+        if overrides is not None:
+            merged.update(overrides.model_dump(exclude_unset=True))
+        return TaskSettings(**merged)

@@ -1,0 +1,424 @@
+"""The ``finetune`` stage function: grid x seeds trials on one task, the best one kept (BERT §4, A.3).
+
+:func:`finetune_task` loads the task's data, runs one trial per (init, learning rate, seed) with the shared
+:class:`bert_core.training.Trainer` (AdamW, warmup + linear decay, clipping; the objective is a thin
+:class:`FinetuneObjective`), selects the best pretrained trial on the dev main metric, and writes:
+
+- ``model_out``: the selected model in Hugging Face format with its tokenizer;
+- ``out_dir/summary.json``: every trial (metrics, learning curves), the selection and the model source;
+- ``out_dir``: dev predictions of the selected model in the official formats, and for GLUE the test-set
+  predictions in the leaderboard's submission format (``out_dir/submission/<Task>.tsv``).
+
+Everything is written atomically at the end, so a failed run leaves the previous outputs untouched.
+Tracking is pluggable (:class:`TrialTracker`): the flow passes one that opens a nested MLflow run per
+trial; tests pass none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from bert_core.atomic import atomic_path, write_json_atomic
+from bert_core.finetune import scoring
+from bert_core.finetune.collate import make_loader
+from bert_core.finetune.params import FinetuneParams, TaskSettings
+from bert_core.finetune.references import preset_for
+from bert_core.finetune.results import FinetuneResult, TrialResult
+from bert_core.training import StepOutput, Task, TrainConfig, Trainer
+
+log = logging.getLogger(__name__)
+
+
+# ====================================================================== tracking protocol
+class TrialRecorder(Protocol):
+    """Receives one trial's metrics (``dev.*`` and ``train.*`` keys)."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+
+class TrialTracker(Protocol):
+    """Opens a recorder per trial (the flow: a nested MLflow run)."""
+
+    def trial(
+        self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]
+    ) -> contextlib.AbstractContextManager[TrialRecorder]: ...
+
+
+class _NullRecorder:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _no_tracking(*_: Any, **__: Any) -> Iterator[TrialRecorder]:
+    yield _NullRecorder()
+
+
+# ====================================================================== the objective
+class FinetuneObjective(Task):
+    """The loss of a task head on a batch; drops the bookkeeping keys the collator adds."""
+
+    def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
+        inputs = {k: batch[k] for k in (*scoring.MODEL_INPUTS, *scoring.TARGETS) if k in batch}
+        out = model(**inputs)
+        n = batch["input_ids"].shape[0]
+        return StepOutput(loss=out.loss, stats={"loss_sum": out.loss.detach().float() * n,
+                                                "examples": torch.tensor(float(n))})  # fmt: skip
+
+    def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        n = float(sums.get("examples", torch.tensor(0.0)))
+        return {"train_loss": float(sums["loss_sum"]) / n} if n else {}
+
+    def count(self, batch: dict[str, Any]) -> tuple[int, int]:
+        """(examples, real tokens): padding does not count as throughput."""
+        return int(batch["input_ids"].shape[0]), int(batch["attention_mask"].sum())
+
+
+class _EpochLoader:
+    """A DataLoader the Trainer can re-seed per epoch (``set_epoch``) for a new length-grouped order."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader) -> None:
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        sampler = self.loader.batch_sampler
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+# ====================================================================== data
+@dataclass
+class SplitData:
+    """Rows and features of one split."""
+
+    rows: list[dict[str, Any]]
+    features: list[dict[str, Any]]
+    source: str = ""
+
+
+@dataclass
+class TaskData:
+    """Everything a task's trials read."""
+
+    train: SplitData
+    dev: dict[str, SplitData]
+    test: dict[str, SplitData] = field(default_factory=dict)
+    check_reports: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def load_task_data(
+    spec: Any,
+    settings: TaskSettings,
+    tokenizer: Any,
+    *,
+    data_root: str | Path | None = None,
+    data_checks: bool = True,
+    check_report_dir: str | Path | None = None,
+) -> TaskData:
+    """Load, check and encode the train, dev and (when wanted) test splits of a task.
+
+    A missing test split is noted and skipped (leaderboard files are optional); a missing train or dev
+    split, malformed rows or a failed critical data check raise.
+    """
+    from bert_core.tasks import TaskDataError, load_task_split
+
+    def load(split: str, limit: int | None) -> SplitData:
+        rows = load_task_split(spec, split, data_root=data_root, limit=limit)
+        if data_checks and split in ("train", *spec.dev_splits):
+            from bert_core.tasks.checks import check_task_split
+
+            report_dir = Path(check_report_dir) / split if check_report_dir else None
+            report = check_task_split(rows, spec, split, report_dir=report_dir)
+            data.check_reports.append(report)
+            report.raise_for_critical()
+        return SplitData(list(rows), scoring.encode(spec, list(rows), tokenizer, settings), rows.source)
+
+    data = TaskData(train=SplitData([], []), dev={})
+    data.train = load("train", settings.train_limit)
+    if not data.train.features:
+        raise ValueError(f"{spec.name}: the training split is empty")
+    for split in spec.dev_splits:
+        data.dev[split] = load(split, settings.eval_limit)
+    if settings.predict_test:
+        for split in spec.test_splits:
+            try:
+                data.test[split] = load(split, settings.test_limit)
+            except (TaskDataError, FileNotFoundError) as err:
+                note = f"{spec.name}/{split}: no test predictions ({err})"
+                log.warning(note)
+                data.notes.append(note)
+    return data
+
+
+# ====================================================================== one trial
+@dataclass
+class _TrialOutcome:
+    result: TrialResult
+    dev_score: scoring.SplitScore
+
+
+def run_trial(
+    spec: Any,
+    data: TaskData,
+    settings: TaskSettings,
+    source_dir: Path,
+    *,
+    init: str,
+    learning_rate: float,
+    seed: int,
+    device: str = "auto",
+    precision: str = "auto",
+    recorder: TrialRecorder | None = None,
+) -> tuple[_TrialOutcome, nn.Module]:
+    """Train one model and score it on the main dev split; return the outcome and the trained model."""
+    recorder = recorder or _NullRecorder()
+    main_split = spec.dev_splits[0]
+    dev = data.dev[main_split]
+    model = scoring.build_model(spec, source_dir, init=init, seed=seed)
+    n_train = len(data.train.features)
+    steps_per_epoch = math.ceil(n_train / settings.batch_size)
+    max_steps = max(1, math.ceil(settings.epochs * steps_per_epoch))
+    eval_every = max(1, steps_per_epoch // settings.evals_per_epoch)
+    loader = make_loader(data.train.features, settings.batch_size, shuffle=True, seed=seed,
+                         group_by_length=settings.group_by_length)  # fmt: skip
+    config = TrainConfig(
+        max_steps=max_steps,
+        lr=learning_rate,
+        warmup_ratio=settings.warmup_ratio,
+        weight_decay=settings.weight_decay,
+        max_grad_norm=settings.max_grad_norm,
+        eval_every=eval_every if eval_every < max_steps else 0,
+        log_every=max(1, min(50, steps_per_epoch // 4 or 1)),
+        seed=seed,
+        device=device,
+        precision=precision,
+        checkpoint_every=0,
+    )
+    eval_seconds: list[float] = []
+    last: dict[str, scoring.SplitScore] = {}
+
+    def evaluator(m: nn.Module) -> dict[str, float]:
+        t0 = time.perf_counter()
+        outputs = scoring.predict(m, dev.features, batch_size=settings.eval_batch_size,
+                                  device=next(m.parameters()).device, precision=precision)  # fmt: skip
+        result = scoring.score(spec, dev.rows, dev.features, outputs, settings)
+        last["dev"] = result
+        eval_seconds.append(time.perf_counter() - t0)
+        return {**{f"dev.{k}": v for k, v in result.metrics.items()},
+                **{f"dev.{k}": v for k, v in result.extra.items()}}  # fmt: skip
+
+    def on_metrics(step: int, metrics: dict[str, float]) -> None:
+        renamed = {(k if k.startswith("dev.") else f"train.{k}"): float(v) for k, v in metrics.items()}
+        recorder.log_metrics(renamed, step=step)
+
+    fit = Trainer(model, FinetuneObjective(), _EpochLoader(loader), config, evaluator=evaluator,
+                  on_metrics=on_metrics).fit()  # fmt: skip
+    history, evals = [], []
+    for rec in fit.history:
+        epoch = rec["step"] / steps_per_epoch
+        if rec["kind"] == "train":
+            history.append(
+                {"step": rec["step"], "epoch": epoch, "loss": rec["loss"], "learning_rate": rec["lr"]}
+            )
+        else:
+            evals.append({"step": rec["step"], "epoch": epoch,
+                          **{k.removeprefix("dev."): v for k, v in rec.items() if k.startswith("dev.")}})  # fmt: skip
+    score = last["dev"]
+    train_seconds = max(fit.elapsed_s - sum(eval_seconds[:-1]), 1e-9)
+    result = TrialResult(
+        init=init,
+        learning_rate=learning_rate,
+        seed=seed,
+        dev=dict(score.metrics),
+        history=history,
+        evals=evals,
+        train_examples=n_train,
+        train_seconds=train_seconds,
+        steps=fit.step,
+        epochs=fit.step / steps_per_epoch,
+        extra=dict(score.extra),
+    )
+    recorder.log_metrics({"train.examples_per_second": result.examples_per_second,
+                          "train.seconds": train_seconds})  # fmt: skip
+    return _TrialOutcome(result, score), model
+
+
+# ====================================================================== the stage function
+def model_info(source_dir: str | Path, **known: Any) -> dict[str, Any]:
+    """Shape and provenance of the pretrained model (``known`` adds e.g. the registry version)."""
+    from bert_core.hf import read_config
+
+    config = read_config(source_dir)
+    info = {
+        "source": str(source_dir),
+        "num_hidden_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": config.num_attention_heads,
+        "vocab_size": config.vocab_size,
+        "preset": preset_for(config.num_hidden_layers, config.hidden_size) or "custom",
+    }
+    info.update({k: v for k, v in known.items() if v is not None})
+    return info
+
+
+def trial_grid(settings: TaskSettings, init: str) -> list[tuple[str, float, int]]:
+    """(init, learning rate, seed) of every trial: the main init, then the random-init baseline."""
+    inits = [init] + (["random"] if settings.random_init_baseline and init != "random" else [])
+    return [(i, lr, s) for i in inits for lr in settings.learning_rates for s in settings.seeds]
+
+
+def finetune_task(
+    task: str,
+    params: FinetuneParams,
+    model_source: str | Path,
+    out_dir: str | Path,
+    *,
+    model_out: str | Path | None = None,
+    data_root: str | Path | None = None,
+    tracker: TrialTracker | None = None,
+    source_info: Mapping[str, Any] | None = None,
+    on_data: Callable[[TaskData], None] | None = None,
+) -> FinetuneResult:
+    """Fine-tune ``task`` from the HF model in ``model_source`` and write its outputs.
+
+    Args:
+        task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...).
+        params: The stage params; ``params.for_task(task)`` gives the settings.
+        model_source: Local Hugging Face BERT directory with tokenizer files (resolve MLflow URIs first,
+            :func:`bert_core.finetune.tracking.resolve_model_source`).
+        out_dir: Predictions, submission files and ``summary.json`` (replaced atomically).
+        model_out: The selected model in HF format (default ``out_dir/model``; replaced atomically).
+        data_root: Local data root (default ``BERT_DATA_ROOT``; unset = Hugging Face Hub).
+        tracker: Opens a recorder per trial (nested MLflow runs in the flow).
+        source_info: Provenance of the pretrained model to record (registry name/version, URI).
+        on_data: Called with the loaded :class:`TaskData` (the flow logs the data-check reports).
+
+    Returns:
+        The :class:`FinetuneResult` (also written as ``out_dir/summary.json``).
+    """
+    from bert_core.tasks import get_task
+
+    spec = get_task(task)
+    settings = params.for_task(spec.name)
+    source_dir = Path(model_source)
+    out_dir, model_out = Path(out_dir), Path(model_out) if model_out is not None else Path(out_dir) / "model"
+    info = model_info(source_dir, **dict(source_info or {}))
+    tokenizer = scoring.load_tokenizer(source_dir, info["vocab_size"])
+    with tempfile.TemporaryDirectory(prefix=f"finetune-{spec.name}-") as tmp_name:
+        tmp = Path(tmp_name)
+        data = load_task_data(spec, settings, tokenizer, data_root=data_root, data_checks=params.data_checks,
+                              check_report_dir=tmp / "data_checks")  # fmt: skip
+        if on_data is not None:
+            on_data(data)
+        log.info("%s: %d train features, dev %s", spec.name, len(data.train.features),
+                 {s: len(d.features) for s, d in data.dev.items()})  # fmt: skip
+        trials: list[TrialResult] = []
+        best: dict[str, _TrialOutcome] = {}
+        open_trial = tracker.trial if tracker is not None else _no_tracking
+        for init, lr, seed in trial_grid(settings, params.model.init):
+            name = f"{spec.name}-{init}-lr{lr:g}-seed{seed}"
+            trial_params = {
+                **settings.model_dump(mode="json"),
+                "learning_rate": lr,
+                "seed": seed,
+                "init": init,
+            }
+            tags = {"task": spec.name, "init": init, "trial": name, "pretrained_source": info["source"]}
+            tags.update(
+                {f"pretrained_{k}": str(v) for k, v in info.items() if k in ("version", "uri", "name")}
+            )
+            with open_trial(name, trial_params, tags) as recorder:
+                outcome, model = run_trial(spec, data, settings, source_dir, init=init, learning_rate=lr,
+                                           seed=seed, device=params.device, precision=params.precision,
+                                           recorder=recorder)  # fmt: skip
+            trials.append(outcome.result)
+            main = outcome.result.dev.get(spec.main_metric, math.nan)
+            log.info("%s: %s = %.3f", name, spec.main_metric, main)
+            current = best.get(init)
+            if current is None or _rank(main) > _rank(current.result.dev.get(spec.main_metric)):
+                best[init] = outcome
+                target = tmp / f"best-{init}"
+                if target.exists():
+                    shutil.rmtree(target)
+                model.save_pretrained(target)
+            del model
+        result = FinetuneResult(spec.name, spec.kind, spec.main_metric, info, trials)
+        selected_init = result.selected.init
+        best_dir = tmp / f"best-{selected_init}"
+        _write_outputs(spec, data, settings, params, result, best[selected_init], best_dir, tokenizer,
+                       out_dir, model_out)  # fmt: skip
+    return result
+
+
+def _rank(value: Any) -> float:
+    v = float(value) if value is not None else math.nan
+    return -math.inf if math.isnan(v) else v
+
+
+def _write_outputs(
+    spec: Any,
+    data: TaskData,
+    settings: TaskSettings,
+    params: FinetuneParams,
+    result: FinetuneResult,
+    selected: _TrialOutcome,
+    best_dir: Path,
+    tokenizer: Any,
+    out_dir: Path,
+    model_out: Path,
+) -> None:
+    """Predictions of the selected model (dev, other dev splits, test) + summary + model, atomically."""
+    model = scoring.model_class(spec.kind).from_pretrained(best_dir)
+    device = torch.device("cuda" if params.device != "cpu" and torch.cuda.is_available() else "cpu")
+    model.to(device)
+    threshold = selected.dev_score.extra.get("null_threshold")
+    with atomic_path(out_dir, is_dir=True) as tmp_out:
+        paths = scoring.write_predictions(spec, spec.dev_splits[0], data.dev[spec.dev_splits[0]].rows,
+                                          selected.dev_score, tmp_out)  # fmt: skip
+        details = {spec.dev_splits[0]: selected.dev_score.details}
+        for split in spec.dev_splits[1:]:
+            d = data.dev[split]
+            outputs = scoring.predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
+                                      precision=params.precision)  # fmt: skip
+            score = scoring.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
+            result.selected.other_splits[split] = dict(score.metrics)
+            details[split] = score.details
+            paths.update(scoring.write_predictions(spec, split, d.rows, score, tmp_out))
+        for split, d in data.test.items():
+            outputs = scoring.predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
+                                      precision=params.precision)  # fmt: skip
+            score = scoring.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
+            paths.update(scoring.write_predictions(spec, split, d.rows, score, tmp_out))
+        rel = {k: str(Path(out_dir) / Path(v).relative_to(tmp_out)) for k, v in paths.items()}
+        result.outputs = {"model": str(model_out), **rel}
+        summary = result.to_json()
+        summary["details"] = details
+        summary["data"] = {
+            "train": {"rows": len(data.train.rows), "features": len(data.train.features), "source": data.train.source},
+            **{s: {"rows": len(d.rows), "features": len(d.features), "source": d.source} for s, d in data.dev.items()},
+            **{s: {"rows": len(d.rows), "source": d.source} for s, d in data.test.items()},
+        }  # fmt: skip
+        summary["notes"] = data.notes
+        write_json_atomic(tmp_out / "summary.json", summary)
+    with atomic_path(model_out) as tmp_model:
+        shutil.copytree(best_dir, tmp_model)
+        tokenizer.save_pretrained(str(tmp_model))

@@ -1,0 +1,152 @@
+"""Prefect flow of the ``finetune`` stage, one task per run: ``python -m flows.finetune TASK``.
+
+Reads ``params/finetune.yaml`` (section ``finetune``), resolves the pretrained model (a local directory or
+an MLflow registry URI), and runs :func:`bert_core.finetune.finetune_task`. Tracking, in the MLflow
+experiment :data:`flows._stage.FINETUNE_EXPERIMENT`:
+
+- one run per task (``finetune-<task>``) with the selected model's flat metrics (``dev.accuracy`` ...),
+  the predictions and summary as artifacts, and tags ``task``, ``init``, ``pretrained_*``, git commit,
+  DVC experiment, pipeline run id;
+- one nested run per trial (learning rate x seed x init) with the same metric keys;
+- the selected model registered as a new version of ``bert-<task>``; the alias (``champion``) moves only
+  when the new version beats it on the dev metric.
+
+DVC outputs: ``models/finetuned/<task>`` (model), ``results/finetune/<task>`` (predictions, summary) and
+``metrics/finetune/<task>.json`` (flat metrics, so ``dvc metrics diff`` lines up per task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from bert_core.finetune.params import FinetuneParams
+from bert_core.params import load_params
+from bert_core.sources import data_root
+from flows._stage import FINETUNE_EXPERIMENT, REPO_ROOT, finish_stage, stage_run
+
+PARAMS_MODEL = FinetuneParams
+log = logging.getLogger("bert_core.flows.finetune")
+
+
+def _log_check_reports(run: Any, reports: list[Any]) -> None:
+    for report in reports:
+        try:
+            run.log_check_report(report)
+        except Exception as err:  # a report that cannot be logged must not fail the stage
+            log.warning("could not log data-check report %s: %s", getattr(report, "suite", "?"), err)
+
+
+def _standard_tags(run_id: str) -> dict[str, str]:
+    """The stage run's own tags (git commit, pipeline run id, DVC experiment ...) for its trial runs."""
+    from mlflow import MlflowClient
+
+    tags = MlflowClient().get_run(run_id).data.tags
+    return {k: v for k, v in tags.items() if not k.startswith("mlflow.")}
+
+
+@flow(name="finetune", log_prints=True)
+def finetune_flow(
+    task: str,
+    params_file: str = "params/finetune.yaml",
+    model_source: str | None = None,
+    out_dir: str | None = None,
+    model_out: str | None = None,
+    metrics_path: str | None = None,
+) -> dict[str, float]:
+    """Fine-tune one task; return its flat dev metrics.
+
+    Args:
+        task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...; see ``bert_core.tasks.TASKS``).
+        params_file: YAML file with a ``finetune`` section.
+        model_source: Override ``finetune.model.source`` (a directory or ``models:/<name>@<alias>``).
+        out_dir: Predictions and summary (default ``results/finetune/<task>``).
+        model_out: The selected model (default ``models/finetuned/<task>``).
+        metrics_path: DVC metrics file (default ``metrics/finetune/<task>.json``).
+    """
+    from bert_core.finetune.run import finetune_task
+    from bert_core.finetune.tracking import MlflowTrialTracker, register_if_better, resolve_model_source
+    from bert_core.tasks import get_task
+
+    params = load_params(params_file, "finetune", FinetuneParams)
+    spec = get_task(task)
+    if params.tasks and spec.name not in params.tasks:
+        log.warning(
+            "task %s is not listed under finetune.tasks in %s; using the defaults", spec.name, params_file
+        )
+    settings = params.for_task(spec.name)
+    source = model_source or params.model.source
+    out = Path(out_dir or REPO_ROOT / "results" / "finetune" / spec.name)
+    model_dir = Path(model_out or REPO_ROOT / "models" / "finetuned" / spec.name)
+    metrics_file = Path(metrics_path or REPO_ROOT / "metrics" / "finetune" / f"{spec.name}.json")
+    run_params = {
+        "task": spec.name,
+        "model": params.model.model_dump(mode="json"),
+        "settings": settings.model_dump(mode="json"),
+        "device": params.device,
+        "precision": params.precision,
+    }
+    tags = {"task": spec.name, "init": params.model.init, "pretrained_source": source}
+    with (
+        stage_run("finetune", run_params, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}",
+                  tags=tags) as run,
+        tempfile.TemporaryDirectory(prefix="finetune-source-") as download,
+    ):  # fmt: skip
+        resolved = resolve_model_source(source, download)
+        run.set_tags({f"pretrained_{k}": v for k, v in resolved.info.items()})
+        trial_tags = {**_standard_tags(run.run_id), **tags,
+                      **{f"pretrained_{k}": str(v) for k, v in resolved.info.items()}}  # fmt: skip
+        result = finetune_task(
+            spec.name,
+            params,
+            resolved.path,
+            out,
+            model_out=model_dir,
+            data_root=data_root(),
+            tracker=MlflowTrialTracker(run.run_id, trial_tags),
+            source_info=resolved.info,
+            on_data=lambda data: _log_check_reports(run, data.check_reports),
+        )
+        metrics = result.metrics()
+        run.log_artifact(out, artifact_path="results")
+        if params.registry.enabled:
+            registration = register_if_better(
+                model_dir,
+                name=f"{params.registry.name_prefix}{spec.name}",
+                run_id=run.run_id,
+                metric_key=f"dev.{spec.main_metric}",
+                value=metrics[f"dev.{spec.main_metric}"],
+                alias=params.registry.alias,
+                tags={**trial_tags, "selected_trial": result.selected.name},
+            )
+            run.set_tags(registration.as_tags())
+            run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
+        finish_stage(f"finetune-{spec.name}", metrics, run, metrics_file)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.finetune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("task", help="task name, e.g. sst2, mnli, squad_v1, conll2003")
+    parser.add_argument("--params", default="params/finetune.yaml")
+    parser.add_argument("--model-source", default=None, help="override finetune.model.source")
+    parser.add_argument("--out", default=None, help="predictions dir (default results/finetune/<task>)")
+    parser.add_argument("--model-out", default=None, help="model dir (default models/finetuned/<task>)")
+    parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/finetune/<task>.json)")
+    args = parser.parse_args(argv)
+    try:
+        finetune_flow(args.task, args.params, args.model_source, args.out, args.model_out, args.metrics)
+    except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
+        print(f"finetune stage failed ({args.task}): {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
