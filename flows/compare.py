@@ -1,0 +1,254 @@
+"""Compare two pipeline runs or two pretrained models task by task, from MLflow's fine-tuning experiment.
+
+Every fine-tuning run lives in one MLflow experiment (:data:`flows._stage.FINETUNE_EXPERIMENT`), tagged
+``task``, ``pipeline_run_id`` and ``pretrained_model_version``, and logs the same metric keys for the same
+task in every run (``dev.accuracy``, ``dev.f1`` ...). A side is one of:
+
+* a pipeline run id (the Prefect flow run id of ``bert-pipeline``; a unique prefix is enough);
+* ``latest`` / ``latest~1`` / ``latest~2`` ...: the most recent pipeline runs that fine-tuned something;
+* a pretrained model version: ``bert-pretrained/3``, ``bert-pretrained@champion`` or ``models:/...``.
+
+::
+
+    python -m flows.compare latest~1 latest
+    python -m flows.compare 3f2a9c1e bert-pretrained@champion --metric 'dev.*' --format markdown
+
+When a side has several runs for a task (reruns), the latest finished top-level run counts. The table
+shows A, B and B - A per task and metric, then the MLflow UI link that shows the same runs side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import re
+import sys
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+from flows._stage import FINETUNE_EXPERIMENT, tracking_uri
+
+DEFAULT_METRICS = ("dev*",)
+_LATEST_RE = re.compile(r"^latest(?:~(\d+))?$")
+_MODEL_RE = re.compile(r"^(?:models:/)?(?P<name>[^/@\s]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_-]+))$")
+
+
+class CompareError(ValueError):
+    """A side matched nothing (or several things); the message lists what exists."""
+
+
+@dataclass
+class Side:
+    """One side of the comparison: what the user asked for, what it resolved to, its run per task."""
+
+    spec: str
+    label: str
+    runs: dict[str, Any] = field(default_factory=dict)  # task -> mlflow Run
+
+
+def _client() -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri())
+
+
+def finetune_runs(client: Any, experiment: str = FINETUNE_EXPERIMENT) -> tuple[str | None, list[Any]]:
+    """(experiment id, every run of the fine-tuning experiment that has a ``task`` tag), newest first."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None, []
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = client.search_runs(
+            [exp.experiment_id],
+            max_results=1000,
+            order_by=["attributes.start_time DESC"],
+            page_token=token,
+        )
+        runs += [r for r in page if r.data.tags.get("task")]
+        token = page.token
+        if not token:
+            break
+    return exp.experiment_id, runs
+
+
+def pipeline_run_ids(runs: list[Any]) -> list[str]:
+    """Distinct ``pipeline_run_id`` tags, most recent run first."""
+    return list(
+        dict.fromkeys(r.data.tags["pipeline_run_id"] for r in runs if r.data.tags.get("pipeline_run_id"))
+    )
+
+
+def _model_matches(tags: dict[str, str], name: str, version: str) -> bool:
+    value = tags.get("pretrained_model_version", "")
+    if value in (f"{name}/{version}", f"models:/{name}/{version}"):
+        return True
+    return value == version and tags.get("pretrained_model", name) == name
+
+
+def select(client: Any, spec: str, runs: list[Any]) -> Side:
+    """Resolve ``spec`` to its runs (see the module docstring).
+
+    Raises:
+        CompareError: nothing matches, or a run-id prefix is ambiguous; lists the known pipeline runs.
+    """
+    ids = pipeline_run_ids(runs)
+    known = ", ".join(i[:12] for i in ids[:10]) or "none"
+    if m := _LATEST_RE.match(spec):
+        back = int(m.group(1) or 0)
+        if back >= len(ids):
+            raise CompareError(
+                f"'{spec}': only {len(ids)} pipeline run(s) fine-tuned anything (known: {known})"
+            )
+        return _side(
+            spec,
+            f"pipeline run {ids[back]}",
+            [r for r in runs if r.data.tags.get("pipeline_run_id") == ids[back]],
+        )
+    if (m := _MODEL_RE.match(spec)) and (m.group("version") or m.group("alias")):
+        name, version = m.group("name"), m.group("version")
+        if m.group("alias"):
+            try:
+                version = str(client.get_model_version_by_alias(name, m.group("alias")).version)
+            except Exception as err:
+                raise CompareError(f"'{spec}': no registered model version with that alias ({err})") from None
+        matched = [r for r in runs if _model_matches(r.data.tags, name, str(version))]
+        if not matched:
+            raise CompareError(f"'{spec}': no fine-tuning run started from model {name} version {version}")
+        return _side(spec, f"model {name}/{version}", matched)
+    exact = [r for r in runs if r.data.tags.get("pipeline_run_id") == spec]
+    if exact:
+        return _side(spec, f"pipeline run {spec}", exact)
+    prefixed = [i for i in ids if i.startswith(spec)]
+    if len(prefixed) == 1:
+        return _side(
+            spec,
+            f"pipeline run {prefixed[0]}",
+            [r for r in runs if r.data.tags.get("pipeline_run_id") == prefixed[0]],
+        )
+    if len(prefixed) > 1:
+        raise CompareError(f"'{spec}' is ambiguous: {', '.join(prefixed)}")
+    raise CompareError(f"'{spec}' matches no pipeline run or model version (recent pipeline runs: {known})")
+
+
+def _side(spec: str, label: str, runs: list[Any]) -> Side:
+    """Keep one run per task: top-level (not a nested trial), finished if possible, newest."""
+
+    def rank(run: Any) -> tuple[int, int, int]:
+        top = "mlflow.parentRunId" not in run.data.tags
+        return (int(top), int(run.info.status == "FINISHED"), run.info.start_time or 0)
+
+    side = Side(spec, label)
+    for run in sorted(runs, key=rank, reverse=True):
+        side.runs.setdefault(run.data.tags["task"], run)
+    return side
+
+
+def comparison_rows(a: Side, b: Side, patterns: tuple[str, ...] = DEFAULT_METRICS) -> list[dict[str, Any]]:
+    """One row per (task, metric) present on either side: ``task, metric, a, b, delta``."""
+    rows = []
+    for task in sorted(set(a.runs) | set(b.runs)):
+        ma = a.runs[task].data.metrics if task in a.runs else {}
+        mb = b.runs[task].data.metrics if task in b.runs else {}
+        keys = sorted(k for k in set(ma) | set(mb) if any(fnmatch.fnmatchcase(k, p) for p in patterns))
+        for key in keys:
+            va, vb = ma.get(key), mb.get(key)
+            delta = vb - va if va is not None and vb is not None else None
+            rows.append({"task": task, "metric": key, "a": va, "b": vb, "delta": delta})
+    return rows
+
+
+def _fmt(value: float | None, signed: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:+.4g}" if signed else f"{value:.4g}"
+
+
+def render(rows: list[dict[str, Any]], a: Side, b: Side, fmt: str = "text") -> str:
+    """The table as aligned text, Markdown, CSV or JSON."""
+    if fmt == "json":
+        return json.dumps({"a": a.label, "b": b.label, "rows": rows}, indent=2)
+    header = ["task", "metric", "A", "B", "B - A"]
+    body = [[r["task"], r["metric"], _fmt(r["a"]), _fmt(r["b"]), _fmt(r["delta"], signed=True)] for r in rows]
+    if fmt == "csv":
+        import csv
+        import io
+
+        buf = io.StringIO()
+        writer = csv.writer(buf)
+        writer.writerow(["task", "metric", "a", "b", "delta"])
+        writer.writerows([[r["task"], r["metric"], r["a"], r["b"], r["delta"]] for r in rows])
+        return buf.getvalue().rstrip("\n")
+    if fmt == "markdown":
+        lines = [
+            f"A = {a.label}, B = {b.label}",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|---|---|--:|--:|--:|",
+        ]
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        return "\n".join(lines)
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
+    lines = [f"A = {a.label}", f"B = {b.label}", ""]
+    for i, row in enumerate([header, *body]):
+        cells = [c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def ui_link(experiment_id: str, a: Side, b: Side, base: str = "http://127.0.0.1:5000") -> str:
+    """The MLflow UI page that shows both sides' runs side by side."""
+    run_ids = [r.info.run_id for side in (a, b) for r in side.runs.values()]
+    query = urllib.parse.urlencode(
+        {"runs": json.dumps(list(dict.fromkeys(run_ids))), "experiments": json.dumps([experiment_id])}
+    )
+    return f"{base}/#/compare-runs?{query}"
+
+
+def compare(spec_a: str, spec_b: str, patterns: tuple[str, ...] = DEFAULT_METRICS, fmt: str = "text") -> str:
+    """Resolve both sides in the fine-tuning experiment and render their per-task comparison."""
+    client = _client()
+    exp_id, runs = finetune_runs(client)
+    if exp_id is None or not runs:
+        raise CompareError(
+            f"no fine-tuning runs in MLflow experiment '{FINETUNE_EXPERIMENT}' at {tracking_uri()} "
+            "(run the pipeline first, or set MLFLOW_TRACKING_URI to the store it wrote)"
+        )
+    a, b = select(client, spec_a, runs), select(client, spec_b, runs)
+    rows = comparison_rows(a, b, patterns)
+    text = render(rows, a, b, fmt)
+    if fmt in ("text", "markdown"):
+        text += f"\n\nSide by side in the MLflow UI (make ui): {ui_link(exp_id, a, b)}"
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "a", help="pipeline run id (or prefix), latest[~N], or model name/version | name@alias"
+    )
+    parser.add_argument("b", help="the other side, same forms")
+    parser.add_argument(
+        "--metric",
+        action="append",
+        default=None,
+        help="glob of metric keys to show (default: dev*); repeatable",
+    )
+    parser.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
+    args = parser.parse_args(argv)
+    try:
+        print(compare(args.a, args.b, tuple(args.metric or DEFAULT_METRICS), args.format))
+    except CompareError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
