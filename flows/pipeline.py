@@ -51,15 +51,29 @@ _PROFILE_NAMES = tuple(profiles.list_profiles(REPO_ROOT))
 ProfileName = Literal[_PROFILE_NAMES] if _PROFILE_NAMES else str  # type: ignore[valid-type]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 
-FORM_KEYS: dict[str, tuple[str, str]] = {
-    "preset": ("params/pretrain.yaml", "pretrain.model.preset"),
-    "pretrain_steps": ("params/pretrain.yaml", "pretrain.max_steps"),
-    "time_budget_minutes": ("params/pretrain.yaml", "pretrain.time_budget_minutes"),
-    "tasks": ("params/finetune.yaml", "finetune.tasks"),
-    "learning_rates": ("params/finetune.yaml", "finetune.learning_rates"),
-    "seeds": ("params/finetune.yaml", "finetune.seeds"),
+try:
+    from bert_core.tasks import TASKS as _TASKS
+
+    TaskName = Literal[tuple(_TASKS)]  # type: ignore[valid-type]
+except ImportError:  # pragma: no cover - the task registry is part of the package
+    TaskName = str  # type: ignore[misc,assignment]
+
+FORM_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
+    "preset": (("params/pretrain.yaml", "pretrain.model.preset"),),
+    "pretrain_steps": (("params/pretrain.yaml", "pretrain.max_steps"),),
+    "time_budget_minutes": (("params/pretrain.yaml", "pretrain.time_budget_minutes"),),
+    "tasks": (("params/finetune.yaml", "finetune.tasks"),),
+    "learning_rates": (("params/finetune.yaml", "finetune.defaults.learning_rates"),),
+    "seeds": (
+        ("params/finetune.yaml", "finetune.defaults.seeds"),
+        ("params/finetune.yaml", "finetune.small_task_seeds"),
+    ),
 }
-"""Form field -> the params key it sets (checked against ``params/`` by the tests)."""
+"""Form field -> the params keys it sets (checked against ``params/`` by the tests)."""
+TASKS_KEY = ("params/finetune.yaml", "finetune.tasks")
+"""``finetune.tasks`` maps each task to run to its own overrides (DVC's ``foreach`` makes one stage each)."""
+PER_TASK_FIELDS = ("learning_rates", "seeds")
+"""Form fields that also clear a task's own setting of the same name, so the form value holds for all."""
 
 _EXP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -288,15 +302,41 @@ def stage_env(run_id: str, data_root: str | None, root: Path) -> dict[str, str]:
     return env
 
 
-def form_overrides(**fields: Any) -> profiles.Overrides:
-    """The params overrides of the form fields that were set (``None`` = keep the profile's value)."""
+def form_overrides(fields: dict[str, Any], base: profiles.Overrides, root: Path) -> profiles.Overrides:
+    """The params overrides of the form fields that were set (``None`` keeps the profile's value).
+
+    Args:
+        fields: Form field name -> value.
+        base: The profile's overrides; ``tasks`` keeps each chosen task's settings from it.
+        root: Repository root.
+    """
     out: profiles.Overrides = {}
     for name, value in fields.items():
-        if value is None:
+        if value is None or name == "tasks":
             continue
-        file, key = FORM_KEYS[name]
-        out.setdefault(file, {})[key] = list(value) if isinstance(value, tuple) else value
+        for file, key in FORM_KEYS[name]:
+            out.setdefault(file, {})[key] = list(value) if isinstance(value, tuple | list) else value
+    cleared = [f for f in PER_TASK_FIELDS if fields.get(f) is not None]
+    if fields.get("tasks") is None and not cleared:
+        return out
+    file, key = TASKS_KEY
+    current = profiles.get_dotted(profiles.effective_params(file, base, root), key)
+    current = current if isinstance(current, dict) else {}
+    chosen = fields.get("tasks")
+    names = list(dict.fromkeys(chosen)) if chosen is not None else list(current)
+    tasks = {t: {k: v for k, v in (current.get(t) or {}).items() if k not in cleared} for t in names}
+    if tasks != current:
+        out.setdefault(file, {})[key] = tasks
     return out
+
+
+def build_overrides(
+    profile: str | None, fields: dict[str, Any], extra: list[str], root: Path
+) -> profiles.Overrides:
+    """Profile, then form fields, then free ``-S`` overrides; only what differs from the workspace."""
+    base = profiles.resolve(profile, None, root, only_changes=False) if profile else {}
+    layer = profiles.merge(form_overrides(fields, base, root), profiles.parse_set_args(extra))
+    return profiles.resolve(profile, layer, root)
 
 
 def dvc_command(
@@ -321,7 +361,7 @@ def dvc_command(
 def pipeline_flow(
     profile: ProfileName | None = profiles.DEFAULT_PROFILE,  # type: ignore[valid-type]
     preset: Preset | None = None,
-    tasks: list[str] | None = None,
+    tasks: list[TaskName] | None = None,  # type: ignore[valid-type]
     pretrain_steps: Annotated[int, Field(ge=1)] | None = None,
     learning_rates: list[Annotated[float, Field(gt=0)]] | None = None,
     seeds: list[int] | None = None,
@@ -378,7 +418,6 @@ def pipeline_flow(
         "seeds": seeds,
         "time_budget_minutes": time_budget_minutes,
     }
-    extra = profiles.merge(form_overrides(**fields), profiles.parse_set_args(extra_overrides or []))
     env = stage_env(run_id, data_root, root)
 
     holder = f"pipeline run {run_id} ({exp_name or 'dvc repro'})"
@@ -388,7 +427,7 @@ def pipeline_flow(
         timeout_s=lock_timeout_minutes * 60,
         on_wait=lambda who: logger.info("waiting for the workspace: %s is running", who),
     ):
-        overrides = profiles.resolve(profile, extra, root)
+        overrides = build_overrides(profile, fields, list(extra_overrides or []), root)
         logger.info("pipeline run %s, profile %s, overrides %s", run_id, profile or "(workspace)", overrides)
         if not as_experiment and overrides:
             for path in profiles.apply(overrides, root):

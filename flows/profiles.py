@@ -147,13 +147,21 @@ def read_params_file(file: str, root: Path = REPO_ROOT, *, committed: bool = Fal
 _MISSING = object()
 
 
+def _child(node: Any, part: str) -> Any:
+    if isinstance(node, dict):
+        return node.get(part, _MISSING)
+    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        return node[int(part)]
+    return _MISSING
+
+
 def get_dotted(data: dict[str, Any], key: str) -> Any:
-    """``data['a']['b']`` for ``'a.b'``; a sentinel (not an exception) when absent."""
+    """``data['a'][0]['b']`` for ``'a.0.b'`` (list items by index, as in ``-S``); a sentinel when absent."""
     node: Any = data
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
+        node = _child(node, part)
+        if node is _MISSING:
             return _MISSING
-        node = node[part]
     return node
 
 
@@ -162,11 +170,15 @@ def has_dotted(data: dict[str, Any], key: str) -> bool:
 
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set an existing dotted key (the caller checked :func:`has_dotted`)."""
     *parents, last = key.split(".")
-    node = data
+    node: Any = data
     for part in parents:
-        node = node[part]
-    node[last] = value
+        node = _child(node, part)
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
 
 
 # ------------------------------------------------------------------------------------- -S formatting
@@ -225,11 +237,25 @@ def parse_set_args(specs: list[str] | tuple[str, ...]) -> Overrides:
 
 
 def merge(*layers: Overrides) -> Overrides:
+    """Later layers win. A later key replaces earlier keys below it (``a.b`` drops ``a.b.c``) and moves to
+    the end, so applying the result in order gives the same params as applying the layers one by one."""
     out: Overrides = {}
     for layer in layers:
         for file, keys in layer.items():
-            out.setdefault(file, {}).update(keys)
+            dest = out.setdefault(file, {})
+            for key, value in keys.items():
+                for old in [k for k in dest if k == key or k.startswith(key + ".")]:
+                    del dest[old]
+                dest[key] = value
     return out
+
+
+def hydra_overrides(key: str, value: Any) -> list[str]:
+    """The ``-S`` override(s) for one key. A mapping replaces the old one wholesale (``~key`` then
+    ``+key=...``): a plain ``key={...}`` would *merge* into it and could not drop or add entries."""
+    if isinstance(value, dict):
+        return [f"~{key}", f"+{key}={format_value(value)}"]
+    return [f"{key}={format_value(value)}"]
 
 
 def set_args(overrides: Overrides) -> list[str]:
@@ -237,7 +263,8 @@ def set_args(overrides: Overrides) -> list[str]:
     args: list[str] = []
     for file, keys in overrides.items():
         for key, value in keys.items():
-            args += ["-S", f"{file}:{key}={format_value(value)}"]
+            for override in hydra_overrides(key, value):
+                args += ["-S", f"{file}:{override}"]
     return args
 
 
@@ -284,17 +311,28 @@ def resolve(
     out: Overrides = {}
     for file, keys in wanted.items():
         current = read_params_file(file, root)
+        effective = copy.deepcopy(current)
         for key, value in keys.items():
-            now = get_dotted(current, key)
-            if now is _MISSING:
+            if not has_dotted(effective, key):
                 raise ProfileError(
                     f"{file}: no key '{key}' (an override can only change an existing key; check its "
                     f"spelling against {file})"
                 )
-            if only_changes and _same(now, value):
+            unchanged = _same(get_dotted(effective, key), value)
+            set_dotted(effective, key, copy.deepcopy(value))
+            if only_changes and unchanged:
                 continue
             out.setdefault(file, {})[key] = value
     return out
+
+
+def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) -> dict[str, Any]:
+    """The workspace params file ``file`` with ``overrides`` applied (in memory)."""
+    data = copy.deepcopy(read_params_file(file, root))
+    for key, value in overrides.get(file, {}).items():
+        if has_dotted(data, key):
+            set_dotted(data, key, copy.deepcopy(value))
+    return data
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -304,6 +342,8 @@ def _same(a: Any, b: Any) -> bool:
         return float(a) == float(b)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
     return a == b
 
 
@@ -317,7 +357,7 @@ def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
             continue
         path = Path(root) / file
         try:
-            apply_overrides(path, [f"{k}={format_value(v)}" for k, v in keys.items()])
+            apply_overrides(path, [o for k, v in keys.items() for o in hydra_overrides(k, v)])
         except Exception as err:
             raise ProfileError(f"{file}: could not apply {keys}: {err} ({err.__cause__ or ''})") from None
         written.append(path)
@@ -430,7 +470,7 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
 # ------------------------------------------------------------------------------------------------ CLI
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, root: Path = REPO_ROOT) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.profiles", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list profiles with their descriptions")
@@ -448,25 +488,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
-            for name in list_profiles():
-                print(f"{name:12s} {describe_profile(name)}")
+            for name in list_profiles(root):
+                print(f"{name:12s} {describe_profile(name, root)}")
             return 0
         if args.command == "check":
-            report = check_profiles()
+            report = check_profiles(root)
             for note in report.notes:
                 print(f"note: {note}")
             for problem in report.problems:
                 print(f"error: {problem}", file=sys.stderr)
-            print(f"{len(list_profiles())} profiles checked: {'ok' if report.ok else 'FAILED'}")
+            print(f"{len(list_profiles(root))} profiles checked: {'ok' if report.ok else 'FAILED'}")
             return 0 if report.ok else 1
-        overrides = resolve(args.name, parse_set_args(args.sets))
+        overrides = resolve(args.name, parse_set_args(args.sets), root)
         if args.command == "args":
             print(" ".join(shlex.quote(a) for a in set_args(overrides)))
         elif args.command == "show":
             print(yaml.safe_dump(overrides, sort_keys=False).rstrip() if overrides else "# no changes")
         else:
-            for path in apply(overrides):
-                print(f"updated {path.relative_to(REPO_ROOT)}")
+            for path in apply(overrides, root):
+                print(f"updated {path.relative_to(root)}")
         return 0
     except ProfileError as err:
         print(f"error: {err}", file=sys.stderr)
