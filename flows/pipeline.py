@@ -266,11 +266,11 @@ def _current_api_url() -> str | None:
 
         if url := PREFECT_API_URL.value():
             return url
-        from prefect.server.api.server import SubprocessASGIServer
-
-        server = SubprocessASGIServer()
-        if server.server_process is not None and server.server_process.poll() is None:
-            return server.api_url
+        module = sys.modules.get("prefect.server.api.server")  # loaded iff a temporary server was started
+        if module is not None:
+            server = module.SubprocessASGIServer()
+            if server.server_process is not None and server.server_process.poll() is None:
+                return server.api_url
     return None
 
 

@@ -1,0 +1,316 @@
+"""The pipeline flow's logic with a scripted DVC: stage tasks, outcomes, artifacts, overrides, the lock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows import _dvc, pipeline, profiles
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.email=t@e", "-c", "user.name=t", *args], cwd=root, check=True, capture_output=True
+    )
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A committed repo with pretrain/finetune params as the form fields expect, and two profiles."""
+    (tmp_path / "params" / "profiles").mkdir(parents=True)
+    (tmp_path / "params" / "pretrain.yaml").write_text(
+        "pretrain:\n  model: {preset: tiny}\n  max_steps: 100\n  time_budget_minutes: null\n"
+    )
+    (tmp_path / "params" / "finetune.yaml").write_text(
+        "finetune:\n  defaults: {learning_rates: [5.0e-5], seeds: [1]}\n  small_task_seeds: [1, 2]\n"
+        "  tasks:\n    sst2: {train_limit: 100}\n    rte: {learning_rates: [1.0e-5], train_limit: 50}\n"
+    )
+    (tmp_path / "params" / "profiles" / "cpu-small.yaml").write_text("{}\n")
+    (tmp_path / "params" / "profiles" / "tiny.yaml").write_text(
+        "params/pretrain.yaml:\n  pretrain.max_steps: 5\nparams/finetune.yaml:\n  finetune.tasks.sst2.train_limit: 10\n"
+    )
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "init")
+    return tmp_path
+
+
+# ------------------------------------------------------------------------------------ pure logic
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "stage"),
+    [
+        ("Running stage 'finetune@sst2':", "running", "finetune@sst2"),
+        ("Stage 'vocab' didn't change, skipping", "skipped", "vocab"),
+        ("Stage 'corpus' is cached - skipping run, checking out outputs", "skipped", "corpus"),
+        ("ERROR: failed to reproduce 'pretrain': exit code 1", "failed", "pretrain"),
+        ("> python -m flows.corpus", "line", None),
+        ("Updating lock file 'dvc.lock'", "line", None),
+    ],
+)
+def test_dvc_lines_are_classified(line, kind, stage):
+    event = _dvc.parse_line(line)
+    assert (event.kind, event.stage) == (kind, stage)
+
+
+def test_form_fields_become_overrides(repo):
+    fields = {
+        "preset": "base",
+        "pretrain_steps": None,
+        "tasks": ["rte", "mrpc"],
+        "learning_rates": [3e-5, 2e-5],
+    }
+    overrides = pipeline.build_overrides(
+        "tiny", fields, ["params/finetune.yaml:finetune.defaults.seeds=[7]"], repo
+    )
+    assert overrides["params/pretrain.yaml"] == {"pretrain.max_steps": 5, "pretrain.model.preset": "base"}
+    fine = overrides["params/finetune.yaml"]
+    # The chosen tasks keep the profile's settings, minus their own learning rates (the form's grid holds).
+    assert fine["finetune.tasks"] == {"rte": {"train_limit": 50}, "mrpc": {}}
+    assert fine["finetune.defaults.learning_rates"] == [3e-5, 2e-5]
+    assert fine["finetune.defaults.seeds"] == [7]
+    # tasks not chosen: the profile's task settings come through unchanged.
+    only_tiny = pipeline.build_overrides("tiny", {}, [], repo)
+    assert only_tiny == {
+        "params/pretrain.yaml": {"pretrain.max_steps": 5},
+        "params/finetune.yaml": {"finetune.tasks.sst2.train_limit": 10},
+    }
+    assert pipeline.build_overrides(None, {}, [], repo) == {}
+
+
+def test_every_form_field_maps_to_a_real_params_key():
+    """The form's keys exist in the repository's params files (once the stage's params file exists)."""
+    missing_files = []
+    for field, targets in pipeline.FORM_KEYS.items():
+        assert field in pipeline.pipeline_flow.parameters.properties
+        for file, key in targets:
+            path = pipeline.REPO_ROOT / file
+            if not path.is_file():
+                missing_files.append(file)
+                continue
+            data = yaml.safe_load(path.read_text())
+            assert profiles.has_dotted(data, key), f"form field {field}: {file} has no key {key}"
+    if missing_files:
+        pytest.skip(f"params files not written yet: {sorted(set(missing_files))}")
+
+
+def test_dvc_command():
+    over = {"params/x.yaml": {"x.a": 1}}
+    assert pipeline.dvc_command(as_experiment=True, exp_name="e1", overrides=over, targets=["vocab"], force=True) == [
+        "exp", "run", "--name", "e1", "-S", "params/x.yaml:x.a=1", "--force", "vocab",
+    ]  # fmt: skip
+    assert pipeline.dvc_command(
+        as_experiment=False, exp_name=None, overrides=over, targets=[], force=False
+    ) == ["repro"]
+
+
+def test_stage_env(repo, monkeypatch, tmp_path):
+    monkeypatch.setenv("BERT_DATA_ROOT", "relative/data")
+    env = pipeline.stage_env("rid", None, repo)
+    assert env["BERT_PIPELINE_RUN_ID"] == "rid"
+    assert env["BERT_DATA_ROOT"] == str((repo / "relative/data").resolve())
+    assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    assert "BERT_DATA_ROOT" not in pipeline.stage_env("rid", "hub", repo)
+    assert pipeline.stage_env("rid", str(tmp_path), repo)["BERT_DATA_ROOT"] == str(tmp_path)
+    with pytest.raises(ValueError, match="is not a directory"):
+        pipeline.stage_env("rid", "/no/such/dir", repo)
+
+
+HOLD = """
+import sys, time
+from flows._dvc import workspace_lock
+with workspace_lock(sys.argv[1], holder="holder-one", timeout_s=5):
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_workspace_lock_queues_and_names_the_holder(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path), "3"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with (
+            pytest.raises(_dvc.WorkspaceBusy, match="holder-one"),
+            _dvc.workspace_lock(tmp_path, holder="two", timeout_s=0.5, poll_s=0.1),
+        ):
+            pass
+        waits: list[str] = []
+        with _dvc.workspace_lock(tmp_path, holder="two", timeout_s=60, poll_s=0.1, on_wait=waits.append):
+            assert proc.poll() is not None  # we got it only after the holder finished
+        assert waits and "holder-one" in waits[0]
+    finally:
+        proc.kill()
+        proc.wait()
+    # A holder killed with SIGKILL releases the lock (flock dies with the process).
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path), "60"], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "locked"
+    proc.kill()
+    proc.wait()
+    with _dvc.workspace_lock(tmp_path, holder="three", timeout_s=10, poll_s=0.1):
+        pass
+
+
+# -------------------------------------------------------------------- the flow with a scripted DVC
+
+
+class FakeDvc:
+    """Plays back DVC output; callables in the script run at that point (e.g. to write metrics)."""
+
+    def __init__(self, script: list, returncode: int) -> None:
+        self.script, self.returncode, self.stopped = script, returncode, False
+
+    def lines(self):
+        for item in self.script:
+            if callable(item):
+                item()
+            else:
+                time.sleep(0.01)
+                yield item
+
+    def wait(self) -> int:
+        return self.returncode
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def scripted(repo, monkeypatch):
+    """Point the flow at ``repo`` and a fake DVC; returns the list of DVC argument lists it was started with."""
+    calls: list[list[str]] = []
+    infos = [
+        _dvc.StageInfo("prepare", "python -m flows.x", metrics=("metrics/prepare.json",)),
+        _dvc.StageInfo("finetune@sst2", "python -m flows.y", metrics=("metrics/ft.json",)),
+        _dvc.StageInfo("evaluate", "python -m flows.z"),
+    ]
+    monkeypatch.setattr(pipeline, "REPO_ROOT", repo)
+    monkeypatch.setattr(_dvc, "stage_infos", lambda root: infos)
+
+    def install(script: list, returncode: int) -> None:
+        def start(args, *, cwd, env):
+            calls.append(args)
+            assert env["BERT_PIPELINE_RUN_ID"] and cwd == repo
+            return FakeDvc(script, returncode)
+
+        monkeypatch.setattr(pipeline, "start_dvc", start)
+
+    scripted.install = install
+    return install, calls
+
+
+def _write(path: Path, text: str):
+    return lambda: (path.parent.mkdir(parents=True, exist_ok=True), path.write_text(text))
+
+
+async def _task_states(flow_run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+    )
+
+    async with get_client() as client:
+        runs = await client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+        arts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return {r.name: r.state.name for r in runs}, {a.key: a.data for a in arts}
+
+
+def test_flow_follows_stages(harness, scripted, repo):
+    import asyncio
+
+    install, calls = scripted
+    install(
+        [
+            "Reproducing experiment 'e1'",
+            "Stage 'prepare' didn't change, skipping",
+            "Running stage 'finetune@sst2':",
+            "> python -m flows.y sst2",
+            "epoch 1 loss 0.5",
+            _write(repo / "metrics" / "ft.json", '{"dev": {"accuracy": 81.5}}'),
+            "Updating lock file 'dvc.lock'",
+            "Running stage 'evaluate':",
+            "done",
+        ],
+        0,
+    )
+    _write(repo / "metrics" / "prepare.json", '{"docs": 3}')()
+    state = pipeline.pipeline_flow(profile="tiny", preset="mini", experiment_name="e1", return_state=True)
+    result = state.result()
+    assert calls[0][:4] == ["exp", "run", "--name", "e1"]
+    assert "params/pretrain.yaml:pretrain.model.preset=mini" in calls[0]
+    assert {k: v["outcome"] for k, v in result["stages"].items()} == {
+        "prepare": "cached",
+        "finetune@sst2": "ran",
+        "evaluate": "ran",
+    }
+    assert result["stages"]["finetune@sst2"]["metrics"] == {"dev": {"accuracy": 81.5}}
+    assert result["pipeline_run_id"] == str(state.state_details.flow_run_id)
+    tasks, artifacts = asyncio.run(_task_states(state.state_details.flow_run_id))
+    assert tasks == {"prepare": "Cached", "finetune@sst2": "Completed", "evaluate": "Completed"}
+    assert "| dev.accuracy | 81.5 |" in artifacts["pipeline-finetune-sst2"]
+    assert (
+        "| finetune@sst2 | ran |" in artifacts["pipeline-summary"]
+        and "dvc exp apply e1" in artifacts["pipeline-summary"]
+    )
+    assert (
+        yaml.safe_load((repo / "params" / "pretrain.yaml").read_text())["pretrain"]["max_steps"] == 100
+    )  # exp run's job
+
+
+def test_flow_reports_the_failed_stage(harness, scripted, repo):
+    import asyncio
+
+    install, calls = scripted
+    install(
+        [
+            "Running stage 'prepare':",
+            "Traceback ...",
+            "ValueError: bad corpus",
+            "ERROR: failed to reproduce 'prepare': exit 1",
+        ],
+        255,
+    )
+    state = pipeline.pipeline_flow(profile="tiny", as_experiment=False, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(pipeline.PipelineFailed, match=r"(?s)stage 'prepare' failed .*ValueError: bad corpus"):
+        state.result()
+    assert calls[0] == ["repro"]
+    # dvc repro mode writes the profile into the params files first.
+    assert yaml.safe_load((repo / "params" / "pretrain.yaml").read_text())["pretrain"]["max_steps"] == 5
+    tasks, artifacts = asyncio.run(_task_states(state.state_details.flow_run_id))
+    assert tasks == {"prepare": "Failed"}
+    assert "FAILED" in artifacts["pipeline-summary"]
+
+
+def test_flow_rejects_bad_input_before_running_dvc(harness, scripted, repo):
+    install, calls = scripted
+    install([], 0)
+    with pytest.raises(profiles.ProfileError, match=r"no key 'finetune\.nope'"):
+        pipeline.pipeline_flow(extra_overrides=["params/finetune.yaml:finetune.nope=1"])
+    with pytest.raises(ValueError, match="experiment_name"):
+        pipeline.pipeline_flow(experiment_name="bad name")
+    assert calls == []
