@@ -343,9 +343,8 @@ def finetune_task(
                 "init": init,
             }
             tags = {"task": spec.name, "init": init, "trial": name, "pretrained_source": info["source"]}
-            tags.update(
-                {f"pretrained_{k}": str(v) for k, v in info.items() if k in ("version", "uri", "name")}
-            )
+            provenance = ("model", "model_version", "uri", "sha")
+            tags.update({f"pretrained_{k}": str(v) for k, v in info.items() if k in provenance})
             with open_trial(name, trial_params, tags) as recorder:
                 outcome, model = run_trial(spec, data, settings, source_dir, init=init, learning_rate=lr,
                                            seed=seed, device=params.device, precision=params.precision,

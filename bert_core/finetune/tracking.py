@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import math
 import re
@@ -24,6 +25,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+#: Tag on registered versions holding :func:`fingerprint` of the model directory (finds local copies).
+FINGERPRINT_TAG = "model_fingerprint"
 _REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+|latest))/?$")
 
 
@@ -97,7 +100,7 @@ def resolve_model_source(source: str, download_dir: str | Path) -> ResolvedSourc
             )
         )
         path = _model_root(local)
-        info = {"uri": source, "name": name, "version": str(mv.version), "run_id": mv.run_id or ""}
+        info = {"uri": source, "model": name, "model_version": str(mv.version), "run_id": mv.run_id or ""}
         info["sha"] = fingerprint(path)
         return ResolvedSource(path, info)
     path = Path(source).expanduser()
@@ -107,7 +110,35 @@ def resolve_model_source(source: str, download_dir: str | Path) -> ResolvedSourc
             f"pretrain stage (dvc repro pretrain), or set finetune.model.source to a local BERT directory or "
             f"to a registry URI such as models:/bert-pretrained@latest"
         )
-    return ResolvedSource(path, {"uri": str(path), "sha": fingerprint(path)})
+    sha = fingerprint(path)
+    return ResolvedSource(path, {"uri": str(path), "sha": sha, **_registered_version(path, sha)})
+
+
+def _registered_version(model_dir: Path, sha: str) -> dict[str, str]:
+    """The registry name/version of a local model directory, when it can be found.
+
+    First ``registered_model.json`` (``{"name", "version"}``) in the directory, written by a stage that
+    registered it; else a registered version tagged ``model_fingerprint`` = :func:`fingerprint`. A
+    tracking server that cannot be reached only loses this provenance (logged), never the run.
+    """
+    marker = model_dir / "registered_model.json"
+    if marker.is_file():
+        try:
+            data = json.loads(marker.read_text(encoding="utf-8"))
+            return {"model": str(data["name"]), "model_version": str(data["version"])}
+        except (ValueError, KeyError, TypeError) as err:
+            log.warning("%s is not a registration marker (%s); ignoring it", marker, err)
+    try:
+        from mlflow import MlflowClient
+
+        versions = MlflowClient().search_model_versions(f"tags.{FINGERPRINT_TAG} = '{sha}'")
+    except Exception as err:  # provenance only: never fail the stage for it
+        log.info("could not look up the registry version of %s: %s", model_dir, err)
+        return {}
+    if not versions:
+        return {}
+    newest = max(versions, key=lambda v: int(v.version))
+    return {"model": newest.name, "model_version": str(newest.version)}
 
 
 def _model_root(local: Path) -> Path:

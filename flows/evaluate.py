@@ -1,0 +1,83 @@
+"""Prefect flow of the ``evaluate`` stage: ``python -m flows.evaluate``.
+
+Reads ``params/evaluate.yaml`` (section ``evaluate``) and the task list of ``params/finetune.yaml``, and
+runs :func:`bert_core.finetune.evaluate.evaluate_results` over the finetune stages' summaries. Writes
+``metrics/evaluate.json`` (per-task dev metrics, the GLUE average without WNLI, the pretrained vs
+random-init gap), ``reports/evaluate.md`` (+ ``reports/evaluate/*.png``) and the self-contained
+``reports/evaluate.html``; the MLflow run (pipeline experiment) gets the metrics and the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from prefect import flow
+
+from bert_core.finetune.params import EvaluateParams, FinetuneParams
+from bert_core.params import load_params
+from flows._stage import REPO_ROOT, finish_stage, stage_run
+
+PARAMS_MODEL = EvaluateParams
+log = logging.getLogger("bert_core.flows.evaluate")
+
+
+def _in_repo(path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate_flow(
+    params_file: str = "params/evaluate.yaml",
+    finetune_params_file: str = "params/finetune.yaml",
+    metrics_path: str | None = None,
+) -> dict[str, float]:
+    """Summarise every fine-tuned task; return the summary metrics.
+
+    Args:
+        params_file: YAML file with an ``evaluate`` section.
+        finetune_params_file: YAML file whose ``finetune.tasks`` lists the tasks to summarise (all
+            summaries found when it lists none).
+        metrics_path: DVC metrics file (default ``metrics/evaluate.json``).
+    """
+    from bert_core.finetune.evaluate import evaluate_results
+
+    params = load_params(params_file, "evaluate", EvaluateParams)
+    finetune = load_params(finetune_params_file, "finetune", FinetuneParams)
+    tasks = sorted(finetune.tasks) or None
+    metrics_file = Path(metrics_path) if metrics_path else REPO_ROOT / "metrics" / "evaluate.json"
+    with stage_run("evaluate", {**params.model_dump(mode="json"), "tasks": tasks}) as run:
+        metrics, paths = evaluate_results(
+            _in_repo(params.results_dir),
+            metrics_file,
+            _in_repo(params.report_dir),
+            tasks=tasks,
+            reference_size=params.reference_size,
+            dpi=params.dpi,
+        )
+        run.log_artifact(paths["html"], artifact_path="report")
+        run.log_artifact(paths["markdown"], artifact_path="report")
+        run.log_artifact(paths["plot.scores"].parent, artifact_path="report/evaluate")
+        finish_stage("evaluate", metrics, run, metrics_file)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", default="params/evaluate.yaml")
+    parser.add_argument("--finetune-params", default="params/finetune.yaml")
+    parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/evaluate.json)")
+    args = parser.parse_args(argv)
+    try:
+        evaluate_flow(args.params, args.finetune_params, args.metrics)
+    except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
+        print(f"evaluate stage failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
