@@ -40,3 +40,31 @@ format: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# ---- The pipeline, its UIs and their end-to-end tests (flows/pipeline.py, flows/serve.py) ----------------
+# make pipeline [PROFILE=gpu-base] [BERT_DATA_ROOT=../shared/data] [PIPELINE_ARGS="--experiment ..."]
+# BERT_DATA_ROOT (a data root laid out like ../shared/data) reads every source locally, offline.
+PROFILE ?=
+PIPELINE_ARGS ?=
+PREFECT_PORT ?= 4200
+MLFLOW_PORT ?= 5000
+PIPELINE_ENV := PREFECT_HOME=$(CURDIR)/.prefect PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=180
+
+.PHONY: pipeline serve ui test-e2e test-browser
+
+pipeline: venv
+	$(PIPELINE_ENV) $(PY) -m flows.pipeline $(if $(PROFILE),--profile $(PROFILE)) $(PIPELINE_ARGS)
+
+serve: venv
+	$(PIPELINE_ENV) $(PY) -m flows.serve --host 127.0.0.1 --port $(PREFECT_PORT)
+
+ui: venv
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
+
+test-e2e: venv
+	$(PY) -m pytest -q -m e2e tests/e2e
+
+test-browser: venv
+	@test -x /usr/bin/chromium || { echo "Debian's Chromium is needed: sudo apt-get install -y chromium"; exit 1; }
+	$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q "playwright>=1.45"
+	$(PY) -m pytest -q -m browser tests/e2e

@@ -20,7 +20,10 @@ Command line (what ``make pipeline`` runs)::
 
     python -m flows.pipeline                          # dvc repro, params as they are
     python -m flows.pipeline --profile gpu-base       # apply a profile, then dvc repro
-    python -m flows.pipeline --experiment -S params/finetune.yaml:finetune.seeds=[1,2]
+    python -m flows.pipeline --experiment -S params/finetune.yaml:finetune.defaults.seeds=[1,2]
+
+From the command line the flow reports to the Prefect server of ``make serve`` when one serves this
+repository (so the run shows in its UI), else to a temporary local server.
 """
 
 from __future__ import annotations
@@ -38,13 +41,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed
-from pydantic import Field
+# Before Prefect reads its settings: no telemetry; a first temporary server on a fresh PREFECT_HOME migrates
+# its database (~20 s here), longer than Prefect's default start-up limit.
+for _key, _value in {
+    "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+}.items():
+    os.environ.setdefault(_key, _value)
 
-from flows import _dvc, profiles
-from flows._stage import REPO_ROOT, markdown_table, tracking_uri
+from prefect import flow, get_run_logger, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.states import Completed  # noqa: E402
+from pydantic import Field  # noqa: E402
+
+from flows import _dvc, profiles  # noqa: E402
+from flows._stage import REPO_ROOT, markdown_table, tracking_uri  # noqa: E402
 
 FLOW_NAME = "bert-pipeline"
 _PROFILE_NAMES = tuple(profiles.list_profiles(REPO_ROOT))
@@ -475,16 +487,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", help="local data root (offline), or 'hub'; default: $BERT_DATA_ROOT")
     parser.add_argument("--force", action="store_true", help="rerun stages even if unchanged")
     args = parser.parse_args(argv)
+    settings: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if not os.environ.get("PREFECT_API_URL"):
+        from flows.serve import served_api_url
+
+        home = Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")
+        if url := served_api_url(home):
+            from prefect.settings import PREFECT_API_URL, temporary_settings
+
+            print(f"reporting to the Prefect server of `make serve` at {url}", file=sys.stderr)
+            settings = temporary_settings(updates={PREFECT_API_URL: url})
     try:
-        result = pipeline_flow(
-            profile=args.profile,
-            extra_overrides=args.sets,
-            targets=args.targets,
-            as_experiment=args.experiment,
-            experiment_name=args.name,
-            data_root=args.data_root,
-            force=args.force,
-        )
+        with settings:
+            result = pipeline_flow(
+                profile=args.profile,
+                extra_overrides=args.sets,
+                targets=args.targets,
+                as_experiment=args.experiment,
+                experiment_name=args.name,
+                data_root=args.data_root,
+                force=args.force,
+            )
     except (PipelineFailed, profiles.ProfileError, _dvc.WorkspaceBusy, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -205,7 +205,7 @@ def build_deployments(root: Path = REPO_ROOT) -> list[Any]:
 
 
 @contextlib.contextmanager
-def serve_lock(home: Path):
+def serve_lock(home: Path, api: str):
     """One ``flows.serve`` per repository: a second runner would run a second flow at the same time."""
     home.mkdir(parents=True, exist_ok=True)
     path = home / "serve.lock"
@@ -219,8 +219,27 @@ def serve_lock(home: Path):
                 f"this repository is already being served ({holder}); stop that one first"
             ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"flows.serve pid {os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"flows.serve pid {os.getpid()} api {api}\n".encode(), 0)
         yield
+    finally:
+        os.close(fd)
+
+
+def served_api_url(home: Path) -> str | None:
+    """The API URL of the ``flows.serve`` now serving the repository whose PREFECT_HOME is ``home``, if any."""
+    path = home / "serve.lock"
+    if not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: a flows.serve is running
+            words = path.read_text(encoding="utf-8", errors="replace").split()
+            url = words[words.index("api") + 1] if "api" in words[:-1] else None
+            return url if url and is_healthy(url) else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
     finally:
         os.close(fd)
 
@@ -245,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     server = None
     try:
-        with serve_lock(home):
+        with serve_lock(home, env["PREFECT_API_URL"]):
             if is_healthy(env["PREFECT_API_URL"]):
                 log.info("using the Prefect server already running at %s", env["PREFECT_API_URL"])
             else:

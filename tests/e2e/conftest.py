@@ -49,7 +49,7 @@ def copy_repository(dest: Path) -> Path:
             continue
         rel = raw.decode()
         src = REPO_ROOT / rel
-        if not src.is_file() or rel.startswith(("metrics/", "mlflow.db")):
+        if not src.is_file() or rel.startswith(("metrics/", "mlflow.db", ".prefect/")):
             continue
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
