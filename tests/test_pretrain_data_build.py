@@ -26,7 +26,7 @@ def params(**kw) -> PretrainDataParams:
         num_workers=1,
         window_tokens=5_000,
         min_window_docs=16,
-        task_documents=250,
+        task_bytes=100_000,
         check_sample=50_000,
     )
     base.update(kw)
@@ -288,24 +288,20 @@ def test_shipped_params_file_parses():
     assert p.phase_specs["seq512"].max_predictions_per_seq == 80
 
 
-def test_plan_cuts_the_document_stream_into_tasks(tmp_path):
-    """Tasks are runs of ``task_documents`` rows across shard boundaries; a short tail joins the last task."""
-    for n in [3, 1, 40, 2]:
-        write_corpus(tmp_path / "c", "train", [["w1 ."]] * n)
-        src = tmp_path / "c" / "train" / "part-00000.parquet"
-        src.rename(tmp_path / "c" / f"{len(list((tmp_path / 'c').glob('*.parquet'))):05d}.parquet")
-    (tmp_path / "c" / "train").rmdir()
-    (tmp_path / "all" / "train").mkdir(parents=True)
-    for f in sorted((tmp_path / "c").glob("*.parquet")):
-        f.rename(tmp_path / "all" / "train" / f"part-{f.name}")
-    tasks = plan_tasks(tmp_path / "all", "train", task_documents=10, min_docs=7)
-    assert [t.num_rows for t in tasks] == [10, 10, 10, 16]
-    assert [(Path(f).name, a, b) for f, a, b in tasks[0].segments] == [
-        ("part-00000.parquet", 0, 3),
-        ("part-00001.parquet", 0, 1),
-        ("part-00002.parquet", 0, 6),
+def test_plan_cuts_the_document_stream_into_tasks_by_bytes(tmp_path):
+    """Tasks are runs of documents of about ``task_bytes`` across shard boundaries, two documents at least."""
+    small, big = ["w1 ."], ["x" * 100]
+    for i, docs in enumerate([[small] * 3, [big], [small] * 5]):
+        write_corpus(tmp_path / f"c{i}", "train", docs)
+        (tmp_path / "all" / "train").mkdir(parents=True, exist_ok=True)
+        (tmp_path / f"c{i}" / "train" / "part-00000.parquet").rename(
+            tmp_path / "all" / "train" / f"part-{i:05d}.parquet"
+        )
+    tasks = plan_tasks(tmp_path / "all", "train", task_bytes=10)
+    assert [t.num_rows for t in tasks] == [3, 2, 4]
+    assert [[(Path(f).name, a, b) for f, a, b in t.segments] for t in tasks] == [
+        [("part-00000.parquet", 0, 3)],
+        [("part-00001.parquet", 0, 1), ("part-00002.parquet", 0, 1)],
+        [("part-00002.parquet", 1, 5)],
     ]
-    assert [(Path(f).name, a, b) for f, a, b in tasks[3].segments] == [
-        ("part-00002.parquet", 26, 40),
-        ("part-00003.parquet", 0, 2),
-    ]
+    assert len(plan_tasks(tmp_path / "all", "train", task_bytes=10**9)) == 1

@@ -27,7 +27,7 @@ def data(tmp_path_factory):
             masking=masking,
             num_workers=1,
             min_window_docs=16,
-            task_documents=100,
+            task_bytes=50_000,
         )
         build_pretrain_data(
             p, corpus_dir=corpus, vocab_dir=vocab, output_dir=root / masking, run_checks=False

@@ -1,7 +1,7 @@
 """The ``pretrain_data`` builder: corpus shards -> MLM + NSP instances, in parallel, streaming, bounded memory.
 
-Work is split into *tasks* of ``task_documents`` consecutive documents (a shard may hold several tasks,
-a task may span shards). Tasks are planned from the Parquet metadata alone, so the plan, every seed and therefore every
+Work is split into *tasks* of consecutive documents holding about ``task_bytes`` of text (a shard may hold
+several tasks, a task may span shards). Tasks are planned from the Parquet metadata alone, so the plan, every seed and therefore every
 output byte are the same whatever ``num_workers`` is. A worker (:mod:`.worker`) streams its task's
 documents and holds one window of about ``window_tokens`` tokens at a time, so peak memory is a function of
 ``window_tokens`` and the number of workers, never of the corpus size (Google's generator keeps every
@@ -46,11 +46,27 @@ class BuildResult:
     seconds: float = 0.0
 
 
-def plan_tasks(corpus_dir: str | Path, split: str, task_documents: int, min_docs: int) -> list[Task]:
-    """Cut the split's documents (all ``part-*.parquet`` files, in name order, as one stream) into tasks of
-    ``task_documents`` consecutive rows; a last task below ``min_docs`` rows joins the one before.
+MIN_TASK_DOCS = 2  # NSP draws NotNext segments from another document of the same task
 
-    The plan depends on the Parquet metadata and the params only, never on the worker count.
+
+def _row_bytes(pf, group: int) -> np.ndarray:
+    """Text bytes of each document in one row group (only the ``sentences`` column is decoded)."""
+    import pyarrow.compute as pc
+
+    col = pf.read_row_group(group, columns=["sentences"]).column(0).combine_chunks()
+    lens = pc.fill_null(pc.binary_length(pc.list_flatten(col)), 0).to_numpy(zero_copy_only=False)
+    parents = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
+    return np.bincount(parents, weights=lens, minlength=len(col)).astype(np.int64)
+
+
+def plan_tasks(corpus_dir: str | Path, split: str, task_bytes: int) -> list[Task]:
+    """Cut the split's documents (all ``part-*.parquet`` files in name order, read as one stream) into
+    tasks of consecutive documents holding about ``task_bytes`` bytes of text each.
+
+    A task closes after the document that brings it to ``task_bytes`` (so a task may span shards and a
+    shard may hold many tasks), provided it and the rest of the split keep at least two documents. The
+    plan depends on the corpus and the params only, never on the worker count; planning reads one row
+    group at a time and keeps only the cut points.
 
     Raises:
         FileNotFoundError: the split directory does not exist.
@@ -68,15 +84,14 @@ def plan_tasks(corpus_dir: str | Path, split: str, task_documents: int, min_docs
         raise ValueError(f"empty corpus: {d} has no part-*.parquet shard; run the corpus stage first")
     rows = []
     for f in files:
-        pf = pq.ParquetFile(f)
-        schema = pf.schema_arrow
+        schema = pq.read_schema(f)
         col = schema.field("sentences").type if "sentences" in schema.names else None
         if col is None or not (pa.types.is_list(col) or pa.types.is_large_list(col)):
             raise ValueError(
                 f"{f}: needs a 'sentences' column of type list<string> (one document per row); "
                 f"found columns {schema.names}"
             )
-        rows.append(pf.metadata.num_rows)
+        rows.append(pq.read_metadata(f).num_rows)
     total = sum(rows)
     if total == 0:
         raise ValueError(f"empty corpus: the {len(files)} shard(s) in {d} hold no document")
@@ -85,9 +100,17 @@ def plan_tasks(corpus_dir: str | Path, split: str, task_documents: int, min_docs
             f"the corpus split {d} holds a single document; next-sentence prediction takes NotNext "
             f"segments from another document, so it needs at least two"
         )
-    cuts = [*range(0, total, task_documents), total]
-    if len(cuts) > 2 and cuts[-1] - cuts[-2] < min_docs:
-        del cuts[-2]
+    cuts, row, held, first = [0], 0, 0, 0
+    for f in files:
+        pf = pq.ParquetFile(f)
+        for g in range(pf.metadata.num_row_groups):
+            for size in _row_bytes(pf, g).tolist():
+                row += 1
+                held += size
+                if held >= task_bytes and row - first >= MIN_TASK_DOCS and total - row >= MIN_TASK_DOCS:
+                    cuts.append(row)
+                    held, first = 0, row
+    cuts.append(total)
     starts = np.concatenate([[0], np.cumsum(rows)])
     tasks = []
     for k, (lo, hi) in enumerate(itertools.pairwise(cuts)):
@@ -105,14 +128,30 @@ def _init_worker(threads: int) -> None:
 
 
 def _execute(jobs: list[Job], num_workers: int) -> list[dict[str, Any]]:
-    """Run the jobs (in order of the results, whatever finishes first)."""
+    """Run the jobs; results in job order.
+
+    Raises:
+        RuntimeError: a worker process died (e.g. killed for memory) instead of hanging the build.
+    """
     if num_workers == 1 or len(jobs) == 1:
         return [run_task(j) for j in jobs]
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     workers = min(num_workers, len(jobs))
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = mp.get_context("spawn")  # fresh interpreters: no inherited tokenizer threads or locks
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(threads,)) as pool:
-        return list(pool.imap(run_task, jobs, chunksize=1))
+    try:
+        with ProcessPoolExecutor(
+            workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)
+        ) as ex:
+            return list(ex.map(run_task, jobs))
+    except BrokenProcessPool as err:
+        raise RuntimeError(
+            f"a pretrain_data worker process died ({err}); it may have been killed for memory (lower "
+            f"window_tokens or num_workers), or the calling script lacks an `if __name__ == '__main__':` "
+            f"guard (worker processes are spawned and re-import the main module)"
+        ) from err
 
 
 def summarize(stats: dict[str, int], corpus: dict[str, int], max_seq_length: int) -> dict[str, Any]:
@@ -185,10 +224,7 @@ def build_pretrain_data(
     vocab_dir = Path(vocab_dir)
     vocab = read_vocab(vocab_dir / "vocab.txt")
     load_tokenizer(vocab_dir, vocab)  # fail here, not in a worker, on a mismatched tokenizer.json
-    plans = {
-        split: plan_tasks(corpus_dir, split, params.task_documents, params.min_window_docs)
-        for split in SPLITS
-    }
+    plans = {split: plan_tasks(corpus_dir, split, params.task_bytes) for split in SPLITS}
     result = BuildResult(metrics={})
     with atomic_path(output_dir, is_dir=True) as tmp:
         jobs = [

@@ -61,8 +61,8 @@ class PretrainDataParams(StrictModel):
     min_window_docs: int = Field(
         64, ge=2, description="documents per window at least (NotNext B is drawn from the same window)"
     )
-    task_documents: int = Field(
-        2_000, ge=2, description="documents per task (unit of parallel work and of output shards)"
+    task_bytes: int = Field(
+        4_000_000, ge=1, description="text bytes per task (the unit of parallel work and of output shards)"
     )
     track_docs: bool = Field(False, description="debug: store the corpus rows of A and B per instance")
     check_sample: int = Field(20_000, ge=100, description="instances per output validated by the checks")
@@ -76,11 +76,6 @@ class PretrainDataParams(StrictModel):
         if unknown:
             raise ValueError(
                 f"phases {unknown} have no entry in phase_specs (defined: {sorted(self.phase_specs)})"
-            )
-        if self.task_documents < self.min_window_docs:
-            raise ValueError(
-                f"task_documents = {self.task_documents} is below min_window_docs = {self.min_window_docs}; "
-                f"a task must hold at least one window"
             )
         for name, spec in self.phase_specs.items():
             if spec.max_seq_length > self.max_position_embeddings:
