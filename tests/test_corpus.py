@@ -243,3 +243,21 @@ def test_source_spec_validation():
         SourceSpec(name="a", kind="jsonl", path="x", doc_split="wikitext")
     with pytest.raises(ValueError, match="prefixes every doc_id"):
         SourceSpec(name="a b", kind="text", path="x")
+
+
+def test_hf_dataset_source_with_wikitext_layout(shared_data, tmp_path):
+    """The Hub reader path (``datasets`` streaming), on a local dataset folder in WikiText's row layout."""
+    lines = (shared_data / "wikitext" / "wikitext-2" / "test.txt").read_text(encoding="utf-8").split("\n")
+    rows = [{"text": line + "\n" if line else ""} for line in lines[:600]]
+    ds_dir = tmp_path / "root" / "wikitext_local"
+    ds_dir.mkdir(parents=True)
+    (ds_dir / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    params = small_params(
+        local_sources=[{"name": "wt", "kind": "hf", "path": "wikitext_local", "doc_split": "wikitext"}],
+        heldout={"fraction": 0.3, "max_documents": 5},
+    )
+    stats = build_corpus(params, tmp_path / "out", data_root=tmp_path / "root", workers=1)
+    docs = list(iter_documents(tmp_path / "out", "train")) + list(iter_documents(tmp_path / "out", "heldout"))
+    assert {d["title"] for d in docs} >= {"Robert <unk>"}  # the first article of the test split
+    assert all(d["doc_id"].startswith("wt:train#") for d in docs)
+    assert stats.documents >= 2 and stats.input_bytes > 0

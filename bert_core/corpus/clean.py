@@ -13,7 +13,8 @@ import unicodedata
 # that only hurt tokenisation: BOM/zero-width no-break space, zero-width space/joiners, soft hyphen, and the
 # Unicode replacement character's frequent companion, the object replacement character.
 _CONTROL_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u200b\u200c\u200d\u2060\ufeff\ufffc]")
-_SPACES_RE = re.compile(r"[^\S\n]+")  # any whitespace except newline, incl. NBSP and other Unicode spaces
+# Whitespace other than newline (incl. NBSP and other Unicode spaces) that is not already a single space.
+_SPACES_RE = re.compile(r"[^\S\n ][^\S\n]*| [^\S\n]+")
 _BLANK_LINES_RE = re.compile(r"\n[^\S\n]*\n\s*")
 
 # Project Gutenberg licence boilerplate. Modern files: "*** START OF THE PROJECT GUTENBERG EBOOK X ***" /

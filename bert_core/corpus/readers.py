@@ -142,8 +142,8 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None) -> list[WorkU
     """
     units: list[WorkUnit] = []
     for si, source in enumerate(sources):
-        if source.kind == "hf" and (root is None or not (root / source.path).exists()):
-            if root is not None:
+        if source.kind == "hf":  # one unit: the Hub dataset, or a local dataset folder under the root
+            if root is not None and not (root / source.path).exists():
                 raise SourceNotFoundError(
                     f"source '{source.name}' (hf): '{source.path}' does not exist under data root {root}; "
                     "with BERT_DATA_ROOT set, Hub datasets must be given as local dataset folders"
