@@ -100,15 +100,34 @@ class EvaluationSummary:
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 
-def load_results(results_dir: str | Path) -> dict[str, FinetuneResult]:
-    """Every ``<task>/summary.json`` under ``results_dir``, by task name (sorted)."""
+def load_results(results_dir: str | Path, tasks: list[str] | None = None) -> dict[str, FinetuneResult]:
+    """The ``<task>/summary.json`` files under ``results_dir``, by task name (sorted).
+
+    Args:
+        results_dir: The finetune stages' results directory.
+        tasks: Only these tasks (each must have a summary); ``None`` = every summary found.
+
+    Raises:
+        FileNotFoundError: no summaries, or a listed task without one (naming the stage to run).
+        ValueError: a summary that cannot be read (naming the file).
+    """
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(
             f"{results_dir} does not exist: run the finetune stages first (dvc repro finetune)"
         )
+    if tasks is not None:
+        missing = [t for t in tasks if not (results_dir / t / SUMMARY_NAME).is_file()]
+        if missing:
+            stages = ", ".join(f"'dvc repro finetune@{t}'" for t in missing)
+            raise FileNotFoundError(
+                f"no {SUMMARY_NAME} under {results_dir} for task(s) {missing}: run {stages}"
+            )
+        paths = [results_dir / t / SUMMARY_NAME for t in sorted(tasks)]
+    else:
+        paths = sorted(results_dir.glob(f"*/{SUMMARY_NAME}"))
     found = {}
-    for path in sorted(results_dir.glob(f"*/{SUMMARY_NAME}")):
+    for path in paths:
         result = FinetuneResult.load(path)
         found[result.task] = result
     if not found:

@@ -197,7 +197,7 @@ def run_trial(
     n_train = len(data.train.features)
     steps_per_epoch = math.ceil(n_train / settings.batch_size)
     max_steps = max(1, math.ceil(settings.epochs * steps_per_epoch))
-    eval_every = max(1, steps_per_epoch // settings.evals_per_epoch)
+    eval_every = max(1, math.ceil(steps_per_epoch / settings.evals_per_epoch))
     loader = make_loader(data.train.features, settings.batch_size, shuffle=True, seed=seed,
                          group_by_length=settings.group_by_length)  # fmt: skip
     config = TrainConfig(

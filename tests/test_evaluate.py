@@ -1,0 +1,113 @@
+"""The evaluate stage: summary metrics (GLUE average without WNLI, gaps, spread), references, the report."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+
+from bert_core.finetune.evaluate import evaluate_results, summarize
+from bert_core.finetune.references import HF_BASE_CASED_DEV, REFERENCES, glue_average
+from bert_core.finetune.results import FinetuneResult, TrialResult
+
+TINY = {"source": "models/pretrained", "num_hidden_layers": 2, "hidden_size": 128, "preset": "tiny"}
+
+
+def _trial(init, lr, seed, dev, **kw) -> TrialResult:
+    history = [{"step": s, "epoch": s / 10, "loss": 1.0 / s, "learning_rate": lr} for s in range(1, 11)]
+    evals = [{"step": 10, "epoch": 1.0, **dev}]
+    return TrialResult(init, lr, seed, dev, history=history, evals=evals, train_examples=320, train_seconds=2.0,
+                       steps=10, epochs=1.0, **kw)  # fmt: skip
+
+
+def _write(results_dir, result: FinetuneResult) -> None:
+    path = results_dir / result.task / "summary.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(result.to_json()))
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    root = tmp_path / "results"
+    _write(root, FinetuneResult("mnli", "classification", "accuracy", TINY, [
+        _trial("pretrained", 1e-4, 1, {"accuracy": 60.0}, other_splits={"dev_mismatched": {"accuracy": 62.0}}),
+    ]))  # fmt: skip
+    _write(root, FinetuneResult("sst2", "classification", "accuracy", TINY, [
+        _trial("pretrained", 1e-4, 1, {"accuracy": 80.0}),
+        _trial("pretrained", 3e-4, 1, {"accuracy": 82.0}),
+        _trial("random", 1e-4, 1, {"accuracy": 70.0}),
+        _trial("random", 3e-4, 1, {"accuracy": 65.0}),
+    ]))  # fmt: skip
+    _write(root, FinetuneResult("cola", "classification", "matthews_corr", TINY, [
+        _trial("pretrained", 1e-4, 1, {"matthews_corr": 10.0}),
+        _trial("pretrained", 1e-4, 2, {"matthews_corr": 20.0}),
+        _trial("pretrained", 3e-4, 1, {"matthews_corr": float("nan")}),  # undefined: never selected
+    ]))  # fmt: skip
+    _write(root, FinetuneResult("wnli", "classification", "accuracy", TINY, [
+        _trial("pretrained", 1e-4, 1, {"accuracy": 0.0}),
+    ]))  # fmt: skip
+    _write(root, FinetuneResult("squad_v1", "span_qa", "f1", TINY, [
+        _trial("pretrained", 1e-4, 1, {"f1": 30.0, "exact_match": 20.0}),
+    ]))  # fmt: skip
+    return root
+
+
+def test_published_glue_averages_match_the_paper():
+    for size, expected in (("base", 79.6), ("large", 82.1)):
+        ref = REFERENCES[size]
+        avg, rows = glue_average({r: next(iter(ref.scores[r].values())) for r in ref.scores})
+        assert len(rows) == 9 and round(avg, 1) == expected
+    assert (
+        REFERENCES["tiny"].scores["sst2"]["accuracy"] == 83.2
+        and REFERENCES["tiny"].scores["cola"]["matthews_corr"] == 0.0
+    )
+    assert HF_BASE_CASED_DEV["wnli"]["accuracy"] == 56.3
+
+
+def test_summary_metrics(results_dir, tmp_path):
+    metrics, paths = evaluate_results(
+        results_dir, tmp_path / "metrics" / "evaluate.json", tmp_path / "reports"
+    )
+    # GLUE average: mnli, mnli_mm, sst2, cola (WNLI excluded); cola's selected trial is the best seed (20)
+    assert metrics["glue.average"] == pytest.approx((60.0 + 62.0 + 82.0 + 20.0) / 4)
+    assert metrics["glue.tasks"] == 4
+    assert metrics["glue.reference_average"] == pytest.approx((70.2 + 70.3 + 83.2 + 0.0) / 4)
+    assert metrics["wnli.accuracy"] == 0.0 and metrics["squad_v1.f1"] == 30.0
+    assert metrics["gap.sst2.accuracy"] == pytest.approx(82.0 - 70.0)
+    assert metrics["random_init.sst2.accuracy"] == 70.0 and metrics["gap.mean"] == pytest.approx(12.0)
+    assert metrics["cola.matthews_corr_std"] == pytest.approx(7.0710678)
+    assert metrics["mnli_mm.accuracy"] == 62.0 and metrics["tasks"] == 5
+    on_disk = json.loads(paths["metrics"].read_text())
+    assert on_disk == pytest.approx(metrics) and all(isinstance(v, float) for v in on_disk.values())
+
+
+def test_report_renders_with_plots(results_dir, tmp_path):
+    _, paths = evaluate_results(results_dir, tmp_path / "evaluate.json", tmp_path / "reports")
+    html = paths["html"].read_text()
+    images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
+    assert len(images) == 3
+    assert all(base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n" for img in images)
+    assert "GLUE average" in html and "BERT-Tiny (Turc et al. 2019)" in html
+    md = paths["markdown"].read_text()
+    for link in re.findall(r"\]\((evaluate/[a-z_]+\.png)\)", md):
+        assert (tmp_path / "reports" / link).read_bytes()[:4] == b"\x89PNG"
+    assert md.count(".png)") == 3 and "| sst2 | accuracy | 82.0 |" in md
+
+
+def test_task_filter_reference_choice_and_errors(results_dir, tmp_path):
+    summary = summarize(results_dir, tasks=["sst2", "wnli"], reference_size="base")
+    assert sorted(summary.results) == ["sst2", "wnli"] and summary.reference is REFERENCES["base"]
+    sst2 = next(r for r in summary.rows if r.name == "sst2")
+    assert sst2.reference == 93.5 and sst2.reference_split == "test"
+    assert summarize(results_dir, reference_size="none").reference is None
+    with pytest.raises(FileNotFoundError, match=r"dvc repro finetune@rte"):
+        summarize(results_dir, tasks=["sst2", "rte"])
+    with pytest.raises(FileNotFoundError, match="run the finetune stages"):
+        summarize(tmp_path / "nothing")
+    bad = results_dir / "qqp" / "summary.json"
+    bad.parent.mkdir()
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=r"qqp/summary\.json"):
+        summarize(results_dir)

@@ -1,0 +1,61 @@
+"""Fine-tuning params: the shipped YAML parses, per-task settings merge in order, errors name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bert_core.finetune.params import PAPER_LEARNING_RATES, EvaluateParams, FinetuneParams
+from bert_core.params import ParamsError, load_params, parse_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_params_parse_and_run_offline(shared_data):
+    from bert_core.tasks import load_task_split
+
+    params = load_params(REPO / "params" / "finetune.yaml", "finetune", FinetuneParams)
+    load_params(REPO / "params" / "evaluate.yaml", "evaluate", EvaluateParams)
+    assert params.tasks, "the default profile fine-tunes at least one task"
+    assert any(params.for_task(t).random_init_baseline for t in params.tasks), "a random-init baseline runs"
+    for task in params.tasks:  # the default profile must run offline against shared/data
+        for split in ("train", "dev"):
+            assert load_task_split(task, split, data_root=shared_data, limit=1)
+
+
+def test_paper_protocol_is_the_code_default():
+    settings = FinetuneParams().for_task("sst2")
+    assert (settings.batch_size, settings.epochs, settings.warmup_ratio) == (32, 3.0, 0.1)
+    assert tuple(settings.learning_rates) == PAPER_LEARNING_RATES and settings.seeds == [1]
+    assert FinetuneParams().for_task("mrpc").seeds == [1, 2, 3]  # small tasks: several restarts
+
+
+def test_override_order():
+    params = parse_params(
+        {
+            "defaults": {"train_limit": 100, "seeds": [7]},
+            "small_task_seeds": [1, 2],
+            "tasks": {"rte": {"epochs": 2}, "cola": {"seeds": [5]}, "sst2": {"max_grad_norm": None}},
+        },
+        FinetuneParams,
+    )
+    assert params.for_task("rte").seeds == [1, 2] and params.for_task("rte").epochs == 2.0
+    assert params.for_task("cola").seeds == [5]  # the task's own seeds win over small_task_seeds
+    assert params.for_task("sst2").seeds == [7] and params.for_task("sst2").max_grad_norm is None
+    assert params.for_task("qnli").train_limit == 100
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"tasks": {"sst3": {}}}, "unknown task"),
+        ({"tasks": {"sst2": {"learning_rate": 1e-4}}}, "finetune.tasks.sst2.learning_rate"),
+        ({"defaults": {"learning_rates": [0.0]}}, "learning rates must be > 0"),
+        ({"defaults": {"seeds": [1, 1]}}, "seeds must be distinct"),
+        ({"model": {"init": "scratch"}}, "finetune.model.init"),
+    ],
+)
+def test_bad_params_name_the_key(data, message):
+    with pytest.raises(ParamsError, match=message):
+        parse_params(data, FinetuneParams, where="params/finetune.yaml", prefix="finetune")

@@ -1,0 +1,159 @@
+"""MLflow side of fine-tuning: model sources from the registry, the champion alias, the stage flows.
+
+Every test runs against its own SQLite MLflow store (the autouse fixture in conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from bert_core.finetune.tracking import (
+    FINGERPRINT_TAG,
+    fingerprint,
+    register_if_better,
+    resolve_model_source,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(shared_data, tmp_path_factory) -> Path:
+    from bert_core.config import BertConfig
+    from bert_core.model import BertForPreTraining
+
+    path = tmp_path_factory.mktemp("pretrained") / "model"
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64)  # fmt: skip
+    torch.manual_seed(0)
+    BertForPreTraining(config).save_pretrained(path)
+    shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
+    return path
+
+
+def _run_id() -> str:
+    import mlflow
+
+    mlflow.set_experiment("test")
+    with mlflow.start_run() as run:
+        return run.info.run_id
+
+
+def test_alias_moves_only_on_improvement(tmp_path):
+    from mlflow import MlflowClient
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    client = MlflowClient()
+    outcomes = []
+    for value in (50.0, 40.0, 50.0, 60.0, float("nan")):
+        reg = register_if_better(model, name="bert-sst2", run_id=_run_id(), metric_key="dev.accuracy", value=value,
+                                 alias="champion", tags={"task": "sst2"})  # fmt: skip
+        outcomes.append((reg.version, reg.alias_moved))
+        champion = client.get_model_version_by_alias("bert-sst2", "champion")
+        assert str(champion.version) == [v for v, moved in outcomes if moved][-1]
+    assert outcomes == [("1", True), ("2", False), ("3", False), ("4", True), ("5", False)]
+    v2 = client.get_model_version("bert-sst2", "2")
+    assert v2.tags["dev.accuracy"] == "40.0" and v2.tags["selection_metric"] == "dev.accuracy"
+    assert v2.tags["task"] == "sst2"
+
+
+def test_resolve_local_and_registry_sources(tiny_model, tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    local = resolve_model_source(str(tiny_model), tmp_path / "dl")
+    assert local.path == tiny_model and local.info["sha"] == fingerprint(tiny_model)
+    assert "model_version" not in local.info
+    with pytest.raises(FileNotFoundError, match="dvc repro pretrain"):
+        resolve_model_source(str(tmp_path / "missing"), tmp_path / "dl")
+
+    client = MlflowClient()
+    client.create_registered_model("bert-pretrained")
+    mlflow.set_experiment("pretrain")
+    for _ in range(2):
+        with mlflow.start_run() as run:
+            mlflow.log_artifacts(str(tiny_model), "model")
+        mv = client.create_model_version("bert-pretrained", source=f"runs:/{run.info.run_id}/model",
+                                         run_id=run.info.run_id, tags={FINGERPRINT_TAG: fingerprint(tiny_model)})  # fmt: skip
+    client.set_registered_model_alias("bert-pretrained", "champion", "1")
+    for uri, version in (("models:/bert-pretrained@champion", "1"), ("models:/bert-pretrained/1", "1"),
+                         ("models:/bert-pretrained@latest", "2"), ("models:/bert-pretrained/latest", "2")):  # fmt: skip
+        resolved = resolve_model_source(uri, tmp_path / f"dl{version}{len(uri)}")
+        assert (resolved.path / "config.json").is_file() and (resolved.path / "vocab.txt").is_file()
+        assert resolved.info["model"] == "bert-pretrained" and resolved.info["model_version"] == version
+        assert resolved.info["sha"] == fingerprint(tiny_model)
+    # a local copy of a registered model is recognised by its fingerprint tag
+    assert resolve_model_source(str(tiny_model), tmp_path / "dl").info["model_version"] == str(mv.version)
+    with pytest.raises(ValueError, match="not found in the MLflow registry"):
+        resolve_model_source("models:/bert-pretrained@nope", tmp_path / "dl")
+    with pytest.raises(ValueError, match="not a registry URI"):
+        resolve_model_source("models:/a/b/c", tmp_path / "dl")
+
+
+def _params_file(tmp_path: Path, model: Path) -> Path:
+    path = tmp_path / "finetune.yaml"
+    path.write_text(
+        f"""finetune:
+  model: {{source: {model}}}
+  defaults: {{train_limit: 24, eval_limit: 16, test_limit: 8, learning_rates: [1.0e-3], epochs: 1,
+              batch_size: 8, max_seq_length: 64}}
+  small_task_seeds: [1]
+  data_checks: true
+  tasks:
+    sst2: {{random_init_baseline: true}}
+"""
+    )
+    return path
+
+
+def test_finetune_and_evaluate_flows_record_everything(tiny_model, shared_data, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from flows._stage import FINETUNE_EXPERIMENT
+    from flows.evaluate import evaluate_flow
+    from flows.finetune import finetune_flow
+
+    monkeypatch.setenv("BERT_DATA_ROOT", str(shared_data))
+    params = _params_file(tmp_path, tiny_model)
+    results = tmp_path / "results" / "finetune"
+    metrics = finetune_flow.fn("sst2", str(params), out_dir=str(results / "sst2"),
+                               model_out=str(tmp_path / "models" / "sst2"),
+                               metrics_path=str(tmp_path / "metrics" / "sst2.json"))  # fmt: skip
+    assert json.loads((tmp_path / "metrics" / "sst2.json").read_text()) == pytest.approx(metrics)
+    assert {"dev.accuracy", "random_init.dev.accuracy", "gap.dev.accuracy"} <= set(metrics)
+
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(FINETUNE_EXPERIMENT)
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    trials = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(trials) == 2
+    parent = parents[0]
+    assert parent.data.tags["task"] == "sst2" and parent.data.tags["git_commit"]
+    assert parent.data.tags["pretrained_sha"] == fingerprint(tiny_model)
+    assert parent.data.metrics["dev.accuracy"] == pytest.approx(metrics["dev.accuracy"])
+    assert "checks.task-sst2-train.failed" in parent.data.metrics
+    for trial in trials:  # the same metric keys in every trial run, tagged for comparison
+        assert trial.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert {"dev.accuracy", "train.loss", "train.examples_per_second"} <= set(trial.data.metrics)
+        assert trial.data.tags["task"] == "sst2" and trial.data.tags["init"] in ("pretrained", "random")
+        assert trial.data.tags["pipeline_run_id"] == parent.data.tags["pipeline_run_id"]
+    champion = client.get_model_version_by_alias("bert-sst2", "champion")
+    assert champion.run_id == parent.info.run_id
+    assert float(champion.tags["dev.accuracy"]) == pytest.approx(metrics["dev.accuracy"])
+
+    eval_params = tmp_path / "evaluate.yaml"
+    eval_params.write_text(f"evaluate: {{results_dir: {results}, report_dir: {tmp_path / 'reports'}}}\n")
+    summary = evaluate_flow.fn(
+        str(eval_params), str(params), metrics_path=str(tmp_path / "metrics" / "evaluate.json")
+    )
+    assert summary["sst2.accuracy"] == pytest.approx(metrics["dev.accuracy"])
+    assert summary["gap.sst2.accuracy"] == pytest.approx(metrics["gap.dev.accuracy"])
+    assert (tmp_path / "reports" / "evaluate.html").is_file() and (
+        tmp_path / "reports" / "evaluate" / "scores.png"
+    ).is_file()
