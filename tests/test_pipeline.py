@@ -128,6 +128,8 @@ from flows._dvc import workspace_lock
 with workspace_lock(sys.argv[1], holder="holder-one", timeout_s=5):
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))
+    released = time.time()
+print(f"released {released}", flush=True)
 """
 
 
@@ -144,7 +146,9 @@ def test_workspace_lock_queues_and_names_the_holder(tmp_path):
             pass
         waits: list[str] = []
         with _dvc.workspace_lock(tmp_path, holder="two", timeout_s=60, poll_s=0.1, on_wait=waits.append):
-            assert proc.poll() is not None  # we got it only after the holder finished
+            acquired = time.time()
+        released = float(proc.stdout.readline().split()[1])
+        assert acquired >= released  # we got it only after the holder let go
         assert waits and "holder-one" in waits[0]
     finally:
         proc.kill()
@@ -220,7 +224,19 @@ def _write(path: Path, text: str):
     return lambda: (path.parent.mkdir(parents=True, exist_ok=True), path.write_text(text))
 
 
-async def _task_states(flow_run_id):
+def _task_states(flow_run_id, expected: dict[str, str]):
+    """Task run states arrive through Prefect's event pipeline, a moment after the flow returns: poll."""
+    import asyncio
+
+    deadline = time.monotonic() + 60
+    while True:
+        tasks, artifacts = asyncio.run(_read_states(flow_run_id))
+        if tasks == expected or time.monotonic() > deadline:
+            return tasks, artifacts
+        time.sleep(0.5)
+
+
+async def _read_states(flow_run_id):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         ArtifactFilter,
@@ -240,8 +256,6 @@ async def _task_states(flow_run_id):
 
 
 def test_flow_follows_stages(harness, scripted, repo):
-    import asyncio
-
     install, calls = scripted
     install(
         [
@@ -269,8 +283,9 @@ def test_flow_follows_stages(harness, scripted, repo):
     }
     assert result["stages"]["finetune@sst2"]["metrics"] == {"dev": {"accuracy": 81.5}}
     assert result["pipeline_run_id"] == str(state.state_details.flow_run_id)
-    tasks, artifacts = asyncio.run(_task_states(state.state_details.flow_run_id))
-    assert tasks == {"prepare": "Cached", "finetune@sst2": "Completed", "evaluate": "Completed"}
+    expected = {"prepare": "Cached", "finetune@sst2": "Completed", "evaluate": "Completed"}
+    tasks, artifacts = _task_states(state.state_details.flow_run_id, expected)
+    assert tasks == expected
     assert "| dev.accuracy | 81.5 |" in artifacts["pipeline-finetune-sst2"]
     assert (
         "| finetune@sst2 | ran |" in artifacts["pipeline-summary"]
@@ -282,8 +297,6 @@ def test_flow_follows_stages(harness, scripted, repo):
 
 
 def test_flow_reports_the_failed_stage(harness, scripted, repo):
-    import asyncio
-
     install, calls = scripted
     install(
         [
@@ -301,7 +314,7 @@ def test_flow_reports_the_failed_stage(harness, scripted, repo):
     assert calls[0] == ["repro"]
     # dvc repro mode writes the profile into the params files first.
     assert yaml.safe_load((repo / "params" / "pretrain.yaml").read_text())["pretrain"]["max_steps"] == 5
-    tasks, artifacts = asyncio.run(_task_states(state.state_details.flow_run_id))
+    tasks, artifacts = _task_states(state.state_details.flow_run_id, {"prepare": "Failed"})
     assert tasks == {"prepare": "Failed"}
     assert "FAILED" in artifacts["pipeline-summary"]
 
