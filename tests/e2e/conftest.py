@@ -132,15 +132,22 @@ class Served:
                     )
                 time.sleep(2)
 
-    def task_runs(self, flow_run_id: Any) -> dict[str, Any]:
+    def task_states(self, flow_run_id: Any, expected: dict[str, str] | None = None) -> dict[str, str]:
+        """Task run name -> state name. Task states reach the server as events, a moment after the flow
+        run ends: with ``expected``, poll (bounded) until they match."""
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+        deadline = time.monotonic() + 60
         with self.settings(), get_client(sync_client=True) as client:
-            runs = client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-            )
-        return {r.name: r for r in runs}
+            while True:
+                runs = client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+                )
+                states = {r.name: r.state.name for r in runs if r.state is not None}
+                if expected is None or states == expected or time.monotonic() > deadline:
+                    return states
+                time.sleep(1)
 
     def artifacts(self, flow_run_id: Any) -> dict[str, str]:
         from prefect.client.orchestration import get_client
