@@ -90,6 +90,7 @@ def machine_info() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "loadavg_1m": round(os.getloadavg()[0], 2),  # other processes on a shared machine skew timings
     }
     try:
         import transformers

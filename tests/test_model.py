@@ -294,3 +294,29 @@ def test_heads_are_initialised_like_transformers(cls, head):
     layer = cls(config).get_submodule(head)
     assert torch.all(layer.bias == 0)  # nn.Linear's own default init would not give zeros
     assert abs(layer.weight.std().item() - config.initializer_range) < 0.005
+
+
+def test_bf16_autocast_forward_and_backward(config, batch):
+    model = BertForPreTraining(config)
+    labels = mlm_labels(batch["input_ids"], [(0, 1), (4, 4)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(**batch, labels=labels, next_sentence_label=torch.zeros(B, dtype=torch.long))
+    assert out.masked_lm_logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu(config, batch):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    model = BertForPreTraining(config).eval()
+    labels = mlm_labels(batch["input_ids"], [(0, 1), (4, 4)])
+    with torch.no_grad():
+        cpu = model(**batch, labels=labels)
+        model.cuda()
+        gpu = model(**{k: v.cuda() for k, v in batch.items()}, labels=labels.cuda())
+    torch.testing.assert_close(gpu.masked_lm_logits.cpu(), cpu.masked_lm_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        gpu.seq_relationship_logits.cpu(), cpu.seq_relationship_logits, atol=1e-4, rtol=1e-4
+    )
