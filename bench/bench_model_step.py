@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -131,6 +132,9 @@ def main(argv: list[str] | None = None) -> dict:
         "ours_s": median(times["ours"]),
         "transformers_s": median(times["transformers"]),
         "speedup": median(speedup),
+        "speedup_iqr": [round(q, 3) for q in statistics.quantiles(speedup, n=4)[::2]]
+        if len(speedup) > 1
+        else None,
         "ours_tok_s": tokens / median(times["ours"]),
         "transformers_tok_s": tokens / median(times["transformers"]),
         "attn_impl": theirs.config._attn_implementation,
