@@ -18,18 +18,22 @@ def split_long(sentence: str, max_chars: int) -> list[str]:
     """
     if len(sentence) <= max_chars:
         return [sentence]
+    # An index walks the sentence: slicing off the remainder at every cut would copy it each time,
+    # quadratic in its length (minutes for one 50 MB line).
     out = []
-    rest = sentence
-    while len(rest) > max_chars:
-        cut = rest.rfind(" ", 0, max_chars + 1)
-        if cut <= 0:
-            cut = max_chars
-        piece = rest[:cut].strip()
+    start, end = 0, len(sentence)
+    while end - start > max_chars:
+        cut = sentence.rfind(" ", start, start + max_chars + 1)
+        if cut <= start:
+            cut = start + max_chars
+        piece = sentence[start:cut].strip()
         if piece:
             out.append(piece)
-        rest = rest[cut:].lstrip()
-    if rest:
-        out.append(rest)
+        start = cut
+        while start < end and sentence[start].isspace():
+            start += 1
+    if start < end:
+        out.append(sentence[start:])
     return out
 
 
