@@ -84,9 +84,9 @@ def test_unknown_optimizer_is_refused():
 
 
 def test_schedule_warmup_then_linear_decay_by_steps():
-    s = LinearWarmupDecay(peak_lr=1.0, total=10, warmup=4)
-    lrs = [s.lr_for_step(i, 0.0) for i in range(10)]
-    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    s = LinearWarmupDecay.from_warmup_steps(1.0, max_steps=10, warmup_steps=4)
+    lrs = [s.lr_for_step(i) for i in range(10)]
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert lrs[4] == pytest.approx(1.0)  # first decay step is still at the peak
     assert lrs[-1] == pytest.approx(1 / 6)
     assert all(a > b for a, b in itertools.pairwise(lrs[4:]))
@@ -94,7 +94,7 @@ def test_schedule_warmup_then_linear_decay_by_steps():
 
 
 def test_schedule_follows_the_time_budget():
-    s = LinearWarmupDecay(peak_lr=2.0, total=600.0, warmup=60.0, by_time=True)
+    s = LinearWarmupDecay(peak_lr=2.0, budget_s=600.0, warmup=0.1)
     assert s.lr_for_step(0, 30.0) == pytest.approx(1.0)  # half-way through warmup
     assert s.lr_for_step(999, 60.0) == pytest.approx(2.0)  # steps do not matter, time does
     assert s.lr_for_step(5, 330.0) == pytest.approx(1.0)
@@ -102,14 +102,23 @@ def test_schedule_follows_the_time_budget():
     assert s.lr_for_step(5, 900.0) == 0.0  # past the budget: clamped
 
 
+def test_with_steps_and_budget_the_schedule_follows_the_limit_that_is_closer():
+    s = LinearWarmupDecay(peak_lr=1.0, max_steps=100, budget_s=100.0, warmup=0.0)
+    assert s.lr_for_step(10, 50.0) == pytest.approx(0.5)  # time is further along
+    assert s.lr_for_step(80, 50.0) == pytest.approx(0.2)  # steps are further along
+
+
 @pytest.mark.parametrize(
     ("kw", "msg"),
-    [({"total": 10, "warmup": 10}, "shorter than the run"), ({"total": 0, "warmup": 0}, "> 0"),
-     ({"total": 10, "warmup": -1}, ">= 0")],
+    [({"max_steps": 10, "warmup": 1.0}, "shorter than the run"), ({"max_steps": 0}, "max_steps must be >= 1"),
+     ({"budget_s": -1.0}, "budget must be > 0"), ({}, "max_steps, a time budget, or both"),
+     ({"max_steps": 10, "warmup": -0.1}, ">= 0")],
 )  # fmt: skip
 def test_schedule_rejects_impossible_settings(kw, msg):
     with pytest.raises(ValueError, match=msg):
         LinearWarmupDecay(peak_lr=1e-4, **kw)
+    with pytest.raises(ValueError, match="less than max_steps"):
+        LinearWarmupDecay.from_warmup_steps(1e-4, 10, 10)
 
 
 def test_flops_formula_by_hand():

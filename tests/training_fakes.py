@@ -2,8 +2,8 @@
 
 The loader follows the ``PretrainingLoader`` protocol (re-iterable, continues where it stopped,
 ``state_dict`` / ``load_state_dict``, rank/world_size sharding by interleaving global batches), and
-its "language" is learnable: each sequence counts up from a random start modulo the vocabulary, and
-sentence B either continues the count (IsNext) or starts elsewhere (NotNext).
+its "language" is learnable: sentence A repeats one word ``w`` and sentence B repeats ``w + 1``
+(IsNext) or a random word (NotNext).
 
 Run as a script it trains once and writes the final weights; the fault tests start it as a
 subprocess and kill it (``python tests/training_fakes.py --help``).
@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -90,12 +91,10 @@ class FakePretrainLoader:
         n_words = VOCAB - SPECIAL
         start_a = torch.randint(0, n_words, (b, 1), generator=g)
         nsp = torch.randint(0, 2, (b,), generator=g)
-        start_b = torch.where(
-            nsp[:, None] == 0, start_a + half, torch.randint(0, n_words, (b, 1), generator=g)
-        )
-        ar = torch.arange(half)[None, :]
-        a = (start_a + ar) % n_words + SPECIAL
-        bb = (start_b + ar) % n_words + SPECIAL
+        start_b = torch.where(nsp[:, None] == 0, start_a + 1, torch.randint(0, n_words, (b, 1), generator=g))
+        zero = torch.zeros(1, half, dtype=torch.long)
+        a = (start_a + zero) % n_words + SPECIAL  # sentence A repeats one word
+        bb = (start_b + zero) % n_words + SPECIAL  # B repeats the next word (IsNext) or a random one
         ids = torch.cat(
             [torch.full((b, 1), CLS), a, torch.full((b, 1), SEP), bb, torch.full((b, 1), SEP)], dim=1
         )
@@ -144,9 +143,9 @@ class FakePretrainLoader:
 
 
 def heldout(batch_size: int = 16, n: int = 4, rank: int = 0, world_size: int = 1):
-    """Factory of fresh held-out loaders (a different seed from training)."""
+    """Factory of fresh held-out loaders: ``n`` batches in all, shared among the ranks (seed 999)."""
     return lambda: FakePretrainLoader(
-        batch_size=batch_size, batches_per_epoch=n * world_size, rank=rank, world_size=world_size, seed=999
+        batch_size=batch_size, batches_per_epoch=n, rank=rank, world_size=world_size, seed=999
     )
 
 
@@ -162,6 +161,7 @@ def run(
     seed: int = 0,
     on_micro=None,
     on_metrics=None,
+    dist=None,
     **config_kw,
 ):
     """One deterministic CPU training run of the tiny model on the fake data; returns (model, result)."""
@@ -175,7 +175,8 @@ def run(
             return inner(m, batch)
 
         task.step = step  # type: ignore[method-assign]
-    loader = FakePretrainLoader(batch_size=micro, seed=seed)
+    rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+    loader = FakePretrainLoader(batch_size=micro, seed=seed, rank=rank, world_size=world)
     cfg = TrainConfig(
         max_steps=max_steps,
         lr=lr,
@@ -189,8 +190,8 @@ def run(
         **config_kw,
     )
     trainer = Trainer(
-        model, task, loader, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout(), on_metrics=on_metrics,
-        fingerprint="fake-v1",
+        model, task, loader, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout(rank=rank, world_size=world),
+        on_metrics=on_metrics, fingerprint="fake-v1", dist=dist,
     )  # fmt: skip
     return model, trainer.fit()
 
@@ -206,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--signal", default="SIGKILL")
     ap.add_argument("--kill-in-save", type=int, default=-1, help="SIGKILL inside the N-th checkpoint save")
+    ap.add_argument("--sleep-per-micro", type=float, default=0.0, help="slow down (for external signals)")
+    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--accum", type=int, default=2)
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--ddp", action="store_true", help="join the torchrun process group (gloo)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     sig = getattr(signal, args.signal)
@@ -213,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_micro() -> None:
         calls["micro"] += 1
+        if args.sleep_per_micro:
+            time.sleep(args.sleep_per_micro)
         if calls["micro"] == args.signal_at_micro:
             os.kill(os.getpid(), sig)
 
@@ -229,11 +237,26 @@ def main(argv: list[str] | None = None) -> int:
                     os.kill(os.getpid(), signal.SIGKILL)
 
         ckpt_mod.torch.save = save  # type: ignore[assignment]
+    dist = None
+    if args.ddp:
+        from bert_core.training.distributed import setup_distributed
+
+        dist = setup_distributed("cpu")
     try:
-        model, result = run(args.ckpt, max_steps=args.max_steps, on_micro=on_micro)
+        model, result = run(
+            args.ckpt, max_steps=args.max_steps, on_micro=on_micro, micro=args.micro, accum=args.accum,
+            dropout=args.dropout, dist=dist,
+        )  # fmt: skip
     except TrainingInterrupted as exc:
         print(f"interrupted: {exc}", flush=True)
         return exc.exit_code
+    finally:
+        if dist is not None:
+            from bert_core.training.distributed import teardown_distributed
+
+            teardown_distributed()
+    if dist is not None and not dist.is_main:
+        return 0
     from safetensors.torch import save_model
 
     args.out.mkdir(parents=True, exist_ok=True)

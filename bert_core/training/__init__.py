@@ -3,7 +3,7 @@
 Public API (import from here):
 
 - :class:`Trainer`, :class:`TrainConfig`, :class:`Task`, :class:`StepOutput`, :class:`FitResult`,
-  :class:`TrainingInterrupted`, :class:`NonFiniteLossError` (``loop``)
+  :class:`TrainingInterrupted`, :class:`NonFiniteLossError` (``loop``, ``config``, ``task``)
 - :func:`build_optimizer`, :func:`param_groups`, :class:`Lamb` (``optim``)
 - :class:`LinearWarmupDecay` (``schedule``)
 - :class:`DistContext`, :func:`setup_distributed`, :func:`teardown_distributed` (``distributed``)
@@ -13,19 +13,13 @@ Public API (import from here):
 """
 
 from bert_core.training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig, TrainingInterrupted
 from bert_core.training.distributed import DistContext, setup_distributed, teardown_distributed
 from bert_core.training.flops import bert_train_flops, mfu, peak_tflops
-from bert_core.training.loop import (
-    FitResult,
-    NonFiniteLossError,
-    StepOutput,
-    Task,
-    TrainConfig,
-    Trainer,
-    TrainingInterrupted,
-)
+from bert_core.training.loop import Trainer
 from bert_core.training.optim import Lamb, build_optimizer, param_groups
 from bert_core.training.schedule import LinearWarmupDecay
+from bert_core.training.task import StepOutput, Task
 from bert_core.training.tracking import RetryingSink, fan_out, mlflow_sink
 
 __all__ = [

@@ -40,6 +40,7 @@ leaving the last good checkpoint as the newest.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -47,220 +48,31 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from bert_core.training import checkpoint as ckpt
+from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig, TrainingInterrupted
 from bert_core.training.distributed import DistContext, resolve_device
 from bert_core.training.flops import mfu, peak_tflops
 from bert_core.training.optim import build_optimizer
-from bert_core.training.schedule import LinearWarmupDecay
+from bert_core.training.task import StepOutput, Task
 from bert_core.training.tracking import MetricsCallback
 
 log = logging.getLogger(__name__)
 
-Precision = Literal["auto", "fp32", "bf16", "fp16"]
-
-
-# ====================================================================== task protocol
-@dataclass
-class StepOutput:
-    """What a task returns for one micro-batch.
-
-    Attributes:
-        loss: scalar the optimizer minimises (mean over the micro-batch); ``backward()`` is called on it.
-        stats: summable statistics (e.g. correct predictions and counts), scalars or fixed-shape
-            tensors; the loop sums them over micro-batches, steps and ranks and hands the sums to
-            :meth:`Task.summarize`. Detach them.
-    """
-
-    loss: Tensor
-    stats: dict[str, Tensor] = field(default_factory=dict)
-
-
-class Task:
-    """The objective: computes the loss and metrics of a batch. Subclass and override ``step``."""
-
-    def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
-        """Forward one micro-batch (already on the device) in training mode; return loss and stats."""
-        raise NotImplementedError
-
-    def eval_step(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Tensor]:
-        """Stats of one evaluation batch (under ``no_grad``, model in eval mode). Default: ``step``'s stats."""
-        return self.step(model, batch).stats
-
-    def summarize(self, sums: dict[str, Tensor]) -> dict[str, float]:
-        """Turn summed stats into metrics. Default: the sums themselves (scalars only)."""
-        return {k: float(v) for k, v in sums.items() if v.numel() == 1}
-
-    def count(self, batch: dict[str, Any]) -> tuple[int, int]:
-        """(sequences, tokens) in a CPU batch, for throughput. Default: from ``input_ids``."""
-        ids = batch["input_ids"]
-        return int(ids.shape[0]), int(ids.numel())
-
-    def flops(self, batch: dict[str, Any]) -> float | None:
-        """Training FLOPs of a CPU batch (forward + backward), for MFU; None when unknown."""
-        return None
-
-
-# ====================================================================== config and results
-@dataclass(frozen=True)
-class TrainConfig:
-    """How to train (what to train on is the Task's and the loader's business).
-
-    Attributes:
-        max_steps: optimizer steps to run; with ``time_budget_s`` too, whichever comes first.
-        time_budget_s: wall-clock budget of the training loop in seconds; the schedule then follows
-            ``elapsed / budget`` and ``warmup_ratio`` is the warmup share of the budget.
-        lr: peak learning rate.
-        warmup_steps: warmup length in steps (step mode only).
-        warmup_ratio: warmup as a share of the run (steps or budget). At most one of the two warmups.
-        weight_decay: decay of weight matrices (biases and LayerNorm never decay).
-        optimizer: "adamw" (fused where available) or "lamb".
-        betas, eps: Adam coefficients.
-        max_grad_norm: clip the global gradient norm to this; None = no clipping (norm still logged).
-        grad_accum: micro-batches per optimizer step on each rank.
-        precision: "auto" (bf16 on a GPU that has it, else fp32), "fp32", "bf16", "fp16" (+ loss scaling).
-        compile: wrap the model in ``torch.compile``.
-        checkpoint_every: steps between checkpoints (0 = only the final one).
-        keep_last: checkpoints kept.
-        eval_every: steps between evaluations (0 = only at the end).
-        max_eval_batches: evaluate on at most this many batches per rank (None = all).
-        log_every: steps between metric logs.
-        seed: base seed (rank r uses seed + r for its RNGs; the caller seeds model init itself).
-        deterministic: ``torch.use_deterministic_algorithms(True)`` (exact resume on CPU).
-        device: "auto", "cpu" or "cuda" (ignored when a DistContext is given).
-        resume: continue from the newest checkpoint in ``checkpoint_dir`` if there is one.
-    """
-
-    max_steps: int | None = None
-    time_budget_s: float | None = None
-    lr: float = 1e-4
-    warmup_steps: int | None = None
-    warmup_ratio: float | None = None
-    weight_decay: float = 0.01
-    optimizer: Literal["adamw", "lamb"] = "adamw"
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-6
-    max_grad_norm: float | None = 1.0
-    grad_accum: int = 1
-    precision: Precision = "auto"
-    compile: bool = False
-    checkpoint_every: int = 0
-    keep_last: int = 2
-    eval_every: int = 0
-    max_eval_batches: int | None = None
-    log_every: int = 10
-    seed: int = 0
-    deterministic: bool = False
-    device: str = "auto"
-    resume: bool = True
-
-    def __post_init__(self) -> None:
-        if self.max_steps is None and self.time_budget_s is None:
-            raise ValueError("TrainConfig needs max_steps or time_budget_s (or both)")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.time_budget_s is not None and self.time_budget_s <= 0:
-            raise ValueError(f"time_budget_s must be > 0, got {self.time_budget_s}")
-        if self.warmup_steps is not None and self.warmup_ratio is not None:
-            raise ValueError("give warmup_steps or warmup_ratio, not both")
-        if self.time_budget_s is not None and self.warmup_steps:
-            raise ValueError(
-                "with time_budget_s the schedule follows elapsed time: give the warmup as warmup_ratio "
-                "(a share of the budget), not warmup_steps"
-            )
-        if self.warmup_ratio is not None and not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if (
-            self.warmup_steps is not None
-            and self.max_steps is not None
-            and self.warmup_steps >= self.max_steps
-        ):
-            raise ValueError(
-                f"warmup_steps ({self.warmup_steps}) must be less than max_steps ({self.max_steps})"
-            )
-        for name in ("grad_accum", "log_every", "keep_last"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("checkpoint_every", "eval_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
-            raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
-
-    def schedule(self) -> LinearWarmupDecay:
-        """The LR schedule this config describes."""
-        if self.time_budget_s is not None:
-            return LinearWarmupDecay(
-                self.lr, self.time_budget_s, (self.warmup_ratio or 0.0) * self.time_budget_s, by_time=True
-            )
-        assert self.max_steps is not None
-        warmup = (
-            self.warmup_steps
-            if self.warmup_steps is not None
-            else (self.warmup_ratio or 0.0) * self.max_steps
-        )
-        return LinearWarmupDecay(self.lr, self.max_steps, warmup)
-
-
-@dataclass
-class FitResult:
-    """Outcome of ``Trainer.fit()``.
-
-    Attributes:
-        step: optimizer steps done.
-        elapsed_s: wall-clock seconds of training (summed over resumed segments).
-        stop_reason: "max_steps" or "time_budget".
-        train_metrics: the last logged training metrics.
-        eval_metrics: the final evaluation (empty without evaluation data).
-        history: every logged record: ``{"step", "kind": "train"|"eval", **metrics}``.
-        checkpoint: the final checkpoint directory (None without a checkpoint_dir).
-        resumed_from_step: the step the run was resumed from (None for a fresh start).
-    """
-
-    step: int
-    elapsed_s: float
-    stop_reason: str
-    train_metrics: dict[str, float]
-    eval_metrics: dict[str, float]
-    history: list[dict[str, Any]]
-    checkpoint: Path | None
-    resumed_from_step: int | None
-
-
-class TrainingInterrupted(Exception):
-    """SIGTERM/SIGINT arrived; a checkpoint was written. ``exit_code`` is 128 + signal number."""
-
-    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
-        name = signal.Signals(signum).name
-        where = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint directory was configured"
-        super().__init__(f"training stopped by {name} after step {step}; {where}; run again to resume")
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        self.exit_code = 128 + signum
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss or gradient norm became NaN/Inf; the bad update was not applied."""
-
-    def __init__(self, step: int, loss: float, grad_norm: float, last_checkpoint: Path | None) -> None:
-        keep = (
-            f"the last good checkpoint is {last_checkpoint}"
-            if last_checkpoint
-            else "no checkpoint was written before it"
-        )
-        super().__init__(
-            f"non-finite loss at optimizer step {step} (loss={loss}, grad_norm={grad_norm}); training "
-            f"stopped before applying it; {keep}. Lower the learning rate, check the data, or use "
-            "fp32/bf16 instead of fp16."
-        )
-        self.step, self.loss, self.grad_norm, self.last_checkpoint = step, loss, grad_norm, last_checkpoint
+__all__ = [
+    "FitResult",
+    "NonFiniteLossError",
+    "StepOutput",
+    "Task",
+    "TrainConfig",
+    "Trainer",
+    "TrainingInterrupted",
+]
 
 
 def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -666,8 +478,7 @@ class Trainer:
                 "world_size": self.dist.world_size,
                 "complete": self._complete,
                 "stop_reason": getattr(self, "_stop_reason", None),
-                "schedule": {"peak_lr": self.schedule.peak_lr, "total": self.schedule.total,
-                             "warmup": self.schedule.warmup, "by_time": self.schedule.by_time},
+                "schedule": dataclasses.asdict(self.schedule),
             }  # fmt: skip
             path = ckpt.save_checkpoint(
                 self.checkpoint_dir,

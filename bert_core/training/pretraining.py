@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from bert_core.training.flops import bert_train_flops
-from bert_core.training.loop import StepOutput, Task
+from bert_core.training.task import StepOutput, Task
 
 IGNORE_INDEX = -100
 BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label")

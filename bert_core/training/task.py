@@ -1,0 +1,51 @@
+"""What the training loop trains: the :class:`Task` protocol and its per-batch :class:`StepOutput`.
+
+See :mod:`bert_core.training.loop` for how the Trainer calls a task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor, nn
+
+
+@dataclass
+class StepOutput:
+    """What a task returns for one micro-batch.
+
+    Attributes:
+        loss: scalar the optimizer minimises (mean over the micro-batch); ``backward()`` is called on it.
+        stats: summable statistics (e.g. correct predictions and counts), scalars or fixed-shape
+            tensors; the loop sums them over micro-batches, steps and ranks and hands the sums to
+            :meth:`Task.summarize`. Detach them.
+    """
+
+    loss: Tensor
+    stats: dict[str, Tensor] = field(default_factory=dict)
+
+
+class Task:
+    """The objective: computes the loss and metrics of a batch. Subclass and override ``step``."""
+
+    def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
+        """Forward one micro-batch (already on the device) in training mode; return loss and stats."""
+        raise NotImplementedError
+
+    def eval_step(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Tensor]:
+        """Stats of one evaluation batch (under ``no_grad``, model in eval mode). Default: ``step``'s stats."""
+        return self.step(model, batch).stats
+
+    def summarize(self, sums: dict[str, Tensor]) -> dict[str, float]:
+        """Turn summed stats into metrics. Default: the sums themselves (scalars only)."""
+        return {k: float(v) for k, v in sums.items() if v.numel() == 1}
+
+    def count(self, batch: dict[str, Any]) -> tuple[int, int]:
+        """(sequences, tokens) in a CPU batch, for throughput. Default: from ``input_ids``."""
+        ids = batch["input_ids"]
+        return int(ids.shape[0]), int(ids.numel())
+
+    def flops(self, batch: dict[str, Any]) -> float | None:
+        """Training FLOPs of a CPU batch (forward + backward), for MFU; None when unknown."""
+        return None

@@ -1,0 +1,231 @@
+"""The Trainer: learning, accumulation, exact resume after SIGTERM, NaN handling, time budget, validation."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+from torch import nn
+from training_fakes import FakePretrainLoader, run, tiny_model
+
+from bert_core.training import (
+    NonFiniteLossError,
+    StepOutput,
+    Task,
+    TrainConfig,
+    Trainer,
+    TrainingInterrupted,
+)
+from bert_core.training import checkpoint as ckpt
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_learns_and_reports_metrics_next_to_baselines():
+    seen = []
+    _, result = run(
+        None, max_steps=300, micro=16, accum=1, dropout=0.0, warmup_steps=20, log_every=50, lr=5e-3,
+        on_metrics=lambda s, m: seen.append((s, m)),
+    )  # fmt: skip
+    train = [h for h in result.history if h["kind"] == "train"]
+    assert [h["step"] for h in train] == [50, 100, 150, 200, 250, 300]
+    assert train[-1]["loss"] < train[0]["loss"] - 0.5
+    for key in ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc", "lr", "grad_norm", "seq_per_s", "tokens_per_s"):
+        assert key in result.train_metrics, key
+    assert "mfu" not in result.train_metrics  # CPU: no peak to compare with
+    ev = result.eval_metrics
+    assert ev["eval_mlm_acc"] > 5 * ev["eval_baseline_mlm_acc"]
+    assert ev["eval_mlm_ppl"] < ev["eval_baseline_mlm_ppl"]
+    assert 0.5 <= ev["eval_baseline_nsp_acc"] <= 1.0
+    assert seen[-1] == (300, ev)
+    assert result.stop_reason == "max_steps" and result.step == 300
+
+
+class _Regression(Task):
+    """Mean squared error of a linear model: a loss that is a plain mean over equal examples."""
+
+    def step(self, model, batch):
+        loss = (model(batch["x"]) - batch["y"]).pow(2).mean()
+        return StepOutput(loss, {"n": torch.tensor(batch["x"].shape[0])})
+
+    def count(self, batch):
+        return batch["x"].shape[0], batch["x"].numel()
+
+
+def _regression_batches(n_batches, size):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n_batches * 8, 4, generator=g)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    return [{"x": x[i : i + size], "y": y[i : i + size]} for i in range(0, len(x), size)]
+
+
+def test_gradient_accumulation_equals_the_large_batch():
+    models = []
+    for micro, accum in ((8, 1), (4, 2), (2, 4)):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        cfg = TrainConfig(max_steps=6, lr=0.05, warmup_steps=1, grad_accum=accum, device="cpu", log_every=1)
+        Trainer(model, _Regression(), _regression_batches(6, micro), cfg).fit()
+        models.append(model)
+    for m in models[1:]:
+        torch.testing.assert_close(m.weight, models[0].weight, rtol=1e-6, atol=1e-6)
+
+
+def test_sigterm_writes_a_checkpoint_and_the_resumed_run_is_exact(tmp_path):
+    reference, ref_result = run(tmp_path / "ref", max_steps=8)
+    calls = {"n": 0}
+
+    def send_sigterm():
+        calls["n"] += 1
+        if calls["n"] == 7:  # inside optimizer step 4 (2 micro-batches per step)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(TrainingInterrupted) as info:
+        run(tmp_path / "ck", max_steps=8, checkpoint_every=100, on_micro=send_sigterm)
+    assert info.value.step == 4 and info.value.exit_code == 128 + signal.SIGTERM
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "ck")] == ["step-00000004"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+    resumed, result = run(tmp_path / "ck", max_steps=8)
+    assert result.resumed_from_step == 4
+    _assert_same(_weights(resumed), _weights(reference))
+    assert [h.get("loss") for h in result.history] == [h.get("loss") for h in ref_result.history]
+
+
+def test_resume_of_a_loader_without_state_dict_skips_consumed_batches(tmp_path):
+    def train(ckdir, on_micro=None):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        task = _Regression()
+        if on_micro:
+            inner = task.step
+            task.step = lambda m, b: (on_micro(), inner(m, b))[1]
+        cfg = TrainConfig(max_steps=9, lr=0.05, warmup_steps=1, grad_accum=1, device="cpu", checkpoint_every=2)
+        Trainer(model, task, _regression_batches(4, 8), cfg, checkpoint_dir=ckdir).fit()  # 4 batches/epoch
+        return model
+
+    reference = train(tmp_path / "ref")
+    n = {"calls": 0}
+
+    def stop_at_6():
+        n["calls"] += 1
+        if n["calls"] == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(TrainingInterrupted):
+        train(tmp_path / "ck", stop_at_6)
+    resumed = train(tmp_path / "ck")
+    torch.testing.assert_close(resumed.weight, reference.weight, rtol=0, atol=0)
+
+
+class _NanAt(Task):
+    def __init__(self, inner: Task, bad_step: int, accum: int):
+        self.inner, self.bad_micro, self.calls = inner, (bad_step - 1) * accum + 1, 0
+
+    def step(self, model, batch):
+        self.calls += 1
+        out = self.inner.step(model, batch)
+        if self.calls == self.bad_micro:
+            out.loss = out.loss * float("nan")
+        return out
+
+    def summarize(self, sums):
+        return self.inner.summarize(sums)
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    from bert_core.training.pretraining import PretrainingTask
+
+    model = tiny_model()
+    task = _NanAt(PretrainingTask.for_config(model.config), bad_step=5, accum=2)
+    cfg = TrainConfig(max_steps=10, lr=1e-3, warmup_steps=1, grad_accum=2, checkpoint_every=2, device="cpu")
+    trainer = Trainer(model, task, FakePretrainLoader(batch_size=4), cfg, checkpoint_dir=tmp_path)
+    with pytest.raises(NonFiniteLossError, match=r"optimizer step 5 .*step-00000004") as info:
+        trainer.fit()
+    assert info.value.step == 5
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000004"]
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the bad update was not applied
+    fresh = tiny_model()
+    ckpt.load_checkpoint(tmp_path / "step-00000004", model=fresh)
+    assert all(torch.isfinite(p).all() for p in fresh.parameters())
+
+
+def test_time_budget_stops_the_run_and_the_schedule_follows_it():
+    _, result = run(None, time_budget_s=1.0, max_steps=None, warmup_steps=None, warmup_ratio=0.1, lr=1e-3)
+    assert result.stop_reason == "time_budget"
+    assert result.elapsed_s >= 1.0
+    lrs = [h["lr"] for h in result.history if h["kind"] == "train"]
+    peak = max(lrs)
+    assert peak <= 1e-3
+    after = lrs[lrs.index(peak) :]
+    assert all(a >= b for a, b in zip(after, after[1:]))
+    assert lrs[-1] < 0.5 * 1e-3
+
+
+def test_a_complete_run_is_not_trained_again(tmp_path):
+    model, first = run(tmp_path, max_steps=4)
+    again, second = run(tmp_path, max_steps=4, on_micro=lambda: pytest.fail("trained again"))
+    _assert_same(_weights(model), _weights(again))
+    assert second.eval_metrics == first.eval_metrics and second.resumed_from_step == 4
+
+
+def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
+    run(tmp_path, max_steps=3)
+    model = tiny_model()
+    from bert_core.training.pretraining import PretrainingTask
+
+    cfg = TrainConfig(max_steps=4, lr=1e-3, device="cpu")
+    trainer = Trainer(
+        model, PretrainingTask.for_config(model.config), FakePretrainLoader(), cfg, checkpoint_dir=tmp_path,
+        fingerprint="other-settings",
+    )  # fmt: skip
+    with pytest.raises(ckpt.CheckpointError, match="other settings"):
+        trainer.fit()
+
+
+@pytest.mark.parametrize(
+    ("kw", "msg"),
+    [
+        ({}, "max_steps or time_budget_s"),
+        ({"max_steps": 10, "warmup_steps": 10}, r"warmup_steps \(10\) must be less than max_steps \(10\)"),
+        ({"max_steps": 0}, "max_steps must be >= 1"),
+        ({"time_budget_s": 60, "warmup_steps": 5}, "warmup_ratio"),
+        ({"max_steps": 5, "grad_accum": 0}, "grad_accum must be >= 1"),
+        ({"max_steps": 5, "lr": -1.0}, "lr must be > 0"),
+        ({"max_steps": 5, "precision": "fp8"}, "precision"),
+        ({"max_steps": 5, "warmup_steps": 1, "warmup_ratio": 0.1}, "not both"),
+    ],
+)
+def test_impossible_configs_are_refused(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        TrainConfig(**kw)
+
+
+def test_fp16_on_cpu_is_refused():
+    cfg = TrainConfig(max_steps=1, precision="fp16", device="cpu")
+    with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+        Trainer(nn.Linear(4, 1), _Regression(), _regression_batches(1, 8), cfg).fit()
+
+
+def test_empty_training_data_is_a_clear_error():
+    cfg = TrainConfig(max_steps=1, device="cpu")
+    with pytest.raises(ValueError, match="yielded no batch"):
+        Trainer(nn.Linear(4, 1), _Regression(), [], cfg).fit()
