@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import os
+from pathlib import Path
 
 from bert_core.tasks import conll, glue, squad, swag
 from bert_core.tasks.base import TaskDataError, TaskRows, require_file, resolve_data_root
@@ -64,15 +66,35 @@ def load_task_split(
     ):
         relative = CONLL_IOB2_FILES[split]
     path = require_file(root, relative, spec.name, split)
-    if spec.kind in ("classification", "regression"):
-        return glue.load_glue_tsv(spec, split, path, limit)
-    if spec.kind == "span_qa":
-        return squad.load_squad_json(spec, split, path, limit)
-    if spec.kind == "token_classification":
-        return conll.load_conll_file(spec, split, path, limit)
-    if spec.kind == "multiple_choice":
-        return swag.load_swag_csv(spec, split, path, limit)
+    try:
+        if spec.kind in ("classification", "regression"):
+            return glue.load_glue_tsv(spec, split, path, limit)
+        if spec.kind == "span_qa":
+            return squad.load_squad_json(spec, split, path, limit)
+        if spec.kind == "token_classification":
+            return conll.load_conll_file(spec, split, path, limit)
+        if spec.kind == "multiple_choice":
+            return swag.load_swag_csv(spec, split, path, limit)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+    except csv.Error as err:  # e.g. a field over the csv module's 128 KB limit
+        raise TaskDataError(f"{path}: not a valid {spec.name} CSV file ({err}); check the file") from None
     raise TaskDataError(f"no local loader for task kind {spec.kind!r}")  # pragma: no cover
+
+
+def _not_utf8(path: Path) -> TaskDataError:
+    """The error for a task file that is not UTF-8, naming the line and byte offset of the first bad byte."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        bad = raw[err.start : err.start + 1]
+        return TaskDataError(
+            f"{path}:{line}: not UTF-8 (byte {bad!r} at offset {err.start}); the official files are UTF-8: "
+            "re-encode the file (e.g. iconv -f latin1 -t utf-8) or fetch it again"
+        )
+    return TaskDataError(f"{path}: not UTF-8; re-encode the file or fetch it again")  # pragma: no cover
 
 
 def _from_hub(spec: TaskSpec, split: str, limit: int | None) -> TaskRows:
