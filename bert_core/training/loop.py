@@ -153,6 +153,8 @@ class Trainer:
                 self._evaluate()
                 self._complete = True
                 self._save()
+                if self._stop_requested():  # a signal during the final evaluation or save
+                    raise TrainingInterrupted(self._stop_signal or signal.SIGTERM, self.step, self._last_ckpt)
             return FitResult(
                 step=self.step,
                 elapsed_s=self.elapsed_s,
@@ -390,6 +392,11 @@ class Trainer:
         self.dist.all_reduce(flags, op="max")
         bad_any, stop_any, elapsed = flags.tolist()
         return bad_any > 0, stop_any > 0, elapsed
+
+    def _stop_requested(self) -> bool:
+        """Whether any rank received SIGTERM/SIGINT (a collective under DDP)."""
+        flag = torch.tensor(float(self._stop_signal is not None), device=self.device)
+        return bool(self.dist.all_reduce(flag, op="max").item())
 
     # ------------------------------------------------------------------ metrics
     def _reset_window(self) -> None:

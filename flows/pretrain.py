@@ -1,0 +1,171 @@
+"""Prefect flow of the ``pretrain`` stage: ``python -m flows.pretrain`` (several GPUs/nodes: ``torchrun
+--nproc-per-node=N -m flows.pretrain``).
+
+Reads ``params/pretrain.yaml`` (section ``pretrain``), trains with :func:`bert_core.pretrain.pretrain` on
+``data/pretrain_data`` and ``data/vocab``, writes the model to ``models/pretrained`` (HF format), the
+loss curve and held-out evaluations to ``plots/`` (DVC plots) and the metrics to
+``metrics/pretrain.json``. Training metrics stream to the MLflow run through a sink that buffers and
+retries while the tracking server is unreachable. At the end the model directory is logged as the
+run's ``model`` artifact and registered as a new version of ``registered_model`` (tags: git commit, DVC
+params, data statistics, held-out metrics), and the alias ``registry_alias`` moves to it.
+
+Exit codes: 0 done; 1 error (message on stderr); 128 + N after signal N (SIGTERM 143, SIGINT 130): a
+checkpoint was written and the next run resumes from it. Under torchrun only rank 0 talks to Prefect
+and MLflow; the other ranks just train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from bert_core.params import load_params
+from bert_core.pretrain import PretrainParams, PretrainResult, pretrain, write_curves
+
+log = logging.getLogger("bert_core.flows.pretrain")
+
+DEFAULTS = {
+    "params_file": "params/pretrain.yaml",
+    "data_dir": "data/pretrain_data",
+    "vocab_dir": "data/vocab",
+    "out_dir": "models/pretrained",
+    "checkpoint_root": "data/pretrain/checkpoints",
+    "loss_plot": "plots/pretrain_loss.csv",
+    "heldout_plot": "plots/pretrain_heldout.csv",
+}
+
+
+def register_model(run: Any, result: PretrainResult, params: PretrainParams) -> dict[str, Any]:
+    """Log the model directory as the run's ``model`` artifact and register it as a new version.
+
+    Returns:
+        ``{"registered_model", "version", "alias"}``.
+    """
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from flows._stage import git_commit, retry_tracking
+
+    run.log_artifact(result.model_dir, artifact_path="model")
+    client = MlflowClient()
+    name = params.registered_model
+    try:
+        retry_tracking(client.get_registered_model)(name)
+    except MlflowException:
+        retry_tracking(client.create_registered_model)(
+            name, description="BERT pretrained with MLM + NSP by the pipeline's `pretrain` stage (HF format)."
+        )
+    heldout = result.metrics["heldout"]
+    tags = {
+        "git_commit": git_commit(),
+        "stage": "pretrain",
+        "preset": params.model.preset,
+        "dvc_params": json.dumps(params.model_dump(mode="json"), sort_keys=True)[:5000],
+        "data_stats": json.dumps(result.data_stats, sort_keys=True)[:5000],
+        "heldout_mlm_acc": f"{heldout.get('mlm_acc', float('nan')):.4f}",
+        "baseline_mlm_acc": f"{heldout.get('baseline_mlm_acc', float('nan')):.4f}",
+        "steps": str(result.metrics["steps"]),
+    }
+    version = retry_tracking(client.create_model_version)(
+        name, source=f"runs:/{run.run_id}/model", run_id=run.run_id, tags=tags,
+        description=f"{params.model.preset}, {result.metrics['steps']} steps; held-out MLM accuracy "
+        f"{tags['heldout_mlm_acc']} vs {tags['baseline_mlm_acc']} for the most frequent token",
+    )  # fmt: skip
+    retry_tracking(client.set_registered_model_alias)(name, params.registry_alias, version.version)
+    log.info("registered %s version %s (alias %s)", name, version.version, params.registry_alias)
+    return {"registered_model": name, "version": int(version.version), "alias": params.registry_alias}
+
+
+def pretrain_flow_fn(
+    params_file: str = DEFAULTS["params_file"],
+    data_dir: str = DEFAULTS["data_dir"],
+    vocab_dir: str = DEFAULTS["vocab_dir"],
+    out_dir: str = DEFAULTS["out_dir"],
+    checkpoint_root: str = DEFAULTS["checkpoint_root"],
+    loss_plot: str = DEFAULTS["loss_plot"],
+    heldout_plot: str = DEFAULTS["heldout_plot"],
+    metrics_path: str | None = None,
+) -> dict:
+    """Train, write outputs, track and register; returns the stage metrics."""
+    from bert_core.training.distributed import setup_distributed, teardown_distributed
+    from bert_core.training.tracking import mlflow_sink
+    from flows._stage import finish_stage, stage_run
+
+    params = load_params(params_file, "pretrain", PretrainParams)
+    dist = setup_distributed(params.device)
+    try:
+        with stage_run("pretrain", params, tags={"preset": params.model.preset}) as run:
+            sink = mlflow_sink(run.run_id, spill_path=Path(checkpoint_root) / "unsent-metrics.jsonl")
+            try:
+                result = pretrain(
+                    params, data_dir, vocab_dir, out_dir, checkpoint_root=checkpoint_root, on_metrics=sink,
+                    dist=dist,
+                )  # fmt: skip
+            finally:
+                sink.close(timeout_s=60)
+            write_curves(result.history, Path(loss_plot), Path(heldout_plot))
+            run.log_artifact(loss_plot, artifact_path="plots")
+            run.log_artifact(heldout_plot, artifact_path="plots")
+            run.log_metrics({"data": result.data_stats})
+            registry = register_model(run, result, params)
+            metrics = {**result.metrics, "registry": registry}
+            finish_stage("pretrain", metrics, run, metrics_path)
+        return metrics
+    finally:
+        teardown_distributed()
+
+
+def _flow():
+    from prefect import flow
+
+    return flow(name="pretrain", log_prints=True)(pretrain_flow_fn)
+
+
+def _worker_rank(args: argparse.Namespace) -> None:
+    """Ranks other than 0 under torchrun: train only (rank 0 tracks and writes the outputs)."""
+    from bert_core.training.distributed import setup_distributed, teardown_distributed
+
+    params = load_params(args.params, "pretrain", PretrainParams)
+    dist = setup_distributed(params.device)
+    try:
+        pretrain(params, args.data, args.vocab, args.out, checkpoint_root=args.checkpoints, dist=dist)
+    finally:
+        teardown_distributed()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bert_core.training import NonFiniteLossError, TrainingInterrupted
+
+    parser = argparse.ArgumentParser(prog="python -m flows.pretrain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", default=DEFAULTS["params_file"])
+    parser.add_argument("--data", default=DEFAULTS["data_dir"])
+    parser.add_argument("--vocab", default=DEFAULTS["vocab_dir"])
+    parser.add_argument("--out", default=DEFAULTS["out_dir"])
+    parser.add_argument("--checkpoints", default=DEFAULTS["checkpoint_root"])
+    parser.add_argument("--loss-plot", default=DEFAULTS["loss_plot"])
+    parser.add_argument("--heldout-plot", default=DEFAULTS["heldout_plot"])
+    parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/pretrain.json)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) != 0:
+            _worker_rank(args)
+        else:
+            _flow()(args.params, args.data, args.vocab, args.out, args.checkpoints, args.loss_plot,
+                    args.heldout_plot, args.metrics)  # fmt: skip
+    except TrainingInterrupted as err:
+        print(f"pretrain stage interrupted: {err}", file=sys.stderr)
+        return err.exit_code
+    except (NonFiniteLossError, Exception) as err:
+        print(f"pretrain stage failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

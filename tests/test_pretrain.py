@@ -1,0 +1,247 @@
+"""The ``pretrain`` stage on generated data: outputs, transformers interop, phases, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from bert_core.params import ParamsError, load_params, parse_params
+from bert_core.pretrain import PretrainParams, check_inputs, pretrain, write_curves
+from bert_core.training import TrainingInterrupted
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small_params(**kw) -> PretrainParams:
+    base = {
+        "model": {"preset": "tiny", "overrides": {"hidden_size": 32, "num_attention_heads": 2,
+                                                   "num_hidden_layers": 1, "intermediate_size": 64}},
+        "max_steps": 10,
+        "phases": [
+            {"name": "seq128", "max_seq_length": 128, "share": 0.8, "micro_batch": 4, "global_batch": 8,
+             "lr": 2e-3, "warmup_ratio": 0.1},
+            {"name": "seq512", "max_seq_length": 512, "share": 0.2, "micro_batch": 2, "global_batch": 4,
+             "lr": 1e-3, "warmup_steps": 0},
+        ],
+        "checkpoint_every": 3,
+        "log_every": 2,
+        "eval_batches": 2,
+        "device": "cpu",
+        "deterministic": True,
+    }  # fmt: skip
+    base.update(kw)
+    return PretrainParams.model_validate(base)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A small generated corpus + vocab, built into pretraining instances for both phases."""
+    from bert_core.pretrain_data.build import build_pretrain_data
+    from bert_core.pretrain_data.params import PretrainDataParams
+    from bert_core.pretrain_data.testing import make_synthetic_inputs
+
+    root = tmp_path_factory.mktemp("pretrain-inputs")
+    corpus, vocab = make_synthetic_inputs(root, n_train=200, n_heldout=60)
+    (vocab / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer"}))
+    p = PretrainDataParams(dupe_factor=1, num_workers=1, window_tokens=5_000, min_window_docs=16)
+    build_pretrain_data(
+        p, corpus_dir=corpus, vocab_dir=vocab, output_dir=root / "pretrain_data", run_checks=False
+    )
+    return root / "pretrain_data", vocab
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():  # module scope: set before the module-scoped `trained` run (results depend on threads)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+    data_dir, vocab = data
+    out = tmp_path_factory.mktemp("pretrain-out")
+    seen: list[tuple[int, dict]] = []
+    result = pretrain(
+        small_params(), data_dir, vocab, out / "model", on_metrics=lambda s, m: seen.append((s, m))
+    )
+    return result, out, seen
+
+
+def test_two_phases_continue_and_report_metrics_with_baselines(trained):
+    result, _, seen = trained
+    assert [f.step for f in result.phases] == [8, 2]
+    train_steps = [h["step"] for h in result.history if h["kind"] == "train"]
+    assert train_steps == [2, 4, 6, 8, 10]  # global steps continue across phases
+    assert {h["phase"] for h in result.history} == {"seq128", "seq512"}
+    heldout = result.metrics["heldout"]
+    for key in ("mlm_acc", "mlm_ppl", "nsp_acc", "baseline_mlm_acc", "baseline_mlm_ppl", "baseline_nsp_acc"):
+        assert 0 <= heldout[key] < float("inf"), key
+    assert set(result.metrics["phases"]) == {"seq128", "seq512"}
+    assert result.data_stats["seq128.train"]["instances"] > 0
+    keys = set().union(*(m.keys() for _, m in seen))
+    assert {"train/loss", "train/mlm_acc", "train/lr", "heldout/mlm_acc", "heldout/baseline_mlm_acc"} <= keys
+    assert [s for s, m in seen if "heldout/mlm_acc" in m] == [8, 10]
+
+
+def test_model_directory_loads_in_transformers_with_the_same_outputs(trained, data):
+    from transformers import AutoModelForPreTraining, AutoTokenizer
+
+    from bert_core.model import BertForPreTraining
+
+    result, _, _ = trained
+    model_dir = result.model_dir
+    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"} <= {
+        p.name for p in model_dir.iterdir()
+    }
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    theirs = AutoModelForPreTraining.from_pretrained(model_dir).eval()
+    ours = BertForPreTraining.from_pretrained(model_dir).eval()
+    enc = tok(["w1 w2 w3ing .", "w5 w6"], ["w7 w8 .", "w9"], return_tensors="pt", padding=True)
+    assert (enc["input_ids"] != tok.unk_token_id).all()
+    with torch.no_grad():
+        a = theirs(**enc)
+        b = ours(**enc)
+    torch.testing.assert_close(b.prediction_logits, a.prediction_logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b.seq_relationship_logits, a.seq_relationship_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_loss_curve_and_heldout_csv(trained, tmp_path):
+    result, _, _ = trained
+    write_curves(result.history, tmp_path / "loss.csv", tmp_path / "heldout.csv")
+    lines = (tmp_path / "loss.csv").read_text().splitlines()
+    assert lines[0] == "step,phase,loss,mlm_loss,nsp_loss,mlm_acc,nsp_acc,lr"
+    assert [r.split(",")[0] for r in lines[1:]] == ["2", "4", "6", "8", "10"]
+    held = (tmp_path / "heldout.csv").read_text().splitlines()
+    assert held[0].startswith("step,phase,mlm_acc,baseline_mlm_acc") and len(held) == 3
+
+
+def test_rerun_with_the_same_params_is_instant_and_identical(trained, data):
+    result, out, _ = trained
+    again = pretrain(
+        small_params(), *data, out / "model2", on_metrics=None, checkpoint_root=out / "model.checkpoints"
+    )
+    assert [f.resumed_from_step for f in again.phases] == [8, 2]
+    assert again.metrics["heldout"] == result.metrics["heldout"]
+    assert (out / "model2" / "model.safetensors").read_bytes() == (
+        result.model_dir / "model.safetensors"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("at_call", "message", "resumed"),
+    [
+        (8 * 2 + 2 + 1, "after step 1", [8, 1]),  # phase 2, first step (phase 1: 16 train + 2 eval calls)
+        (8 * 2 + 2, "after step 8", [8, None]),  # during phase 1's final evaluation
+    ],
+)
+def test_sigterm_then_rerun_gives_the_uninterrupted_weights(
+    trained, data, tmp_path, monkeypatch, at_call, message, resumed
+):
+    result, _, _ = trained
+    from bert_core.training import pretraining
+
+    real_step = pretraining.PretrainingTask.step
+    calls = {"n": 0}
+
+    def step(self, model, batch):
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(self, model, batch)
+
+    monkeypatch.setattr(pretraining.PretrainingTask, "step", step)
+    with pytest.raises(TrainingInterrupted, match=f"SIGTERM {message}"):
+        pretrain(small_params(), *data, tmp_path / "model")
+    assert not (tmp_path / "model").exists()  # no finished-looking output after an interruption
+    monkeypatch.setattr(pretraining.PretrainingTask, "step", real_step)
+    again = pretrain(small_params(), *data, tmp_path / "model")
+    assert [f.resumed_from_step for f in again.phases] == resumed
+    assert (tmp_path / "model" / "model.safetensors").read_bytes() == (
+        result.model_dir / "model.safetensors"
+    ).read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def test_missing_data_names_the_directory_and_the_fix(data, tmp_path):
+    _, vocab = data
+    with pytest.raises(
+        FileNotFoundError, match=r"seq128/train/index.json not found.*dvc repro pretrain_data"
+    ):
+        check_inputs(small_params(), tmp_path / "nowhere", vocab)
+
+
+def test_missing_vocab_is_a_clear_error(data, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"vocab\.txt not found"):
+        check_inputs(small_params(), data[0], tmp_path)
+
+
+def test_vocab_mismatch_between_data_and_model(data, tmp_path):
+    data_dir, vocab = data
+    other = tmp_path / "vocab"
+    other.mkdir()
+    lines = (vocab / "vocab.txt").read_text().splitlines()
+    (other / "vocab.txt").write_text("\n".join([*lines, "extra1", "extra2"]) + "\n")
+    with pytest.raises(ValueError, match=r"vocabulary size mismatch.*vocab_size="):
+        check_inputs(small_params(), data_dir, other)
+    (other / "vocab.txt").write_text("\n".join([*lines[:-1], "different"]) + "\n")
+    with pytest.raises(ValueError, match="another vocabulary of the same size"):
+        check_inputs(small_params(), data_dir, other)
+
+
+def test_sequence_length_must_match_the_data(data):
+    phases = small_params().model_dump()["phases"]
+    phases[1]["max_seq_length"] = 256
+    with pytest.raises(ValueError, match=r"max_seq_length = 256 but .*seq512/train holds 512-token"):
+        check_inputs(small_params(phases=phases), *data)
+
+
+def test_global_batch_that_processes_cannot_split(data):
+    with pytest.raises(ValueError, match=r"phases\[0\].global_batch = 8 cannot be split over 3 process"):
+        check_inputs(small_params(), *data, world_size=3)
+
+
+@pytest.mark.parametrize(
+    ("change", "msg"),
+    [
+        ({"phases.0.global_batch": 6}, "not a multiple of micro_batch"),
+        ({"phases.0.max_seq_length": 1024}, "exceeds the model's max_position_embeddings = 512"),
+        (
+            {"phases.0.warmup_ratio": None, "phases.0.warmup_steps": 8},
+            "warmup must be shorter than the phase",
+        ),
+        ({"phases.0.share": 0.5}, "shares must add up to 1"),
+        ({"max_steps": None}, "set max_steps or time_budget_minutes"),
+        (
+            {"time_budget_minutes": 5, "max_steps": None, "phases.1.warmup_steps": 1},
+            "give the warmup as warmup_ratio",
+        ),
+        ({"phases.0.micro_batch": 0}, "greater than or equal to 1"),
+        ({"optimizer.lr": -1}, "greater than 0"),
+        ({"model.preset": "huge"}, "preset"),
+        ({"model.overrides": {"vocab_size": 10}}, "vocab_size is read from the vocabulary"),
+        ({"model.overrides": {"hidden_sise": 10}}, "unknown BertConfig field"),
+        ({"registry_alias": "latest"}, "reserved"),
+        ({"unknown_key": 1}, "unknown key 'pretrain.unknown_key'"),
+    ],
+)
+def test_impossible_params_are_refused_with_the_key(change, msg):
+    raw = small_params().model_dump(mode="json")
+    for dotted, value in change.items():
+        node, *path = raw, *dotted.split(".")
+        for part in path[:-1]:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[path[-1]] = value
+    with pytest.raises(ParamsError, match=msg):
+        parse_params(raw, PretrainParams, where="params/pretrain.yaml", prefix="pretrain")
+
+
+def test_the_shipped_params_file_parses():
+    params = load_params(REPO / "params" / "pretrain.yaml", "pretrain", PretrainParams)
+    assert params.model.preset == "tiny" and [p.name for p in params.phases] == ["seq128", "seq512"]
