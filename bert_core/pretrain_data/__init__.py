@@ -6,6 +6,28 @@ Public entry points (imported lazily so ``import bert_core.pretrain_data`` stays
 * :func:`~bert_core.pretrain_data.build.build_pretrain_data` — build ``<out>/<phase>/{train,heldout}``;
 * :class:`~bert_core.pretrain_data.loader.PretrainingLoader` — shuffled, DDP-split, resumable batches;
 * :func:`~bert_core.pretrain_data.loader.check_vocab_size` — refuse a model/data vocabulary mismatch.
+
+Modules: :mod:`.instances` (pairs, truncation), :mod:`.masking` (MLM, whole-word, dynamic),
+:mod:`.storage` (on-disk format), :mod:`.worker` / :mod:`.build` (parallel streaming builder),
+:mod:`.loader`, :mod:`.checks` (Great Expectations), :mod:`.vocab`, :mod:`.testing` (corpora for tests).
+
+Faithful to Google's ``create_pretraining_data.py`` (pair creation, per-document short target, put-back
+of unused sentences, front/back truncation of the longer segment, ``num_to_predict``, 80/10/10,
+whole-word masking with skip-on-overshoot and per-token 80/10/10), with these deliberate deviations:
+
+1. Streaming: NotNext B comes from another document of the same *window* (documents of the same task held
+   in memory, at least two), not from the whole corpus; B is never from A's document (Google accepts
+   the same document after 10 failed draws).
+2. ``nsp_balance`` (default on): single-sentence chunks are forced to NotNext, which makes Google's NotNext
+   share exceed 50% on short documents (51-53% measured here); balancing leans the coin of multi-sentence
+   chunks against the running imbalance so the share is ``random_next_prob`` within a fraction of a point.
+3. ``num_to_predict`` counts the maskable positions (Google multiplies the full length including
+   [CLS]/[SEP]); literal special tokens in text, [UNK] included, are never masked (Hugging Face's rule);
+   a ``##`` piece right after [SEP] starts a new word for whole-word masking.
+4. Output order: instances are written per task/window/pass, not globally shuffled; the loader shuffles
+   globally each epoch (Feistel permutation), which Google's single final shuffle cannot do per epoch.
+5. The held-out split is always built with static masks (``heldout_dupe_factor`` passes, default 1) so
+   evaluation is fixed; ``masking: dynamic`` applies to train only.
 """
 
 from __future__ import annotations

@@ -73,6 +73,10 @@ class Pairs:
     def __len__(self) -> int:
         return len(self.a_start)
 
+    def slice(self, start: int, stop: int) -> Pairs:
+        """Instances ``start:stop`` (views)."""
+        return Pairs(**{k: getattr(self, k)[start:stop] for k in self.__dataclass_fields__})
+
 
 def truncation_pops(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
     """How many tokens Google's ``truncate_seq_pair`` removes from A and from B.

@@ -42,6 +42,14 @@ class MaskingSpec:
     mask_id: int
     special_ids: tuple[int, ...]
     whole_word: bool = False
+    cls_id: int = -1
+    sep_id: int = -1
+    pad_id: int = -1
+
+    @property
+    def layout_ids(self) -> tuple[int, int, int]:
+        """``([CLS], [SEP], [PAD])`` ids for :func:`bert_core.pretrain_data.instances.materialize`."""
+        return self.cls_id, self.sep_id, self.pad_id
 
 
 def eligible_positions(

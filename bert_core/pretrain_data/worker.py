@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_core.pretrain_data.instances import Window, create_pairs, materialize
+from bert_core.pretrain_data.instances import Pairs, Window, create_pairs, materialize
 from bert_core.pretrain_data.masking import MaskingSpec, mask_with_generator
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.storage import ShardWriter
@@ -26,6 +26,7 @@ from bert_core.pretrain_data.vocab import load_tokenizer, read_vocab
 
 READ_BATCH_DOCS = 64  # documents decoded from Parquet at a time
 ENCODE_BATCH_SENTENCES = 8192  # sentences per tokenizer call (bounds the tokenizer's temporary objects)
+CHUNK_INSTANCES = 4096  # instances laid out and masked at a time (bounds the (N, T) temporaries)
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,14 @@ class Job:
     params: dict[str, Any]
 
 
-def _encode(tokenizer, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of ``sentences`` back to back (int32) and the token count of each sentence."""
+def _encode(tokenizer, sentences) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of ``sentences`` (an Arrow string array) back to back (int32) and the token count of each
+    sentence. Only ``ENCODE_BATCH_SENTENCES`` become Python strings at a time."""
     ids: list[np.ndarray] = []
     lens: list[np.ndarray] = []
     for k in range(0, len(sentences), ENCODE_BATCH_SENTENCES):
-        encs = tokenizer.encode_batch_fast(
-            sentences[k : k + ENCODE_BATCH_SENTENCES], add_special_tokens=False
-        )
+        texts = [t or "" for t in sentences.slice(k, ENCODE_BATCH_SENTENCES).to_pylist()]
+        encs = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
         lens.append(np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs)))
         ids.append(np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int32))
     if not ids:
@@ -126,7 +127,7 @@ def iter_windows(task: Task, tokenizer, window_tokens: int, min_docs: int) -> It
     for path, start, end in task.segments:
         for col in read_segment(path, start, end):
             per_doc = pc.fill_null(pc.list_value_length(col), 0).to_numpy().astype(np.int64)
-            ids, sent_lens = _encode(tokenizer, [s or "" for s in pc.list_flatten(col).to_pylist()])
+            ids, sent_lens = _encode(tokenizer, pc.list_flatten(col))
             sent_first = np.concatenate([[0], np.cumsum(per_doc)])
             tok_first = np.concatenate([[0], np.cumsum(sent_lens)])
             for d in range(len(per_doc)):
@@ -162,6 +163,42 @@ def _new_stats() -> dict[str, int]:
     return dict.fromkeys(keys.split(), 0)
 
 
+def _write_chunk(
+    pairs: Pairs,
+    window: Window,
+    max_seq_length: int,
+    writer: ShardWriter,
+    s: dict[str, int],
+    spec: MaskingSpec,
+    mask_rng: np.random.Generator | None,
+    continuation: np.ndarray,
+    track_docs: bool,
+) -> None:
+    """Lay out, mask (static: ``mask_rng`` given) and append a block of instances; update the counters."""
+    ids, lengths = materialize(window.tokens, pairs, max_seq_length, *spec.layout_ids)
+    docs = (
+        np.stack([window.doc_rows[pairs.a_doc], window.doc_rows[pairs.b_doc]], axis=1) if track_docs else None
+    )
+    if mask_rng is not None:
+        masked, chosen = mask_with_generator(ids, lengths, pairs.a_len, spec, mask_rng, continuation)
+        writer.append(masked, lengths, pairs.a_len, pairs.random_next, chosen=chosen, original=ids, docs=docs)
+        orig, new = ids[chosen], masked[chosen]
+        s["predictions"] += len(orig)
+        s["pred_mask"] += int((new == spec.mask_id).sum())
+        s["pred_keep"] += int((new == orig).sum())
+    else:
+        writer.append(ids, lengths, pairs.a_len, pairs.random_next, docs=docs)
+    s["instances"] += len(pairs)
+    s["tokens"] += int(lengths.sum())
+    s["slots"] += len(pairs) * max_seq_length
+    s["truncated"] += int(pairs.truncated.sum())
+    s["short_target"] += int(pairs.short_target.sum())
+    s["random_next"] += int(pairs.random_next.sum())
+    s["a_tokens"] += int(pairs.a_len.sum())
+    s["b_tokens"] += int(pairs.b_len.sum())
+    s["eligible"] += int((lengths - 3).sum())
+
+
 def run_task(job: Job) -> dict[str, Any]:
     """Worker: build every phase's output shard for one task; return the shards' index entries + stats."""
     p = PretrainDataParams.model_validate(job.params)
@@ -186,6 +223,9 @@ def run_task(job: Job) -> dict[str, Any]:
             mask_id=sp["[MASK]"],
             special_ids=tuple(int(i) for i in vocab.special_id_array),
             whole_word=p.whole_word_masking,
+            cls_id=sp["[CLS]"],
+            sep_id=sp["[SEP]"],
+            pad_id=sp["[PAD]"],
         )
     corpus = {"documents": 0, "sentences": 0, "tokens": 0, "windows": 0}
     for w, window in enumerate(iter_windows(task, tokenizer, p.window_tokens, p.min_window_docs)):
@@ -209,42 +249,15 @@ def run_task(job: Job) -> dict[str, Any]:
                     nsp_balance=p.nsp_balance,
                     rng=random.Random(derive_seed(p.seed, phase, split, task.index, w, k, 0)),
                 )
-                ids, lengths = materialize(window.tokens, pairs, t, sp["[CLS]"], sp["[SEP]"], sp["[PAD]"])
-                docs = None
-                if p.track_docs:
-                    docs = np.stack([window.doc_rows[pairs.a_doc], window.doc_rows[pairs.b_doc]], axis=1)
-                s = stats[phase]
+                mask_rng = None
                 if static:
-                    rng = np.random.Generator(
-                        np.random.PCG64(derive_seed(p.seed, phase, split, task.index, w, k, 1))
-                    )
-                    masked, chosen = mask_with_generator(
-                        ids, lengths, pairs.a_len, specs[phase], rng, vocab.continuation
-                    )
-                    writers[phase].append(
-                        masked,
-                        lengths,
-                        pairs.a_len,
-                        pairs.random_next,
-                        chosen=chosen,
-                        original=ids,
-                        docs=docs,
-                    )
-                    orig, new = ids[chosen], masked[chosen]
-                    s["predictions"] += len(orig)
-                    s["pred_mask"] += int((new == sp["[MASK]"]).sum())
-                    s["pred_keep"] += int((new == orig).sum())
-                else:
-                    writers[phase].append(ids, lengths, pairs.a_len, pairs.random_next, docs=docs)
-                s["instances"] += len(pairs)
-                s["tokens"] += int(lengths.sum())
-                s["slots"] += len(pairs) * t
-                s["truncated"] += int(pairs.truncated.sum())
-                s["short_target"] += int(pairs.short_target.sum())
-                s["random_next"] += int(pairs.random_next.sum())
-                s["a_tokens"] += int(pairs.a_len.sum())
-                s["b_tokens"] += int(pairs.b_len.sum())
-                s["eligible"] += int((lengths - 3).sum())
+                    seed = derive_seed(p.seed, phase, split, task.index, w, k, 1)
+                    mask_rng = np.random.Generator(np.random.PCG64(seed))
+                for c in range(0, len(pairs), CHUNK_INSTANCES):
+                    _write_chunk(
+                        pairs.slice(c, c + CHUNK_INSTANCES), window, t, writers[phase], stats[phase],
+                        specs[phase], mask_rng, vocab.continuation, p.track_docs,
+                    )  # fmt: skip
     out = {}
     for phase in p.phases:
         s = stats[phase]
