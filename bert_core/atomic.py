@@ -4,11 +4,16 @@ Everything is written to a temporary sibling of the final path (same filesystem,
 ``rename``) and moved into place only when the ``with`` block exits without an exception. A crash, a
 ``SIGKILL`` or a full disk leaves at most a ``.<name>.tmp-*`` sibling that no later stage reads (and that
 :func:`clean_stale_temps` removes), never a half-written file at the final path.
+
+A write that fails for lack of space (``ENOSPC``, a quota, or a library that reports it in its own words,
+like ``torch.save``'s "unexpected pos") raises :class:`DiskFullError` naming the output, after the partial
+output was removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -18,6 +23,26 @@ from pathlib import Path
 from typing import Any
 
 TEMP_MARKER = ".tmp-"
+_LOW_SPACE_BYTES = 1 << 20
+
+
+class DiskFullError(OSError):
+    """An output could not be written for lack of disk space; the partial output was removed."""
+
+
+def _looks_like_disk_full(err: Exception, directory: Path) -> bool:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    if "No space left on device" in text or "os error 28" in text or "Disk quota exceeded" in text:
+        return True
+    if not (isinstance(err, OSError) or type(err) is RuntimeError):
+        return False
+    try:  # libraries that hide the errno (torch.save: "unexpected pos ..."): is the disk (nearly) full?
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < _LOW_SPACE_BYTES
 
 
 def _fsync_dir(path: Path) -> None:
@@ -73,8 +98,20 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
         _fsync_dir(final.parent)
         if old is not None:
             _remove(old)
-    except BaseException:
+    except BaseException as err:
+        full = (
+            isinstance(err, Exception)
+            and not isinstance(err, DiskFullError)  # already names the inner output
+            and _looks_like_disk_full(err, final.parent)
+        )
         _remove(tmp)
+        if full:
+            raise DiskFullError(
+                errno.ENOSPC,
+                f"no space left on the device while writing {final} ({type(err).__name__}: {err}); the "
+                "partial output was removed. Free space there, or write the output to another disk, and "
+                "run again",
+            ) from err
         raise
 
 
