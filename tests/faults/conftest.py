@@ -1,0 +1,239 @@
+"""Fixtures of the fault suite: real processes, real servers on loopback, throw-away copies of the repo.
+
+Everything started here runs in its own process group and is killed (SIGKILL to the group) by a finalizer,
+whatever the test outcome; every server binds to 127.0.0.1 on a free port; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+VENV_BIN = Path(PY).parent
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+# What a throw-away copy of the project needs to run its pipeline.
+PROJECT_PATHS = ("bert_core", "flows", "params", "dvc.yaml", "pyproject.toml")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, *, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None):
+    """Poll ``url`` until it answers 200; fail with the server's log tail when it dies or times out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with (
+            contextlib.suppress(urllib.error.URLError, OSError, ValueError),
+            urllib.request.urlopen(url, timeout=2) as resp,
+        ):
+            if resp.status == 200:
+                return
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
+    state = f"exited with {proc.returncode}" if proc is not None and proc.poll() is not None else "timed out"
+    raise RuntimeError(f"{url} did not come up ({state}). Log tail:\n{tail}")
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL, wait_s: float = 30.0) -> None:
+    """Send ``sig`` to the process group of ``proc`` (it was started with ``start_new_session``)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait_s)
+    # Children that outlived the leader (same group) get the signal too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+class Processes:
+    """Starts processes in their own groups and kills every one of them at teardown."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, cmd: list[str], *, log: Path | None = None, **kwargs) -> subprocess.Popen:
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "ab") as fh:
+                proc = subprocess.Popen(
+                    cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                    start_new_session=True, **kwargs,
+                )  # fmt: skip
+        else:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)
+        self.started.append(proc)
+        return proc
+
+    def kill_all(self) -> None:
+        for proc in reversed(self.started):
+            kill_group(proc)
+
+
+@pytest.fixture
+def procs() -> Iterator[Processes]:
+    p = Processes()
+    try:
+        yield p
+    finally:
+        p.kill_all()
+
+
+@pytest.fixture(scope="session")
+def session_procs() -> Iterator[Processes]:
+    p = Processes()
+    try:
+        yield p
+    finally:
+        p.kill_all()
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """Environment of a stage subprocess: this venv first on PATH, offline, no telemetry, one thread."""
+    env = dict(os.environ)
+    env.update(
+        PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONUNBUFFERED="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        DO_NOT_TRACK="true",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        GX_ANALYTICS_ENABLED="false",
+        DVC_NO_ANALYTICS="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    env.pop("PYTHONPATH", None)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory, session_procs) -> str:
+    """A real Prefect server on a free loopback port (its own home and SQLite), for stage flows.
+
+    Without it every ``python -m flows.<stage>`` would start (and migrate) its own temporary server.
+    """
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    env = base_env(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_API_HOST="127.0.0.1",
+        PREFECT_SERVER_API_PORT=str(port),
+        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+    )
+    log = home / "server.log"
+    cmd = [
+        PY,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--analytics-off",
+    ]
+    proc = session_procs.start(cmd, log=log, env=env)
+    wait_http(f"http://127.0.0.1:{port}/api/health", timeout_s=240, proc=proc, log=log)
+    return f"http://127.0.0.1:{port}/api"
+
+
+def stage_env(prefect_api: str | None, tracking_uri: str, **extra: str) -> dict[str, str]:
+    """Environment of a stage run: local data root, its own MLflow store, the session's Prefect server."""
+    env = base_env(MLFLOW_TRACKING_URI=tracking_uri, **extra)
+    if SHARED_DATA.is_dir():
+        env.setdefault("BERT_DATA_ROOT", str(SHARED_DATA))
+    if prefect_api:
+        env["PREFECT_API_URL"] = prefect_api
+    return env
+
+
+def run_cmd(
+    cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run to completion in its own process group; on timeout the whole group is killed."""
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"{' '.join(cmd)} did not finish within {timeout:.0f}s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+        ) from None
+    finally:
+        kill_group(proc, wait_s=5)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def copy_project(dest: Path, paths: tuple[str, ...] = PROJECT_PATHS) -> Path:
+    """Copy the project's code and params (the working tree, as the other tests see it) to ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ruff_cache")
+    for rel in paths:
+        src = REPO_ROOT / rel
+        if src.is_dir():
+            shutil.copytree(src, dest / rel, ignore=ignore)
+        elif src.is_file():
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def git_dvc_init(root: Path) -> None:
+    """Make ``root`` a git + DVC repository with everything committed."""
+    env = base_env(GIT_AUTHOR_NAME="faults", GIT_AUTHOR_EMAIL="faults@example.com",
+                   GIT_COMMITTER_NAME="faults", GIT_COMMITTER_EMAIL="faults@example.com")  # fmt: skip
+    (root / ".gitignore").write_text(
+        "__pycache__/\n*.pyc\nmlflow.db\nmlruns/\nmlartifacts/\n.prefect/\n/data/\n/models/\n/outputs/\n"
+    )
+    for cmd in (
+        ["git", "init", "-q"],
+        [PY, "-m", "dvc", "init", "-q"],
+        [PY, "-m", "dvc", "config", "core.autostage", "true"],
+        [PY, "-m", "dvc", "config", "core.analytics", "false"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-q", "-m", "project copy for the fault suite"],
+    ):
+        res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, f"{cmd}: {res.stderr[-2000:]}"
+
+
+def git_commit_all(root: Path, message: str) -> None:
+    env = base_env(GIT_AUTHOR_NAME="faults", GIT_AUTHOR_EMAIL="faults@example.com",
+                   GIT_COMMITTER_NAME="faults", GIT_COMMITTER_EMAIL="faults@example.com")  # fmt: skip
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-q", "--allow-empty", "-m", message]):
+        res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, f"{cmd}: {res.stderr[-2000:]}"
+
+
+def temp_leftovers(root: Path) -> list[Path]:
+    """Leftovers of interrupted atomic writes (``.<name>.tmp-*``) anywhere under ``root``."""
+    return [p for p in root.rglob(".*.tmp-*")]
