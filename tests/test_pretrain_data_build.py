@@ -305,3 +305,24 @@ def test_plan_cuts_the_document_stream_into_tasks_by_bytes(tmp_path):
         [("part-00002.parquet", 1, 5)],
     ]
     assert len(plan_tasks(tmp_path / "all", "train", task_bytes=10**9)) == 1
+
+
+def test_checks_catch_a_damaged_output(built, tmp_path):
+    """The row-level expectations fail on a broken layout and on an id beyond the vocabulary."""
+    import shutil
+
+    from bert_core.pretrain_data.checks import check_output
+
+    d = tmp_path / "d"
+    shutil.copytree(built[0] / "seq128" / "heldout", d)
+    tokens = np.memmap(d / "shard-00000.tokens.bin", dtype=np.uint16, mode="r+")
+    offsets = np.fromfile(d / "shard-00000.offsets.bin", dtype=np.int64)
+    tokens[offsets[0]] = 7  # [CLS] of instance 0 replaced
+    tokens[offsets[1] + 3] = 60000  # an id beyond the vocabulary in instance 1
+    tokens.flush()
+    del tokens
+    report, _ = check_output(d, sample_size=10**6, seed=0)
+    failed = " ".join(r.name for r in report.failed_critical)
+    assert "layout_ok" in failed and "max_id" in failed
+    with pytest.raises(DataCheckError, match="layout_ok"):
+        report.raise_for_critical()

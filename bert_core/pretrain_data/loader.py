@@ -85,9 +85,8 @@ def feistel_permute(positions: np.ndarray, n: int, key: np.uint64, rounds: int =
     h = max(1, math.ceil((n - 1).bit_length() / 2))
     mask = np.uint64((1 << h) - 1)
     shift = np.uint64(h)
-    round_keys = [
-        np.uint64(int(splitmix64(np.array([key + np.uint64(r)], np.uint64))[0])) for r in range(rounds)
-    ]
+    with np.errstate(over="ignore"):
+        round_keys = splitmix64(np.full(rounds, key, np.uint64) + np.arange(rounds, dtype=np.uint64))
 
     def once(x: np.ndarray) -> np.ndarray:
         left, right = x >> shift, x & mask
