@@ -106,6 +106,12 @@ def test_squad_sliding_windows(tokenizer):
     firsts = [next(o for o in f["offsets"] if o is not None)[0] for f in feats]
     assert firsts == sorted(firsts) and len(set(firsts)) == len(firsts)
 
+    lean = encode_squad(
+        [ex], tokenizer, max_seq_length=40, doc_stride=10, max_query_length=5, with_offsets=False
+    )
+    assert [f["input_ids"] for f in lean] == [f["input_ids"] for f in feats]
+    assert [f["start_positions"] for f in lean] == [f["start_positions"] for f in feats]
+    assert "offsets" not in lean[0] and "max_context" not in lean[0]
     impossible = encode_squad([_squad_example(context, "oak", impossible=True)], tokenizer, max_seq_length=40,
                               doc_stride=10, max_query_length=5)  # fmt: skip
     assert all(f["start_positions"] == 0 and f["end_positions"] == 0 for f in impossible)

@@ -239,6 +239,7 @@ def encode_squad(
     max_seq_length: int = 384,
     doc_stride: int = 128,
     max_query_length: int = 64,
+    with_offsets: bool = True,
 ) -> list[Feature]:
     """Encode SQuAD examples into sliding-window features (Google's ``convert_examples_to_features``).
 
@@ -248,6 +249,8 @@ def encode_squad(
         max_seq_length: Window length including ``[CLS]``, the question, and two ``[SEP]``.
         doc_stride: Context tokens between the starts of two windows.
         max_query_length: The question is cut to this many tokens.
+        with_offsets: Keep ``offsets`` and ``max_context`` (needed to post-process predictions; training
+            features leave them out, which saves several GB on the full SQuAD train set).
 
     Returns:
         Features (one or more per example): ``input_ids`` (L,), ``token_type_ids`` (L,), ``example_index``,
@@ -282,27 +285,25 @@ def encode_squad(
             head = [cls_id, *q_ids, sep_id]
             window = list(range(start, start + length))
             input_ids = head + [c_ids[t] for t in window] + [sep_id]
-            offsets: list[tuple[int, int] | None] = [None] * len(head)
-            offsets += [tuple(c_offs[t]) for t in window] + [None]
-            max_context = [False] * len(head)
-            max_context += [_is_max_context(spans, si, t) for t in window] + [False]
             start_pos = end_pos = 0
             if answer_tokens is not None:
                 a_start, a_end = answer_tokens
                 if start <= a_start and a_end <= start + length - 1:
                     start_pos = a_start - start + len(head)
                     end_pos = a_end - start + len(head)
-            features.append(
-                {
-                    "input_ids": input_ids,
-                    "token_type_ids": [0] * len(head) + [1] * (length + 1),
-                    "example_index": ei,
-                    "offsets": offsets,
-                    "max_context": max_context,
-                    "start_positions": start_pos,
-                    "end_positions": end_pos,
-                }
-            )
+            feature: Feature = {
+                "input_ids": input_ids,
+                "token_type_ids": [0] * len(head) + [1] * (length + 1),
+                "example_index": ei,
+                "start_positions": start_pos,
+                "end_positions": end_pos,
+            }
+            if with_offsets:
+                feature["offsets"] = [None] * len(head) + [tuple(c_offs[t]) for t in window] + [None]
+                feature["max_context"] = (
+                    [False] * len(head) + [_is_max_context(spans, si, t) for t in window] + [False]
+                )
+            features.append(feature)
     return features
 
 

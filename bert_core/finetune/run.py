@@ -150,7 +150,8 @@ def load_task_data(
             report = check_task_split(rows, spec, split, report_dir=report_dir)
             data.check_reports.append(report)
             report.raise_for_critical()
-        return SplitData(list(rows), scoring.encode(spec, list(rows), tokenizer, settings), rows.source)
+        features = scoring.encode(spec, list(rows), tokenizer, settings, training=split == "train")
+        return SplitData(list(rows), features, rows.source)
 
     data = TaskData(train=SplitData([], []), dev={})
     data.train = load("train", settings.train_limit)

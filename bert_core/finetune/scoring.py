@@ -116,9 +116,12 @@ def load_tokenizer(model_dir: str | Path, vocab_size: int | None = None) -> Any:
 
 
 def encode(
-    spec: Any, rows: list[dict[str, Any]], tokenizer: Any, settings: TaskSettings
+    spec: Any, rows: list[dict[str, Any]], tokenizer: Any, settings: TaskSettings, *, training: bool = False
 ) -> list[dict[str, Any]]:
-    """Features for canonical rows of ``spec``'s kind (see :mod:`bert_core.finetune.features`)."""
+    """Features for canonical rows of ``spec``'s kind (see :mod:`bert_core.finetune.features`).
+
+    ``training=True`` leaves out what only post-processing needs (SQuAD offsets).
+    """
     max_len = settings.max_seq_length or spec.max_seq_length
     if spec.kind == "classification":
         return encode_sequence_pairs(rows, tokenizer, max_seq_length=max_len,
@@ -127,7 +130,7 @@ def encode(
         return encode_sequence_pairs(rows, tokenizer, max_seq_length=max_len, label2id=None)
     if spec.kind == "span_qa":
         return encode_squad(rows, tokenizer, max_seq_length=max_len, doc_stride=settings.doc_stride,
-                            max_query_length=settings.max_query_length)  # fmt: skip
+                            max_query_length=settings.max_query_length, with_offsets=not training)  # fmt: skip
     if spec.kind == "multiple_choice":
         return encode_multiple_choice(rows, tokenizer, max_seq_length=max_len)
     if spec.kind == "token_classification":
