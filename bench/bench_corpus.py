@@ -73,6 +73,7 @@ def child(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     stats = build_corpus(params, Path(args.out_dir), data_root=Path(args.root), workers=args.workers)
     dt = time.perf_counter() - t0
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     m = stats.as_metrics()
     print(
         json.dumps(
@@ -84,6 +85,9 @@ def child(args: argparse.Namespace) -> None:
                 "sentences": m["sentences"],
                 "duplicates": m["duplicates"],
                 "mb_per_s": m["input_bytes"] / 1e6 / dt,
+                # CPU of the parent (imports, merge, de-dup, shard writing, checks) vs the workers.
+                "parent_cpu_s": me.ru_utime + me.ru_stime,
+                "workers_cpu_s": kids.ru_utime + kids.ru_stime,
             }
         )
     )

@@ -400,7 +400,7 @@ def _read_hf(unit: WorkUnit, stats: UnitStats, root: Path | None) -> Iterator[Ra
         yield RawDoc(rid, _field_str(rec, src.title_field) or "", text, src.effective_newlines)
 
 
-def iter_documents(
+def read_unit(
     unit: WorkUnit, stats: UnitStats, *, max_doc_chars: int, on_bad_record: str, root: Path | None
 ) -> Iterator[RawDoc]:
     """Stream the raw documents of one work unit, updating ``stats`` (bytes, bad records, skips).
