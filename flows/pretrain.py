@@ -54,12 +54,15 @@ def register_model(run: Any, result: PretrainResult, params: PretrainParams) -> 
     run.log_artifact(result.model_dir, artifact_path="model")
     client = MlflowClient()
     name = params.registered_model
-    try:
-        retry_tracking(client.get_registered_model)(name)
-    except MlflowException:
-        retry_tracking(client.create_registered_model)(
-            name, description="BERT pretrained with MLM + NSP by the pipeline's `pretrain` stage (HF format)."
-        )
+    if not retry_tracking(client.search_registered_models)(filter_string=f"name = '{name}'"):
+        try:
+            retry_tracking(client.create_registered_model)(
+                name,
+                description="BERT pretrained with MLM + NSP by the pipeline's `pretrain` stage (HF format).",
+            )
+        except MlflowException as err:  # created meanwhile by a concurrent run
+            if "already exists" not in str(err).lower():
+                raise
     heldout = result.metrics["heldout"]
     tags = {
         "git_commit": git_commit(),

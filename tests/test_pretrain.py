@@ -245,3 +245,46 @@ def test_impossible_params_are_refused_with_the_key(change, msg):
 def test_the_shipped_params_file_parses():
     params = load_params(REPO / "params" / "pretrain.yaml", "pretrain", PretrainParams)
     assert params.model.preset == "tiny" and [p.name for p in params.phases] == ["seq128", "seq512"]
+
+
+# ---------------------------------------------------------------------------------------------- the flow
+def test_flow_tracks_metrics_writes_outputs_and_registers_versions(data, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from flows.pretrain import pretrain_flow_fn
+
+    data_dir, vocab = data
+    params_file = tmp_path / "pretrain.yaml"
+    raw = small_params().model_dump(mode="json")
+    params_file.write_text(json.dumps({"pretrain": raw}))
+    paths = {
+        "out_dir": tmp_path / "models" / "pretrained",
+        "checkpoint_root": tmp_path / "ckpt",
+        "loss_plot": tmp_path / "plots" / "pretrain_loss.csv",
+        "heldout_plot": tmp_path / "plots" / "pretrain_heldout.csv",
+        "metrics_path": tmp_path / "metrics" / "pretrain.json",
+    }
+    kwargs = {k: str(v) for k, v in paths.items()}
+    metrics = pretrain_flow_fn(str(params_file), str(data_dir), str(vocab), **kwargs)
+    assert metrics["registry"] == {"registered_model": "bert-pretrained", "version": 1, "alias": "newest"}
+    on_disk = json.loads(paths["metrics_path"].read_text())
+    assert on_disk["heldout"]["baseline_mlm_acc"] == metrics["heldout"]["baseline_mlm_acc"]
+    assert paths["loss_plot"].read_text().startswith("step,phase,loss")
+    assert (paths["out_dir"] / "model.safetensors").is_file()
+
+    client = MlflowClient()
+    version = client.get_model_version_by_alias("bert-pretrained", "newest")
+    assert str(version.version) == "1"
+    assert {"git_commit", "dvc_params", "data_stats", "heldout_mlm_acc"} <= set(version.tags)
+    assert json.loads(version.tags["dvc_params"])["model"]["preset"] == "tiny"
+    run = client.get_run(version.run_id)
+    assert run.data.tags["stage"] == "pretrain"
+    history = client.get_metric_history(version.run_id, "train/loss")
+    assert [m.step for m in history] == [2, 4, 6, 8, 10]  # streamed through the sink, global steps
+    assert client.get_metric_history(version.run_id, "heldout/baseline_mlm_acc")
+    artifacts = {a.path for a in client.list_artifacts(version.run_id, "model")}
+    assert {"model/config.json", "model/model.safetensors", "model/vocab.txt"} <= artifacts
+
+    # a second run registers version 2 and moves the alias (the checkpoints make it instant)
+    pretrain_flow_fn(str(params_file), str(data_dir), str(vocab), **kwargs)
+    assert str(client.get_model_version_by_alias("bert-pretrained", "newest").version) == "2"
