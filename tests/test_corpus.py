@@ -261,3 +261,18 @@ def test_hf_dataset_source_with_wikitext_layout(shared_data, tmp_path):
     assert {d["title"] for d in docs} >= {"Robert <unk>"}  # the first article of the test split
     assert all(d["doc_id"].startswith("wt:train#") for d in docs)
     assert stats.documents >= 2 and stats.input_bytes > 0
+
+
+def test_capped_unit_stops_reading_early(shared_data, tmp_path):
+    """A cap bounds the reading too: a capped profile does not process a whole large unit."""
+    root = make_root(shared_data, tmp_path)
+    params = small_params(
+        local_sources=[
+            {"name": "wikipedia", "kind": "jsonl", "path": "corpus/wikipedia/*.jsonl", "max_documents": 5}
+        ],
+        heldout={"fraction": 0.2, "max_documents": 2},
+    )
+    stats = build_corpus(params, tmp_path / "out", data_root=root, workers=1)
+    assert stats.documents == 5 and stats.units_stopped_early == 1
+    assert stats.records < 60  # of 620 records in wiki_00.jsonl
+    assert stats.documents + sum(stats.dropped.values()) == stats.records

@@ -32,7 +32,7 @@ import pyarrow as pa
 from bert_core.atomic import atomic_path
 from bert_core.corpus.clean import normalize_text, paragraphs, strip_gutenberg
 from bert_core.corpus.merge import Merger, corpus_checks, h64
-from bert_core.corpus.params import CorpusParams
+from bert_core.corpus.params import CorpusParams, SourceSpec
 from bert_core.corpus.readers import CorpusError, UnitStats, WorkUnit, plan_units, read_unit
 from bert_core.corpus.segment import get_segmenter, segment_paragraphs
 from bert_core.corpus.shards import MANIFEST, SCHEMA, ShardWriter
@@ -68,6 +68,24 @@ class UnitResult:
     stats: UnitStats
 
 
+def unit_read_limits(params: CorpusParams, src: SourceSpec) -> tuple[int | None, int | None]:
+    """How much one unit may produce before it stops reading: twice the tightest cap that applies.
+
+    The caps are applied exactly in the parent; this only keeps a capped profile from reading a whole
+    large unit (a Hub dataset is a single unit). The factor 2 leaves room for documents the parent drops
+    as duplicates. It depends only on params, so the output stays independent of the worker count.
+    """
+
+    def tightest(*values: int | None) -> int | None:
+        present = [v for v in values if v is not None]
+        return 2 * min(present) if present else None
+
+    return (
+        tightest(src.max_documents, params.cap.max_documents),
+        tightest(src.max_bytes, params.cap.max_bytes),
+    )
+
+
 def process_unit(unit: WorkUnit, params: CorpusParams, work_dir: str, root: str | None) -> UnitResult:
     """Read, clean and segment one work unit into ``work_dir/unit-NNNNNN.parquet``.
 
@@ -81,7 +99,8 @@ def process_unit(unit: WorkUnit, params: CorpusParams, work_dir: str, root: str 
     # The buffering shard writer, used for one temporary file (never rolls over).
     writer = ShardWriter(Path(work_dir) / f"u{unit.index:06d}", max_bytes=1 << 62, schema=_UNIT_SCHEMA)
     src = unit.source
-    n = 0
+    max_docs, max_bytes = unit_read_limits(params, src)
+    n = n_bytes = 0
     for doc in read_unit(
         unit, stats, max_doc_chars=clean.max_doc_chars, on_bad_record=params.on_bad_record,
         root=Path(root) if root else None,
@@ -118,6 +137,10 @@ def process_unit(unit: WorkUnit, params: CorpusParams, work_dir: str, root: str 
         }
         writer.write(row, len(body))
         n += 1
+        n_bytes += len(body)
+        if (max_docs is not None and n >= max_docs) or (max_bytes is not None and n_bytes >= max_bytes):
+            stats.stopped_early = True
+            break
     shards = writer.close()
     path = None
     if shards:
@@ -146,6 +169,7 @@ class CorpusStats:
     utf8_replacements: int = 0
     files_with_utf8_errors: int = 0
     gutenberg_stripped: int = 0
+    units_stopped_early: int = 0
     bad_record_examples: list[str] = field(default_factory=list)
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
     capped: bool = False
@@ -176,6 +200,7 @@ class CorpusStats:
             "files_with_utf8_errors": self.files_with_utf8_errors,
             "gutenberg_boilerplate_removed": self.gutenberg_stripped,
             "capped": int(self.capped),
+            "units_stopped_early": self.units_stopped_early,
             "sources": self.per_source,
             "shards_train": self.shards_train,
             "shards_heldout": self.shards_heldout,

@@ -102,6 +102,7 @@ class Merger:
         st.utf8_replacements += result.stats.utf8_replacements
         st.files_with_utf8_errors += result.stats.files_with_utf8_errors
         st.gutenberg_stripped += result.stats.gutenberg_stripped
+        st.units_stopped_early += int(result.stats.stopped_early)
         st.dropped.update(result.stats.dropped)
         room = 20 - len(st.bad_record_examples)
         st.bad_record_examples.extend(result.stats.bad_record_examples[: max(room, 0)])

@@ -68,6 +68,7 @@ class UnitStats:
     utf8_replacements: int = 0
     files_with_utf8_errors: int = 0
     gutenberg_stripped: int = 0
+    stopped_early: bool = False
     dropped: Counter = field(default_factory=Counter)
     bad_record_examples: list[str] = field(default_factory=list)
 
@@ -79,14 +80,6 @@ class UnitStats:
         if len(self.bad_record_examples) < MAX_BAD_RECORD_EXAMPLES:
             self.bad_record_examples.append(msg)
         log.warning("skipping bad record %s", msg)
-
-    def merge(self, other: UnitStats) -> None:
-        for name in ("input_files", "input_bytes", "records", "utf8_replacements", "files_with_utf8_errors"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.gutenberg_stripped += other.gutenberg_stripped
-        self.dropped.update(other.dropped)
-        room = MAX_BAD_RECORD_EXAMPLES - len(self.bad_record_examples)
-        self.bad_record_examples.extend(other.bad_record_examples[: max(room, 0)])
 
 
 @dataclass(frozen=True)
