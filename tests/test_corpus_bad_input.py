@@ -187,3 +187,13 @@ def test_flow_cli_exits_non_zero_on_bad_params(tmp_path, capsys):
     assert main(["--params", str(_write_params(tmp_path, "csv"))]) == 1
     err = capsys.readouterr().err
     assert "corpus stage failed: ParamsError" in err and "corpus.local_sources.0.kind" in err
+
+
+def test_hub_source_offline_is_a_clear_error(tmp_path, prev_out):
+    """Without BERT_DATA_ROOT the Hub sources are used; offline (as in tests) that fails clearly."""
+    params = load_params(Path(__file__).resolve().parents[1] / "params/corpus.yaml", "corpus", CorpusParams)
+    with pytest.raises(
+        CorpusError, match=r"cannot load Hugging Face dataset 'Salesforce/wikitext'.*BERT_DATA_ROOT"
+    ):
+        build_corpus(params, prev_out, data_root=None, workers=1)
+    assert_untouched(prev_out)
