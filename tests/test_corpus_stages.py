@@ -120,3 +120,32 @@ def test_flows_run_the_stages_and_record_them(shared_data, tmp_path, monkeypatch
     assert corpus_run["metrics.documents"] == 150 and corpus_run["tags.data_root"] == "local"
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(corpus_run["run_id"])}
     assert {"manifest.json", "data_checks"} <= artifacts
+
+
+@pytest.mark.slow
+def test_stage_command_fails_with_non_zero_exit_and_no_output(tmp_path):
+    """`python -m flows.corpus` (as DVC runs it, with Prefect) on a missing source: exit 1, nothing written."""
+    import os
+    import subprocess
+    import sys
+
+    import mlflow
+
+    params = {
+        "corpus": {
+            "sources": [{"name": "hub", "kind": "hf", "path": "Salesforce/wikitext"}],
+            "local_sources": [{"name": "books", "kind": "text", "path": "corpus/missing/*.txt"}],
+        }
+    }
+    (tmp_path / "corpus.yaml").write_text(yaml.safe_dump(params))
+    env = {**os.environ, "BERT_DATA_ROOT": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.corpus", "--params", str(tmp_path / "corpus.yaml"),
+         "--out", str(tmp_path / "out"), "--metrics", str(tmp_path / "corpus.json")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "corpus stage failed: SourceNotFoundError: source 'books' (text)" in proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "corpus.json").exists()
+    runs = mlflow.search_runs(experiment_names=["bert-pipeline"])
+    assert list(runs["status"]) == ["FAILED"] and list(runs["tags.stage"]) == ["corpus"]
