@@ -12,6 +12,8 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DVC_NO_ANALYTICS := 1
 export PYTHONUNBUFFERED := 1
+# DVC stage commands (`python -m flows.<stage>`) must find the project's interpreter.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: venv test test-slow lint format bench clean
 

@@ -1,0 +1,18 @@
+"""Prefect flows: one thin flow per pipeline stage (``python -m flows.<stage>``) plus the pipeline itself.
+
+Defaults set here, before any flow module imports Prefect: telemetry off, ``bert_core`` log lines shown in
+the Prefect UI, and a startup timeout that survives the first database migration of a fresh Prefect home.
+"""
+
+import os
+
+for _key, _value in {
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "GX_ANALYTICS_ENABLED": "false",
+    "DVC_NO_ANALYTICS": "1",
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "bert_core",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+}.items():
+    os.environ.setdefault(_key, _value)

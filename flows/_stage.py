@@ -38,17 +38,6 @@ METRICS_DIR = REPO_ROOT / "metrics"
 PIPELINE_EXPERIMENT = "bert-pipeline"
 FINETUNE_EXPERIMENT = "bert-finetune"
 
-for _k, _v in {
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "GX_ANALYTICS_ENABLED": "false",
-    "DVC_NO_ANALYTICS": "1",
-    "PREFECT_LOGGING_EXTRA_LOGGERS": "bert_core",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-}.items():
-    os.environ.setdefault(_k, _v)
-
 log = logging.getLogger("bert_core.stage")
 T = TypeVar("T")
 
