@@ -1,0 +1,163 @@
+"""The Prefect UI in a real browser: open the deployment, start a custom run with changed parameters, see it
+complete.
+
+Playwright drives Debian's Chromium (``/usr/bin/chromium``, headless; Playwright's own browser downloads are
+never used) against ``python -m flows.serve`` on a free loopback port. Two repositories: the stand-in
+pipeline (the UI path on its own, about two minutes) and a copy of the real one with the ``tiny`` profile
+on ../shared/data. Screenshots of every step land in the test's temporary directory (printed on failure).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from tests.e2e.conftest import copy_repository, serve_repository
+from tests.e2e.standin import make_standin_repo
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(3600)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+RUN_TIMEOUT_S = {"standin": 600, "real": 1800}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright = pytest.importorskip(
+        "playwright.sync_api", reason="pip install playwright (make test-browser)"
+    )
+    if not CHROMIUM.is_file():
+        pytest.skip("Debian's Chromium is not installed (apt-get install -y chromium)")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(params=["standin", "real"])
+def served(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"browser-{request.param}")
+    extra = {}
+    if request.param == "standin":
+        root = make_standin_repo(tmp / "repo", sleep=0.5)
+    else:
+        from tests.conftest import shared_data_root
+
+        data = shared_data_root()
+        if data is None:
+            pytest.skip("../shared/data is not present on this machine")
+        root = copy_repository(tmp / "repo")
+        extra["BERT_DATA_ROOT"] = str(data)
+    with serve_repository(root, tmp, extra) as served:
+        served.kind = request.param
+        served.shots = tmp / "screenshots"
+        served.shots.mkdir()
+        yield served
+
+
+def _prop(page, name: str):
+    """One field of Prefect's parameter form, by its label."""
+    label = page.locator(".schema-form-property__label", has_text=re.compile(rf"^{name}( \(Optional\))?$"))
+    return page.locator(".schema-form-property", has=label)
+
+
+def test_custom_run_from_the_ui_completes(browser, served):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    step = 0
+
+    def shot(name: str) -> None:
+        nonlocal step
+        step += 1
+        page.screenshot(path=str(served.shots / f"{step:02d}-{name}.png"), full_page=True)
+
+    exp_name = f"browser-{served.kind}-{int(time.time())}"
+    try:
+        # Open the deployment from the deployments list.
+        page.goto(f"{served.ui_url}/deployments", wait_until="networkidle")
+        page.locator("tr", has_text="bert-pipeline").get_by_role("link", name="local").click()
+        page.wait_for_url("**/deployments/deployment/**")
+        shot("deployment")
+
+        # Run -> Custom run: change the profile (a select) and the experiment name (a text field).
+        page.get_by_role("button", name="Run", exact=True).click()
+        page.get_by_text("Custom run", exact=True).click()
+        page.wait_for_url("**/run**")
+        select = _prop(page, "profile").locator("button.p-select-button__control")
+        select.click()
+        select.press("ArrowDown")  # opens the options list
+        page.locator(".p-select-option", has_text=re.compile(r"^tiny$")).click()
+        assert select.inner_text().strip() == "tiny"
+        name_field = _prop(page, "experiment_name")
+        name_field.get_by_role("button", name="str", exact=True).click()
+        name_field.locator("textarea").fill(exp_name)
+        run_name = page.locator(".p-label", has_text="Run Name").locator("input").first
+        run_name.fill(exp_name)
+        shot("custom-run-form")
+        page.get_by_role("button", name="Submit", exact=True).click()
+
+        # Back on the deployment page the new run is listed by its name; open it and watch its state badge.
+        page.get_by_role("link", name=exp_name).first.click()
+        page.wait_for_url("**/runs/flow-run/**")
+        flow_run_id = page.url.rstrip("/").split("/")[-1].split("?")[0]
+        shot("flow-run")
+        badge = page.locator(".state-badge").first
+        deadline = time.monotonic() + RUN_TIMEOUT_S[served.kind]
+        while True:
+            classes = badge.get_attribute("class") or ""
+            if re.search(r"state--(completed|failed|crashed|cancelled)", classes):
+                break
+            assert time.monotonic() < deadline, f"the run did not finish in time:\n{served.log_tail()}"
+            page.wait_for_timeout(5000)
+            page.reload(wait_until="networkidle")
+            badge = page.locator(".state-badge").first
+        shot("final-state")
+        assert "state--completed" in classes, f"{badge.inner_text()}\n{served.log_tail(120)}"
+        assert badge.inner_text().strip() == "Completed"
+
+        # The artifacts tab shows the pipeline summary.
+        page.get_by_text("Artifacts", exact=True).first.click()
+        page.get_by_text("pipeline-summary").first.wait_for()
+        shot("artifacts")
+    except Exception:
+        shot("failure")
+        print(f"screenshots: {served.shots}")
+        raise
+    finally:
+        page.close()
+
+    # The run used the form's values: a DVC experiment of that name, MLflow stage runs tagged with it.
+    run = served.wait(flow_run_id, 60)
+    assert run.parameters["profile"] == "tiny" and run.parameters["experiment_name"] == exp_name
+    from prefect.client.orchestration import get_client
+
+    with served.settings(), get_client(sync_client=True) as prefect_client:
+        created = [
+            r for r in prefect_client.read_flow_runs() if r.parameters.get("experiment_name") == exp_name
+        ]
+    assert len(created) == 1, "one click on Submit must create one flow run"
+    client = mlflow.MlflowClient(served.mlflow_uri)
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], f"tags.pipeline_run_id = '{flow_run_id}'"
+    )
+    assert runs and {r.data.tags["dvc_experiment"] for r in runs} == {exp_name}
+    if served.kind == "standin":
+        assert {r.data.params["size"] for r in runs} == {"1"}  # the stand-in's tiny profile
+    shutil.rmtree(served.shots, ignore_errors=True)
