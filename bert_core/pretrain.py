@@ -122,6 +122,11 @@ class PretrainParams(StrictModel):
     optimizer: OptimizerParams = Field(default_factory=OptimizerParams)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False
+    init_mlm_bias: Literal["zeros", "unigram"] = Field(
+        "zeros",
+        description="MLM output bias at init: zeros (paper) or log unigram frequencies of the training "
+        "labels, which saves short runs the first thousands of steps spent learning token frequencies",
+    )
     checkpoint_every: int = Field(200, ge=0, description="steps between checkpoints (0: phase ends only)")
     keep_last: int = Field(2, ge=1)
     eval_every: int = Field(0, ge=0, description="steps between held-out evaluations (0: phase ends only)")
@@ -268,6 +273,36 @@ def check_inputs(
     return stats
 
 
+def unigram_log_prior(train_dir: Path, max_items: int = 20_000_000) -> torch.Tensor:
+    """Log frequencies ``(V,)`` of the MLM targets in a training data directory (add-one smoothed).
+
+    Uses the stored labels of statically masked data, else the stored tokens (minus special tokens),
+    reading at most ``max_items`` of them. Setting the MLM output bias to this makes the untrained model
+    predict the unigram distribution (the best context-free guess) from step 0; the default (zeros) is
+    the paper's initialisation.
+    """
+    import numpy as np
+
+    from bert_core.pretrain_data.storage import InstanceStore
+
+    store = InstanceStore(train_dir)
+    counts = np.zeros(store.vocab_size, dtype=np.int64)
+    left = max_items
+    for shard in store.shards:
+        values = shard.arrays.get("mlm_labels") if store.static else None
+        if values is None:
+            values = shard.arrays["tokens"]
+        chunk = np.asarray(values[:left], dtype=np.int64)
+        counts += np.bincount(chunk, minlength=store.vocab_size)
+        left -= len(chunk)
+        if left <= 0:
+            break
+    if not store.static:
+        counts[list(store.index["special_token_ids"].values())] = 0
+    probs = (counts + 1) / (counts.sum() + len(counts))
+    return torch.from_numpy(np.log(probs)).float()
+
+
 def _fingerprint(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -307,13 +342,18 @@ def pretrain(
     from bert_core.model import BertForPreTraining
 
     model = BertForPreTraining(config)
+    if params.init_mlm_bias == "unigram":
+        with torch.no_grad():
+            model.cls.predictions.bias.copy_(unigram_log_prior(data_dir / params.phases[0].name / "train"))
     task = PretrainingTask.for_config(config)
     log.info(
         "pretraining %s (%.1fM parameters) on %s, %d process(es)",
         params.model.preset, model.num_parameters() / 1e6, dist.device, dist.world_size,
     )  # fmt: skip
 
-    fp = _fingerprint(config.to_dict(), params.optimizer.model_dump(mode="json"), params.seed)
+    fp = _fingerprint(
+        config.to_dict(), params.optimizer.model_dump(mode="json"), params.seed, params.init_mlm_bias
+    )
     history: list[dict[str, Any]] = []
     fits: list[FitResult] = []
     phase_metrics: dict[str, Any] = {}

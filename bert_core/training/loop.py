@@ -145,9 +145,11 @@ class Trainer:
     # ------------------------------------------------------------------ lifecycle
     def fit(self) -> FitResult:
         """setup -> train -> evaluate -> save -> clean up. See the module docstring for the faults raised."""
-        self._setup()
-        old_handlers = self._install_signal_handlers()
+        self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
+        old_handlers: dict[int, Any] = {}
         try:
+            self._setup()
+            old_handlers = self._install_signal_handlers()
             if not self._complete:
                 self._stop_reason = self._train()
                 self._evaluate()
@@ -171,7 +173,6 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
         cfg, dev = self.config, self.device
-        self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -234,7 +235,13 @@ class Trainer:
         candidates = ckpt.latest_loadable(self.checkpoint_dir) if self.dist.is_main else []
         candidates = self.dist.broadcast_object([str(c) for c in candidates])
         for path in map(Path, candidates):
-            state = ckpt.read_state(path)
+            try:
+                state = ckpt.read_state(path)
+            except ckpt.CheckpointError as exc:
+                if path == Path(candidates[-1]):
+                    raise
+                log.error("%s; trying the previous checkpoint", exc)
+                continue
             if self.fingerprint and state.get("fingerprint") != self.fingerprint:
                 raise ckpt.CheckpointError(
                     f"{path} was written by a run with other settings (fingerprint {state.get('fingerprint')!r}, "
