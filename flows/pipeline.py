@@ -144,6 +144,16 @@ def read_stage_metrics(root: Path, files: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def _artifact(key: str, markdown: str, description: str) -> None:
+    """A Markdown artifact in the Prefect UI: a convenience, so a failure to create one is only logged."""
+    try:
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(key=key, markdown=markdown, description=description)
+    except Exception as err:
+        get_run_logger().warning("could not create the Prefect artifact %s: %s", key, err)
+
+
 @task(name="dvc-stage", task_run_name="{stage}", cache_policy=NO_CACHE, retries=0)
 def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[str, ...]) -> Any:
     """One DVC stage as seen from the pipeline: its log lines, then its outcome and metrics."""
@@ -152,12 +162,8 @@ def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[st
         logger.info(line)
     metrics = read_stage_metrics(Path(root), metrics_files)
     if metrics:
-        from prefect.artifacts import create_markdown_artifact
-
-        create_markdown_artifact(
-            key=f"pipeline-{_slug(stage)}",
-            markdown=markdown_table(metrics, f"{stage} metrics"),
-            description=f"Metrics of stage {stage} ({feed.outcome})",
+        _artifact(
+            f"pipeline-{_slug(stage)}", markdown_table(metrics, f"{stage} metrics"), f"Metrics of {stage}"
         )
     result = {"stage": stage, "outcome": feed.outcome, "metrics": metrics}
     if feed.outcome == "failed":
@@ -409,7 +415,6 @@ def pipeline_flow(
     Returns:
         pipeline_run_id, dvc_experiment, command, overrides and each stage's outcome and metrics.
     """
-    from prefect.artifacts import create_markdown_artifact
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
@@ -455,11 +460,12 @@ def pipeline_flow(
         returncode, reports, tail = drive(args, root=root, env=env)
 
     ok = returncode == 0
-    create_markdown_artifact(
-        key="pipeline-summary",
-        markdown=summary_markdown(run_id, exp_name if ok else None, ["dvc", *args], reports, ok),
-        description=f"Pipeline run {run_id}",
-    )
+    if not ok and not targets:
+        with contextlib.suppress(Exception):  # the summary lists what never ran, when dvc.yaml is readable
+            seen = {r.stage for r in reports}
+            reports += [StageReport(i.name, "not run") for i in _dvc.stage_infos(root) if i.name not in seen]
+    summary = summary_markdown(run_id, exp_name if ok else None, ["dvc", *args], reports, ok)
+    _artifact("pipeline-summary", summary, f"Pipeline run {run_id}")
     if not ok:
         failed = [r.stage for r in reports if r.outcome == "failed"]
         where = f"stage '{failed[0]}' failed" if failed else "DVC failed before running a stage"
