@@ -138,7 +138,7 @@ def bench_loader(data_dirs: list[Path], batch_sizes: list[int], batches: int = 5
 
 
 def monitor(proc: subprocess.Popen) -> dict:
-    peak = {"rss": 0, "procs": 0}
+    peak = {"rss": 0, "procs": 0, "single": 0}
     ps = psutil.Process(proc.pid)
 
     def sample() -> None:
@@ -148,7 +148,9 @@ def monitor(proc: subprocess.Popen) -> dict:
                 rss = 0
                 for p in procs:
                     with contextlib.suppress(psutil.Error):
-                        rss += p.memory_info().rss
+                        one = p.memory_info().rss
+                        rss += one
+                        peak["single"] = max(peak["single"], one)
                 if rss > peak["rss"]:
                     peak["rss"], peak["procs"] = rss, len(procs)
             time.sleep(0.05)
@@ -162,6 +164,7 @@ def monitor(proc: subprocess.Popen) -> dict:
     result = json.loads(out.strip().splitlines()[-1])
     result["peak_rss_mb"] = peak["rss"] / 2**20
     result["processes_at_peak"] = peak["procs"]
+    result["peak_single_process_rss_mb"] = peak["single"] / 2**20
     return result
 
 
@@ -216,14 +219,15 @@ def main() -> None:
     print(f"phases {args.phases}, dupe_factor {args.dupe_factor}; CPU: {os.cpu_count()} cores")
     print(
         "| run | corpus tokens | instances | tokens out | wall s | inst/s | tokens/s | CPU s | inst per CPU-s "
-        "| peak RSS MB (all procs) | load 1m before/after |"
+        "| peak RSS MB (all procs) | max RSS MB of one process | load 1m before/after |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         print(
             f"| {name} | {r['corpus_tokens']:,} | {r['instances']:,} | {r['tokens']:,} | {r['seconds']:.1f} "
             f"| {r['instances'] / r['seconds']:,.0f} | {r['tokens'] / r['seconds']:,.0f} | {r['cpu_s']:.1f} "
             f"| {r['instances'] / r['cpu_s']:,.0f} | {r['peak_rss_mb']:.0f} ({r['processes_at_peak']}) "
+            f"| {r['peak_single_process_rss_mb']:.0f} "
             f"| {r['load_avg_1m'][0]:.1f} / {r['load_avg_1m'][1]:.1f} |"
         )
     if args.json:

@@ -136,6 +136,14 @@ def read_index(data_dir: str | Path) -> dict[str, Any]:
     return index
 
 
+def _ranges(starts: np.ndarray, ends: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(n, width)`` indices ``starts[i] + j`` (clamped to ``starts[i]`` past the end) and the mask
+    ``j < ends[i] - starts[i]``."""
+    j = np.arange(width)[None, :]
+    valid = j < (ends - starts)[:, None]
+    return starts[:, None] + np.where(valid, j, 0), valid
+
+
 @dataclass
 class _Shard:
     name: str
@@ -221,13 +229,13 @@ class InstanceStore:
             lengths[rows] = ends - starts
             len_a[rows] = a["len_a"][local]
             nsp[rows] = a["nsp"][local]
-            tokens = a["tokens"]
-            for r, st, en in zip(rows.tolist(), starts.tolist(), ends.tolist()):
-                ids[r, : en - st] = tokens[st:en]
+            src, valid = _ranges(starts, ends, t)  # one vectorised gather per shard
+            ids[rows] = np.where(valid, a["tokens"][src], pad_id)
             if labels is not None:
                 ps, pe = a["mlm_offsets"][local], a["mlm_offsets"][local + 1]
-                for r, st, en in zip(rows.tolist(), ps.tolist(), pe.tolist()):
-                    labels[r, a["mlm_pos"][st:en]] = a["mlm_labels"][st:en]
+                src, valid = _ranges(ps, pe, int((pe - ps).max(initial=0)))
+                r = np.broadcast_to(rows[:, None], valid.shape)[valid]
+                labels[r, a["mlm_pos"][src[valid]]] = a["mlm_labels"][src[valid]]
             if docs is not None:
                 docs[rows] = a["docs"][local]
         out = {"ids": ids, "lengths": lengths, "len_a": len_a, "nsp": nsp}
