@@ -135,6 +135,7 @@ class PretrainParams(StrictModel):
     log_every: int = Field(20, ge=1)
     seed: int = Field(0, ge=0)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    num_threads: int | None = Field(None, ge=1, description="CPU threads for torch (null: torch's default)")
     deterministic: bool = False
     registered_model: str = Field("bert-pretrained", min_length=1, description="MLflow registry name")
     registry_alias: str = Field("newest", min_length=1, description="alias moved to each new version")
@@ -338,6 +339,8 @@ def pretrain(
     data_stats = check_inputs(params, data_dir, vocab_dir, dist.world_size)
     ckpt_root = Path(checkpoint_root) if checkpoint_root else out_dir.with_name(out_dir.name + ".checkpoints")
     config = params.model.config(data_stats["vocab_size"])
+    if params.num_threads:
+        torch.set_num_threads(params.num_threads)
     torch.manual_seed(params.seed)
     from bert_core.model import BertForPreTraining
 
