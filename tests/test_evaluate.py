@@ -77,6 +77,7 @@ def test_summary_metrics(results_dir, tmp_path):
     assert metrics["wnli.accuracy"] == 0.0 and metrics["squad_v1.f1"] == 30.0
     assert metrics["gap.sst2.accuracy"] == pytest.approx(82.0 - 70.0)
     assert metrics["random_init.sst2.accuracy"] == 70.0 and metrics["gap.mean"] == pytest.approx(12.0)
+    assert metrics["glue.random_init_average"] == 70.0 and metrics["gap.glue_average"] == pytest.approx(12.0)
     assert metrics["cola.matthews_corr_std"] == pytest.approx(7.0710678)
     assert metrics["mnli_mm.accuracy"] == 62.0 and metrics["tasks"] == 5
     on_disk = json.loads(paths["metrics"].read_text())
