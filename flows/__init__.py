@@ -13,6 +13,8 @@ for _key, _value in {
     "GX_ANALYTICS_ENABLED": "false",
     "DVC_NO_ANALYTICS": "1",
     "PREFECT_LOGGING_EXTRA_LOGGERS": "bert_core",
+    # bert_core logs outside flow runs too (tests, plain scripts): no warning per record there.
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
 }.items():
     os.environ.setdefault(_key, _value)
