@@ -121,7 +121,7 @@ def finetune_flow(
                 name=f"{params.registry.name_prefix}{spec.name}",
                 run_id=run.run_id,
                 metric_key=f"dev.{spec.main_metric}",
-                value=metrics[f"dev.{spec.main_metric}"],
+                value=metrics.get(f"dev.{spec.main_metric}", float("nan")),  # NaN: undefined correlation
                 alias=params.registry.alias,
                 tags={**trial_tags, "selected_trial": result.selected.name},
             )
