@@ -153,7 +153,9 @@ def stage_modules(root: Path = REPO_ROOT) -> list[str]:
 
 
 def stage_flows(root: Path = REPO_ROOT) -> list[Any]:
-    """The Prefect flows defined in the stage modules; a module that fails to import is skipped with a warning."""
+    """The Prefect flows of the stage modules: module-level ``Flow`` objects, or ``PREFECT_FLOW`` (a flow, or a
+    function returning one, for modules that build their flow lazily). A module that fails to import or has
+    no flow is skipped with a warning."""
     from prefect import Flow
 
     found = []
@@ -169,8 +171,17 @@ def stage_flows(root: Path = REPO_ROOT) -> list[Any]:
             for obj in vars(module).values()
             if isinstance(obj, Flow) and getattr(obj.fn, "__module__", None) == module_name
         ]
+        factory = getattr(module, "PREFECT_FLOW", None)  # a module that builds its flow lazily says how
+        if not flows_here and factory is not None:
+            built = factory() if callable(factory) and not isinstance(factory, Flow) else factory
+            if isinstance(built, Flow):
+                flows_here = [built]
         if not flows_here:
-            log.warning("not serving %s: it defines no Prefect flow", module_name)
+            log.warning(
+                "not serving %s: it defines no module-level Prefect flow (nor PREFECT_FLOW, a flow or a "
+                "function returning one)",
+                module_name,
+            )
         found += flows_here
     return found
 
