@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import sys
 import threading
 
 import pytest
@@ -85,7 +86,7 @@ def test_a_module_that_builds_its_flow_lazily_is_served(tmp_path, monkeypatch):
     module = types.ModuleType("flows.lazy")
     module.PREFECT_FLOW = lambda: flow(name="lazy")(_lazy_fn)
     (tmp_path / "dvc.yaml").write_text("stages:\n  a: {cmd: python -m flows.lazy}\n")
-    monkeypatch.setattr(serve.importlib, "import_module", lambda name: module)
+    monkeypatch.setitem(sys.modules, "flows.lazy", module)
     (built,) = serve.stage_flows(tmp_path)
     assert built.name == "lazy"
     module.PREFECT_FLOW = None
