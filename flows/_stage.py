@@ -47,6 +47,52 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
 
 
+def ensure_tracking_store(uri: str) -> None:
+    """Create a new SQLite tracking store whole or not at all (other stores: nothing to do).
+
+    MLflow creates its schema table by table, then migrates it; a stage killed during that first
+    initialisation would leave a half-created database on which every later run fails ("table ... already
+    exists"). The schema is built in a temporary file and linked into place only when complete; when
+    another process got there first, its store is kept.
+    """
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed while creating it
+        pid = stale.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            stale.unlink(missing_ok=True)
+    if path.exists():
+        return
+    from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH)
+        store.engine.dispose()
+        try:
+            os.link(tmp, path)  # fails if another process created the store meanwhile: keep theirs
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links
+            if not path.exists():
+                os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def git_commit() -> str:
     """The current git commit (with ``-dirty`` when the work tree has changes), or ``unknown``."""
     try:
@@ -177,6 +223,7 @@ def stage_run(
     """Open one MLflow run for a stage run: params, standard tags; status FAILED if the block raises."""
     import mlflow
 
+    ensure_tracking_store(tracking_uri())
     retry_tracking(mlflow.set_tracking_uri)(tracking_uri())
     retry_tracking(mlflow.set_experiment)(experiment)
     base_tags = {
