@@ -113,3 +113,49 @@ def test_metrics_logged_while_the_server_is_down_reach_it_after_a_restart(
         assert history.keys() == by_step.keys(), (key, sorted(by_step), sorted(history))
         for step, value in by_step.items():
             assert history[step] == pytest.approx(value, rel=1e-6, abs=1e-9), (key, step)
+
+
+KILLED_DURING_STORE_CREATION = """
+import os, signal
+import mlflow.store.db.utils as db_utils
+from sqlalchemy import event
+
+real_upgrade = db_utils._upgrade_db
+
+def upgrade_then_die(engine):  # SIGKILL half-way through MLflow's schema migrations
+    @event.listens_for(engine, "after_cursor_execute")
+    def after(conn, cursor, statement, *args):
+        if statement.lstrip().upper().startswith("CREATE TABLE DATASETS"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    real_upgrade(engine)
+
+db_utils._upgrade_db = upgrade_then_die
+from flows._stage import stage_run
+with stage_run("corpus", {"a": 1}):
+    pass
+"""
+
+STAGE_RUN = """
+from flows._stage import stage_run
+with stage_run("corpus", {"a": 1}) as run:
+    run.log_metrics({"documents": 3})
+print("logged", run.run_id)
+"""
+
+
+def test_a_stage_killed_while_creating_the_tracking_store_leaves_no_broken_store(tmp_path):
+    """The first stage run of a repository creates ``mlflow.db``; a kill then must not break every later run."""
+    import subprocess
+    import sys
+
+    env = base_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
+    killed = subprocess.run([sys.executable, "-c", KILLED_DURING_STORE_CREATION], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not (tmp_path / "store" / "mlflow.db").exists()  # before the fix: a half-migrated store on
+    # which every later run failed with "table datasets already exists"
+    again = subprocess.run([sys.executable, "-c", STAGE_RUN], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0 and "logged" in again.stdout, again.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "store").iterdir()] == ["mlflow.db"]  # the killed one's temp removed
