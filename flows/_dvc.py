@@ -80,7 +80,7 @@ def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
                     params += [(dep.def_path, k) for k in keys]
             infos.append(
                 StageInfo(
-                    name=stage.addressing,
+                    name=stage.name,
                     cmd=cmd,
                     metrics=tuple(o.def_path for o in stage.outs if o.metric),
                     params=tuple(params),

@@ -99,7 +99,6 @@ def test_first_run_produces_everything(served, first):
     for task, r in fine.items():
         assert r.info.experiment_id == finetune_exp
         assert any(k.startswith("dev.") for k in r.data.metrics), (task, r.data.metrics)
-        assert r.data.tags.get("pretrained_model_version"), r.data.tags
 
     # Registry: the pretrained model and one model per task, each with a version.
     registered = {m.name for m in client.search_registered_models()}
@@ -143,3 +142,15 @@ def test_one_task_param_reruns_that_task_and_evaluate(served, first, capsys):
     params = yaml.safe_load((served.root / "params" / "finetune.yaml").read_text())["finetune"]
     assert params["tasks"]["mrpc"]["train_limit"] == 200
     assert "up to date" in _dvc_cli(served, "status")
+
+
+def test_finetune_runs_name_their_pretrained_model_version(served, first):
+    """Comparing two pretrained models needs each fine-tuning run tagged with the model version it used."""
+    client = mlflow.MlflowClient(served.mlflow_uri)
+    runs = [r for r in _stage_runs(client, first[1]) if r.data.tags.get("stage") == "finetune"]
+    versions = {v.version for v in client.search_model_versions("name = 'bert-pretrained'")}
+    top = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert top
+    for r in top:
+        assert r.data.tags.get("pretrained_model") == "bert-pretrained", r.data.tags
+        assert r.data.tags.get("pretrained_model_version") in versions, r.data.tags
