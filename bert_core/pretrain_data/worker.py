@@ -8,6 +8,7 @@ window, phase and dupe pass, creates, masks and appends instances. Every random 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import zlib
@@ -199,6 +200,21 @@ def _write_chunk(
     s["eligible"] += int((lengths - 3).sum())
 
 
+def release_memory() -> None:
+    """Hand freed memory back to the OS (Arrow's pool and glibc's heap), so a long-lived worker's RSS
+    tracks its current window rather than the largest one it has ever held."""
+    import ctypes
+    import ctypes.util
+
+    import pyarrow as pa
+
+    with contextlib.suppress(Exception):
+        pa.default_memory_pool().release_unused()
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+
+
 def run_task(job: Job) -> dict[str, Any]:
     """Worker: build every phase's output shard for one task; return the shards' index entries + stats."""
     p = PretrainDataParams.model_validate(job.params)
@@ -258,6 +274,8 @@ def run_task(job: Job) -> dict[str, Any]:
                         pairs.slice(c, c + CHUNK_INSTANCES), window, t, writers[phase], stats[phase],
                         specs[phase], mask_rng, vocab.continuation, p.track_docs,
                     )  # fmt: skip
+        del window
+        release_memory()
     out = {}
     for phase in p.phases:
         s = stats[phase]
