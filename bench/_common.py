@@ -23,13 +23,26 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
-def time_call(fn: Callable[[], Any], sync: Callable[[], None] | None = None) -> float:
-    """Seconds one call of ``fn`` takes (``sync`` is run before reading the clock, e.g. CUDA sync)."""
-    start = time.perf_counter()
+CLOCKS: dict[str, Callable[[], float]] = {
+    # Wall time: what a user waits for; right on a quiet machine.
+    "wall": time.perf_counter,
+    # CPU time of this process: the work done, far less sensitive to other processes competing for
+    # the cores of a shared machine (use with one thread: idle-spinning worker threads count too).
+    "cpu": time.process_time,
+}
+
+
+def time_call(
+    fn: Callable[[], Any],
+    sync: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """Seconds one call of ``fn`` takes on ``clock`` (``sync`` runs before the clock is read, e.g. CUDA sync)."""
+    start = clock()
     fn()
     if sync is not None:
         sync()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def interleaved_timing(
@@ -37,6 +50,7 @@ def interleaved_timing(
     repeats: int,
     warmup: int = 1,
     sync: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
     """Time several callables in alternation; returns seconds per call for each name.
 
@@ -50,7 +64,7 @@ def interleaved_timing(
     for rep in range(warmup + repeats):
         order = names if rep % 2 == 0 else names[::-1]
         for name in order:
-            elapsed = time_call(fns[name], sync)
+            elapsed = time_call(fns[name], sync, clock)
             if rep >= warmup:
                 times[name].append(elapsed)
     return times
