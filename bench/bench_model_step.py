@@ -124,9 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         return step
 
-    times = interleaved_timing(
-        {"ours": stepper(ours), "transformers": stepper(theirs)}, args.steps, args.warmup
-    )
+    steppers = {"ours": stepper(ours), "transformers": stepper(theirs)}
+    times = interleaved_timing(steppers, args.steps, args.warmup, clock=CLOCKS[args.clock])
     speedup = paired_ratios(times["transformers"], times["ours"])
     tokens = args.batch_size * args.seq_len
     result = {
