@@ -9,6 +9,8 @@ window, phase and dupe pass, creates, masks and appends instances. Every random 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import itertools
 import random
 import zlib
@@ -200,18 +202,25 @@ def _write_chunk(
     s["eligible"] += int((lengths - 3).sum())
 
 
+@functools.cache
+def _libc():
+    """glibc, for ``malloc_trim`` (``None`` elsewhere). Loaded by name: ``ctypes.util.find_library`` would
+    spawn ``ldconfig`` every time."""
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def release_memory() -> None:
     """Hand freed memory back to the OS (Arrow's pool and glibc's heap), so a long-lived worker's RSS
     tracks its current window rather than the largest one it has ever held."""
-    import ctypes
-    import ctypes.util
-
     import pyarrow as pa
 
     with contextlib.suppress(Exception):
         pa.default_memory_pool().release_unused()
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
 
 
