@@ -87,7 +87,7 @@ def reference_round(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        _ = float(out.loss)  # the loss leaves the device each step, as in any logging loop
+        _ = float(out.loss.detach())  # the loss leaves the device each step, as in any logging loop
     return time.perf_counter() - w0, time.process_time() - c0, steps * batch
 
 

@@ -185,7 +185,7 @@ def run(
         checkpoint_every=checkpoint_every,
         log_every=config_kw.pop("log_every", 1),
         seed=seed,
-        deterministic=True,
+        deterministic=config_kw.pop("deterministic", True),
         device="cpu",
         **config_kw,
     )
