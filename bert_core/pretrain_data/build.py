@@ -13,12 +13,14 @@ data checks (:mod:`.checks`) *before* it is moved into place: a crash or a faile
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,8 +125,19 @@ def plan_tasks(corpus_dir: str | Path, split: str, task_bytes: int) -> list[Task
     return tasks
 
 
-def _init_worker(threads: int) -> None:
-    os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's thread pool, set before its first use
+def _init_worker(threads: int, parent: int) -> None:
+    """Worker start-up: size the tokenizer's thread pool (before its first use) and die with the parent.
+
+    A killed build must not leave workers running on (Linux: ``PR_SET_PDEATHSIG``; elsewhere they stop
+    when their task queue closes).
+    """
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _execute(jobs: list[Job], num_workers: int) -> list[dict[str, Any]]:
@@ -143,7 +156,7 @@ def _execute(jobs: list[Job], num_workers: int) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")  # fresh interpreters: no inherited tokenizer threads or locks
     try:
         with ProcessPoolExecutor(
-            workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)
+            workers, mp_context=ctx, initializer=_init_worker, initargs=(threads, os.getpid())
         ) as ex:
             return list(ex.map(run_task, jobs))
     except BrokenProcessPool as err:
