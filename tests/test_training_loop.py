@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 
@@ -118,7 +119,9 @@ def test_resume_of_a_loader_without_state_dict_skips_consumed_batches(tmp_path):
         if on_micro:
             inner = task.step
             task.step = lambda m, b: (on_micro(), inner(m, b))[1]
-        cfg = TrainConfig(max_steps=9, lr=0.05, warmup_steps=1, grad_accum=1, device="cpu", checkpoint_every=2)
+        cfg = TrainConfig(
+            max_steps=9, lr=0.05, warmup_steps=1, grad_accum=1, device="cpu", checkpoint_every=2
+        )
         Trainer(model, task, _regression_batches(4, 8), cfg, checkpoint_dir=ckdir).fit()  # 4 batches/epoch
         return model
 
@@ -176,7 +179,7 @@ def test_time_budget_stops_the_run_and_the_schedule_follows_it():
     peak = max(lrs)
     assert peak <= 1e-3
     after = lrs[lrs.index(peak) :]
-    assert all(a >= b for a, b in zip(after, after[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(after))
     assert lrs[-1] < 0.5 * 1e-3
 
 
