@@ -339,6 +339,11 @@ def pretrain(
     data_stats = check_inputs(params, data_dir, vocab_dir, dist.world_size)
     ckpt_root = Path(checkpoint_root) if checkpoint_root else out_dir.with_name(out_dir.name + ".checkpoints")
     config = params.model.config(data_stats["vocab_size"])
+    if params.deterministic and params.time_budget_minutes is not None:
+        log.warning(
+            "deterministic is set but so is time_budget_minutes: when the budget is the nearer limit, the "
+            "schedule and the stopping step depend on timing; set time_budget_minutes: null for bit-exact runs"
+        )
     if params.num_threads:
         torch.set_num_threads(params.num_threads)
     torch.manual_seed(params.seed)
