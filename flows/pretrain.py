@@ -69,8 +69,12 @@ def register_model(run: Any, result: PretrainResult, params: PretrainParams) -> 
         except MlflowException as err:  # created meanwhile by a concurrent run
             if "already exists" not in str(err).lower():
                 raise
+    from bert_core.finetune.tracking import FINGERPRINT_TAG, fingerprint
+
     heldout = result.metrics["heldout"]
     tags = {
+        # lets fine-tuning runs started from the local models/pretrained name this registered version
+        FINGERPRINT_TAG: fingerprint(result.model_dir),
         "git_commit": git_commit(),
         "stage": "pretrain",
         "preset": params.model.preset,
@@ -133,6 +137,10 @@ def _flow():
     from prefect import flow
 
     return flow(name="pretrain", log_prints=True)(pretrain_flow_fn)
+
+
+#: How flows.serve finds this stage's flow (built lazily: importing this module must not import Prefect).
+PREFECT_FLOW = _flow
 
 
 def _worker_rank(args: argparse.Namespace) -> None:
