@@ -126,14 +126,15 @@ def choose_positions(
             continue
         members = eligible[i] & (word[i] > 0)
         sizes = np.bincount(word[i][members], minlength=s.size + 1)[1:]
-        filled = 0
-        for w in np.argsort(keys[i, s], kind="stable"):
-            if filled >= k[i]:
+        order = np.argsort(keys[i, s], kind="stable")
+        picked, filled, budget = [], 0, int(k[i])
+        for w, size in zip(order.tolist(), sizes[order].tolist()):
+            if filled >= budget:
                 break
-            if filled + sizes[w] > k[i]:
-                continue
-            chosen[i] |= members & (word[i] == w + 1)
-            filled += sizes[w]
+            if filled + size <= budget:  # a word that would overshoot is skipped (Google's rule)
+                picked.append(w + 1)
+                filled += size
+        chosen[i] = members & np.isin(word[i], picked)
     return chosen
 
 
