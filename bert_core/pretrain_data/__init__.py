@@ -20,7 +20,7 @@ whole-word masking with skip-on-overshoot and per-token 80/10/10), with these de
    the same document after 10 failed draws).
 2. ``nsp_balance`` (default on): single-sentence chunks are forced to NotNext, which lifts Google's NotNext
    share above 50% (53.4% at seq128, 54.8% at seq512 on the default corpus); balancing leans the coin of
-   multi-sentence chunks against the running imbalance so the share is ``random_next_prob`` within a
+   multi-sentence chunks against the running imbalance (carried over a task's windows and passes) so the share is ``random_next_prob`` within a
    fraction of a point (50.0% on the same corpus).
 3. ``num_to_predict`` counts the maskable positions (Google multiplies the full length including
    [CLS]/[SEP]); literal special tokens in text, [UNK] included, are never masked (Hugging Face's rule);

@@ -12,9 +12,12 @@ see exactly what the model will see, dynamic masks included (epoch 0). One row p
   the [MASK]/random/unchanged split 80/10/10 +- 1 point each; the IsNext share ``1 - random_next_prob``
   +- 1 point.
 
-A statistical check is critical only when the sample is large enough for its tolerance (three standard
-errors of sampling within the tolerance, finite population corrected); otherwise it is reported but
-advisory, and the report says so.
+Small outputs: the shares of an output are themselves random (each prediction's 80/10/10 draw, each
+pair's NSP label), so a few thousand predictions cannot be held to +-1 point. Each statistical check is
+therefore critical at ``+-max(tolerance, 3 standard errors of the share in this sample)``, and, when the
+noise band is the wider one, repeated at the exact tolerance as an advisory (reported, not fatal). On the
+real corpus's samples (50,000 instances) three standard errors are below the tolerances, so the critical
+bounds are exactly the ones above; a gross error (e.g. no NotNext at all) fails at any size.
 """
 
 from __future__ import annotations
@@ -95,12 +98,19 @@ def _features(store: InstanceStore, idx: np.ndarray, seed: int) -> dict[str, np.
         }
 
 
-def _enough(n: int, population: int, p: float, tol: float) -> bool:
-    """Three standard errors of a sampled share (finite population corrected) within ``tol``."""
-    if n <= 0:
-        return False
-    fpc = (population - n) / max(population - 1, 1)
-    return 3 * math.sqrt(p * (1 - p) / n * fpc) <= tol
+def _share_checks(column: str, target: float, tol: float, sd: float) -> list:
+    """Critical at ``target +- max(tol, 3 sd)``; plus an advisory at ``target +- tol`` when noise is wider."""
+    import great_expectations as gx
+
+    def between(width: float):
+        return gx.expectations.ExpectColumnMeanToBeBetween(
+            column=column, min_value=target - width, max_value=target + width
+        )
+
+    from bert_core.checks import Check
+
+    band = max(tol, 3 * sd)
+    return [Check(between(band))] + ([Check(between(tol), critical=False)] if band > tol else [])
 
 
 def check_output(data_dir: str | Path, *, sample_size: int, seed: int, report_dir: str | Path | None = None):
@@ -151,31 +161,26 @@ def check_output(data_dir: str | Path, *, sample_size: int, seed: int, report_di
             e.ExpectColumnValuesToBeBetween(column="stray_special_tokens", min_value=0, max_value=0), False
         ),
     ]
-    # statistical checks: critical only when the sample can resolve their tolerance
-    population_preds = int(index["num_predictions"]) or n_preds * n_all // max(len(df), 1)
+    # statistical checks: the tolerance, widened to 3 standard errors when the sample is too small for it
+    inv_k = float((1 / df["predictions"][df["predictions"] > 0]).mean()) if n_preds else 1.0
+    n_pred_rows = int((df["predictions"] > 0).sum())
     statistical = [
         Check(
             e.ExpectColumnMeanToBeBetween(
                 column="masked_share_long", min_value=p_mlm - 0.005, max_value=p_mlm + 0.005
             ),
             critical=n_long >= 100,
-        ),
-        *(
-            Check(
-                e.ExpectColumnMeanToBeBetween(column=col, min_value=p - 0.01, max_value=p + 0.01),
-                critical=_enough(n_preds, population_preds, p, 0.01),
-            )
-            for col, p in (
-                ("mask_frac", MASK_PROB),
-                ("keep_frac", KEEP_PROB),
-                ("random_frac", 1 - MASK_PROB - KEEP_PROB),
-            )
-        ),
-        Check(
-            e.ExpectColumnMeanToBeBetween(column="is_next", min_value=p_next - 0.01, max_value=p_next + 0.01),
-            critical=_enough(len(df), n_all, p_next, 0.01),
-        ),
+        )
     ]
+    for col, p in (
+        ("mask_frac", MASK_PROB),
+        ("keep_frac", KEEP_PROB),
+        ("random_frac", 1 - MASK_PROB - KEEP_PROB),
+    ):
+        # mean of per-instance fractions: Var = p(1-p) * mean(1/k) / n
+        sd = math.sqrt(p * (1 - p) * inv_k / max(n_pred_rows, 1))
+        statistical += _share_checks(col, p, 0.01, sd)
+    statistical += _share_checks("is_next", p_next, 0.01, math.sqrt(p_next * (1 - p_next) / max(len(df), 1)))
     checks += statistical
     suite = f"pretrain_data.{index['phase']}.{index['split']}"
     report = validate(df, suite, checks, report_dir=report_dir)
@@ -189,7 +194,8 @@ def check_output(data_dir: str | Path, *, sample_size: int, seed: int, report_di
         "keep_share": float(df["n_keep"].sum() / max(n_preds, 1)),
         "random_share": float((n_preds - df["n_mask"].sum() - df["n_keep"].sum()) / max(n_preds, 1)),
         "is_next_share": float(df["is_next"].mean()),
-        "advisory_statistical_checks": sum(not c.critical for c in statistical),
+        "advisory_checks": sum(not c.critical for c in statistical),
+        "advisory_failed": sum(not r.critical for r in report.failed),
         "failed": len(report.failed),
         "failed_critical": len(report.failed_critical),
     }

@@ -100,6 +100,15 @@ def _front_pops(rng: random.Random, pops: int) -> int:
     return rng.getrandbits(pops).bit_count() if pops > 0 else 0
 
 
+@dataclass
+class NspCounter:
+    """Running NotNext and total counts that ``nsp_balance`` steers by; pass the same counter to every
+    window and pass of a task so the share is balanced over the task, not just over each call."""
+
+    random_next: int = 0
+    total: int = 0
+
+
 def create_pairs(
     window: Window,
     *,
@@ -108,6 +117,7 @@ def create_pairs(
     random_next_prob: float,
     nsp_balance: bool,
     rng: random.Random,
+    counter: NspCounter | None = None,
 ) -> Pairs:
     """One pass of Google's per-document algorithm over every document of ``window``.
 
@@ -118,6 +128,7 @@ def create_pairs(
         random_next_prob: NotNext probability for chunks of two or more sentences.
         nsp_balance: Compensate forced NotNext (see the module docstring).
         rng: Source of every random choice.
+        counter: Counts carried over from earlier calls (updated in place); a fresh one when omitted.
 
     Returns:
         The instances' segment slices and labels.
@@ -127,21 +138,23 @@ def create_pairs(
     max_tokens = max_seq_length - 3
     ss = window.sent_starts.tolist()
     ds = window.doc_sents.tolist()
-    out: dict[str, list] = {k: [] for k in Pairs.__dataclass_fields__}
-    n_random = n_total = 0
+    rows: list[tuple[int, ...]] = []  # one tuple per instance, in Pairs field order
+    counter = counter if counter is not None else NspCounter()
+    n_random, n_total = counter.random_next, counter.total
+    uniform = rng.random
 
     for d in range(n_docs):
         first, end = ds[d], ds[d + 1]
         target = max_tokens
-        short = rng.random() < short_seq_prob
+        short = uniform() < short_seq_prob
         if short:
-            target = rng.randint(2, max_tokens)
+            target = 2 + int(uniform() * (max_tokens - 1))  # uniform in [2, max_tokens]
         chunk_first, length, i = first, 0, first
         while i < end:
             length += ss[i + 1] - ss[i]
             if i == end - 1 or length >= target:
                 n_chunk = i - chunk_first + 1
-                a_end = rng.randint(1, n_chunk - 1) if n_chunk >= 2 else 1
+                a_end = 1 + int(uniform() * (n_chunk - 1)) if n_chunk >= 2 else 1  # in [1, n_chunk - 1]
                 a_s, a_e = ss[chunk_first], ss[chunk_first + a_end]
                 if n_chunk == 1:
                     is_random = True
@@ -150,13 +163,13 @@ def create_pairs(
                 elif nsp_balance and n_random - random_next_prob * n_total <= -0.5:
                     is_random = True
                 else:
-                    is_random = rng.random() < random_next_prob
+                    is_random = uniform() < random_next_prob
                 if is_random:
                     target_b = target - (a_e - a_s)
-                    rd = int(rng.random() * (n_docs - 1))
+                    rd = int(uniform() * (n_docs - 1))
                     rd += rd >= d  # any document but this one
                     r_first, r_end = ds[rd], ds[rd + 1]
-                    j = r_first + int(rng.random() * (r_end - r_first))
+                    j = r_first + int(uniform() * (r_end - r_first))
                     b_s, b_len = ss[j], 0
                     while j < r_end:
                         b_len += ss[j + 1] - ss[j]
@@ -170,22 +183,33 @@ def create_pairs(
                 la, lb = a_e - a_s, b_e - b_s
                 pop_a, pop_b = truncation_pops(la, lb, max_tokens)
                 front_a, front_b = _front_pops(rng, pop_a), _front_pops(rng, pop_b)
-                out["a_start"].append(a_s + front_a)
-                out["a_len"].append(la - pop_a)
-                out["b_start"].append(b_s + front_b)
-                out["b_len"].append(lb - pop_b)
-                out["random_next"].append(is_random)
-                out["a_doc"].append(d)
-                out["b_doc"].append(b_doc)
-                out["truncated"].append(pop_a + pop_b > 0)
-                out["short_target"].append(short)
+                rows.append(
+                    (
+                        a_s + front_a,
+                        la - pop_a,
+                        b_s + front_b,
+                        lb - pop_b,
+                        is_random,
+                        d,
+                        b_doc,
+                        pop_a + pop_b > 0,
+                        short,
+                    )
+                )
                 n_random += is_random
                 n_total += 1
                 chunk_first, length = i + 1, 0
             i += 1
 
-    dtypes = {"random_next": bool, "truncated": bool, "short_target": bool}
-    return Pairs(**{k: np.asarray(v, dtype=dtypes.get(k, np.int64)) for k, v in out.items()})
+    counter.random_next, counter.total = n_random, n_total
+    table = np.array(rows, dtype=np.int64).reshape(len(rows), len(Pairs.__dataclass_fields__))
+    flags = {"random_next", "truncated", "short_target"}
+    return Pairs(
+        **{
+            k: table[:, c].astype(bool) if k in flags else table[:, c].copy()
+            for c, k in enumerate(Pairs.__dataclass_fields__)
+        }
+    )
 
 
 def materialize(

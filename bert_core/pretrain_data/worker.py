@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_core.pretrain_data.instances import Pairs, Window, create_pairs, materialize
+from bert_core.pretrain_data.instances import NspCounter, Pairs, Window, create_pairs, materialize
 from bert_core.pretrain_data.masking import MaskingSpec, mask_with_generator
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.storage import ShardWriter
@@ -94,9 +94,12 @@ def _encode(tokenizer, sentences) -> tuple[np.ndarray, np.ndarray]:
     lens: list[np.ndarray] = []
     for k in range(0, len(sentences), ENCODE_BATCH_SENTENCES):
         texts = [t or "" for t in sentences.slice(k, ENCODE_BATCH_SENTENCES).to_pylist()]
-        encs = tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-        lens.append(np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs)))
-        ids.append(np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int32))
+        per_sentence = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        n = np.fromiter(map(len, per_sentence), dtype=np.int64, count=len(per_sentence))
+        lens.append(n)
+        ids.append(
+            np.fromiter(itertools.chain.from_iterable(per_sentence), dtype=np.int32, count=int(n.sum()))
+        )
     if not ids:
         return np.zeros(0, np.int32), np.zeros(0, np.int64)
     return np.concatenate(ids), np.concatenate(lens)
@@ -202,6 +205,13 @@ def _write_chunk(
     s["eligible"] += int((lengths - 3).sum())
 
 
+@functools.lru_cache(maxsize=2)
+def _vocab_and_tokenizer(vocab_dir: str):
+    """Read once per worker process (a worker runs many tasks)."""
+    vocab = read_vocab(Path(vocab_dir) / "vocab.txt")
+    return vocab, load_tokenizer(vocab_dir, vocab)
+
+
 @functools.cache
 def _libc():
     """glibc, for ``malloc_trim`` (``None`` elsewhere). Loaded by name: ``ctypes.util.find_library`` would
@@ -227,8 +237,7 @@ def release_memory() -> None:
 def run_task(job: Job) -> dict[str, Any]:
     """Worker: build every phase's output shard for one task; return the shards' index entries + stats."""
     p = PretrainDataParams.model_validate(job.params)
-    vocab = read_vocab(Path(job.vocab_dir) / "vocab.txt")
-    tokenizer = load_tokenizer(job.vocab_dir, vocab)
+    vocab, tokenizer = _vocab_and_tokenizer(job.vocab_dir)
     task, split = job.task, job.task.split
     static = p.masking == "static" or split == "heldout"
     dupe = p.dupe_factor if split == "train" else p.heldout_dupe_factor
@@ -253,6 +262,7 @@ def run_task(job: Job) -> dict[str, Any]:
             pad_id=sp["[PAD]"],
         )
     corpus = {"documents": 0, "sentences": 0, "tokens": 0, "windows": 0}
+    nsp = {phase: NspCounter() for phase in p.phases}  # NSP balance carried across windows and passes
     for w, window in enumerate(iter_windows(task, tokenizer, p.window_tokens, p.min_window_docs)):
         if window.num_docs < 2:
             raise ValueError(
@@ -273,6 +283,7 @@ def run_task(job: Job) -> dict[str, Any]:
                     random_next_prob=p.random_next_prob,
                     nsp_balance=p.nsp_balance,
                     rng=random.Random(derive_seed(p.seed, phase, split, task.index, w, k, 0)),
+                    counter=nsp[phase],
                 )
                 mask_rng = None
                 if static:
