@@ -3,7 +3,9 @@
 Everything is written to a temporary sibling of the final path (same filesystem, so the final step is a
 ``rename``) and moved into place only when the ``with`` block exits without an exception. A crash, a
 ``SIGKILL`` or a full disk leaves at most a ``.<name>.tmp-*`` sibling that no later stage reads (and that
-:func:`clean_stale_temps` removes), never a half-written file at the final path.
+:func:`clean_stale_temps` removes), never a half-written file at the final path. Temporaries are named
+after the writing host and process, and the next write of the same output removes those whose process is
+dead.
 
 A write that fails for lack of space (``ENOSPC``, a quota, or a library that reports it in its own words,
 like ``torch.save``'s "unexpected pos") raises :class:`DiskFullError` naming the output, after the partial
@@ -14,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +47,43 @@ def _looks_like_disk_full(err: Exception, directory: Path) -> bool:
     except OSError:
         return False
     return st.f_bavail * st.f_frsize < _LOW_SPACE_BYTES
+
+
+def _owner_tag() -> str:
+    host = "".join(c for c in socket.gethostname() if c.isalnum())[:32] or "host"
+    return f"{host}_{os.getpid()}"
+
+
+_OWNER = _owner_tag()
+
+
+def _remove_dead_writers_temps(directory: Path, prefix: str) -> None:
+    """Remove ``<prefix><host>_<pid>-*`` temporaries of this host whose writer process is dead.
+
+    A killed stage leaves its temporary output behind (possibly gigabytes); the next write of the same
+    output removes it. Temporaries of live processes, of other hosts (a shared filesystem) and of an
+    unknown layout are left alone.
+    """
+    if not directory.is_dir():
+        return
+    host = _OWNER.rsplit("_", 1)[0]
+    for child in directory.glob(glob.escape(prefix) + "*"):
+        owner = child.name[len(prefix) :].removeprefix("old-").split("-", 1)[0]
+        child_host, _, pid = owner.rpartition("_")
+        if child_host == host and pid.isdigit() and not _process_alive(int(pid)):
+            _remove(child)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _fsync_dir(path: Path) -> None:
@@ -78,7 +119,9 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}{TEMP_MARKER}", dir=final.parent))
+    prefix = f".{final.name}{TEMP_MARKER}"
+    _remove_dead_writers_temps(final.parent, prefix)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{_OWNER}-", dir=final.parent))
     tmp.rmdir()
     if is_dir:
         tmp.mkdir()
@@ -91,7 +134,7 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
                 os.fsync(fh.fileno())
         old = None
         if final.exists() or final.is_symlink():
-            old = final.with_name(f".{final.name}{TEMP_MARKER}old-{os.getpid()}")
+            old = final.with_name(f"{prefix}old-{_OWNER}")
             _remove(old)
             os.replace(final, old)
         os.replace(tmp, final)
