@@ -131,36 +131,58 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory, session_procs) -> str:
-    """A real Prefect server on a free loopback port (its own home and SQLite), for stage flows.
+class PrefectServer:
+    """The Prefect server the project itself starts (``flows.serve.start_server``), on a free loopback port."""
 
-    Without it every ``python -m flows.<stage>`` would start (and migrate) its own temporary server.
+    def __init__(self, home: Path) -> None:
+        from flows.serve import DEFAULT_HOST, prefect_env
+
+        self.home = home
+        self.port = free_port()
+        self.env = prefect_env(home, DEFAULT_HOST, self.port, base=base_env())
+        self.api_url = self.env["PREFECT_API_URL"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        from flows.serve import start_server
+
+        self.proc = start_server(self.env, self.home / "server.log", timeout_s=300)
+
+    def stop(self) -> None:
+        import psutil
+
+        from flows.serve import stop_process
+
+        if self.proc is None:
+            return
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            children = []
+        stop_process(self.proc)
+        for child in children:  # e.g. the uvicorn worker, should it outlive its parent
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory) -> Iterator[PrefectServer]:
+    """A real Prefect server (its own home and SQLite) started the way ``make serve`` starts it.
+
+    Stage flows report to it; without it every ``python -m flows.<stage>`` would start (and migrate) its
+    own temporary server.
     """
-    home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
-    env = base_env(
-        PREFECT_HOME=str(home),
-        PREFECT_SERVER_API_HOST="127.0.0.1",
-        PREFECT_SERVER_API_PORT=str(port),
-        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-    )
-    log = home / "server.log"
-    cmd = [
-        PY,
-        "-m",
-        "prefect",
-        "server",
-        "start",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--analytics-off",
-    ]
-    proc = session_procs.start(cmd, log=log, env=env)
-    wait_http(f"http://127.0.0.1:{port}/api/health", timeout_s=240, proc=proc, log=log)
-    return f"http://127.0.0.1:{port}/api"
+    server = PrefectServer(tmp_path_factory.mktemp("prefect-home"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_api(prefect_server) -> str:
+    return prefect_server.api_url
 
 
 def stage_env(prefect_api: str | None, tracking_uri: str, **extra: str) -> dict[str, str]:
@@ -237,3 +259,21 @@ def git_commit_all(root: Path, message: str) -> None:
 def temp_leftovers(root: Path) -> list[Path]:
     """Leftovers of interrupted atomic writes (``.<name>.tmp-*``) anywhere under ``root``."""
     return [p for p in root.rglob(".*.tmp-*")]
+
+
+# Fake credentials put into the environment of every pipeline stage the suite runs: none may show up in
+# params, tags, metrics, artifacts, outputs or logs (tests/faults/test_security.py).
+FAKE_SECRETS = {
+    "AWS_SECRET_ACCESS_KEY": "fake-aws-secret-7f3a9c1e",
+    "MLFLOW_TRACKING_PASSWORD": "fake-mlflow-password-52b8d0",
+    "HF_TOKEN": "hf_fakeTokenForTheFaultSuite9d2e",
+    "DATABASE_PASSWORD": "fake-db-password-a41c77",
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory, prefect_api):
+    """The project's pipeline in a throw-away repository (tiny params); build stages with ``.build()``."""
+    from .pipeline_repo import TinyPipeline
+
+    return TinyPipeline.create(tmp_path_factory.mktemp("pipeline") / "repo", prefect_api)
