@@ -253,3 +253,11 @@ def test_data_checks_and_bad_inputs(tiny_model, data_root, tmp_path):
     with pytest.raises(TaskDataError, match=r"train\.tsv"):
         finetune_task("sst2", params, tiny_model, tmp_path / "y", data_root=empty_root)
     assert not (tmp_path / "y").exists()  # a failed run leaves no finished-looking output
+
+    short = tmp_path / "short_positions"  # a position table shorter than SST-2's default 128 tokens
+    shutil.copytree(tiny_model, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    with pytest.raises(ValueError, match=r"max_seq_length=128 is longer than .*max_position_embeddings=64"):
+        finetune_task("sst2", params, short, tmp_path / "z", data_root=data_root)
+    assert not (tmp_path / "z").exists()

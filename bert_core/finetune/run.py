@@ -275,6 +275,7 @@ def model_info(source_dir: str | Path, **known: Any) -> dict[str, Any]:
         "hidden_size": config.hidden_size,
         "num_attention_heads": config.num_attention_heads,
         "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.max_position_embeddings,
         "preset": preset_for(config.num_hidden_layers, config.hidden_size) or "custom",
     }
     info.update({k: v for k, v in known.items() if v is not None})
@@ -323,6 +324,13 @@ def finetune_task(
     source_dir = Path(model_source)
     out_dir, model_out = Path(out_dir), Path(model_out) if model_out is not None else Path(out_dir) / "model"
     info = model_info(source_dir, **dict(source_info or {}))
+    max_len = settings.max_seq_length or spec.max_seq_length
+    if max_len > info["max_position_embeddings"]:  # else: an index error only once a long enough batch comes
+        raise ValueError(
+            f"{spec.name}: max_seq_length={max_len} is longer than the model's position table "
+            f"(max_position_embeddings={info['max_position_embeddings']} in {source_dir}/config.json); set "
+            f"finetune.tasks.{spec.name}.max_seq_length to at most {info['max_position_embeddings']}"
+        )
     tokenizer = scoring.load_tokenizer(source_dir, info["vocab_size"])
     with tempfile.TemporaryDirectory(prefix=f"finetune-{spec.name}-") as tmp_name:
         tmp = Path(tmp_name)

@@ -339,11 +339,6 @@ def test_glue_tsv_with_an_unknown_label(tmp_path, env, built):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finetune does not check max_seq_length against the model's max_position_embeddings before "
-    "training: a model with a short position table fails (or not) only when a long enough batch comes",
-)
 def test_sequence_length_above_the_models_position_table_is_refused_before_training(tmp_path, env, built):
     from bert_core.config import BertConfig
     from bert_core.model import BertForPreTraining
