@@ -148,7 +148,7 @@ def test_finetune_runs_name_their_pretrained_model_version(served, first):
     """Comparing two pretrained models needs each fine-tuning run tagged with the model version it used."""
     client = mlflow.MlflowClient(served.mlflow_uri)
     runs = [r for r in _stage_runs(client, first[1]) if r.data.tags.get("stage") == "finetune"]
-    versions = {v.version for v in client.search_model_versions("name = 'bert-pretrained'")}
+    versions = {str(v.version) for v in client.search_model_versions("name = 'bert-pretrained'")}
     top = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert top
     for r in top:
