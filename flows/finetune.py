@@ -12,7 +12,8 @@ experiment :data:`flows._stage.FINETUNE_EXPERIMENT`:
   when the new version beats it on the dev metric.
 
 DVC outputs: ``models/finetuned/<task>`` (model), ``results/finetune/<task>`` (predictions, summary) and
-``metrics/finetune/<task>.json`` (flat metrics, so ``dvc metrics diff`` lines up per task).
+``metrics/finetune/<task>.json`` (flat metrics, so ``dvc metrics diff`` lines up per task) and
+``plots/finetune/<task>/{train,dev}.csv`` (the selected trial's learning curves, ``dvc plots show``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def finetune_flow(
     out_dir: str | None = None,
     model_out: str | None = None,
     metrics_path: str | None = None,
+    plots_dir: str | None = None,
 ) -> dict[str, float]:
     """Fine-tune one task; return its flat dev metrics.
 
@@ -76,6 +78,7 @@ def finetune_flow(
         out_dir: Predictions and summary (default ``results/finetune/<task>``).
         model_out: The selected model (default ``models/finetuned/<task>``).
         metrics_path: DVC metrics file (default ``metrics/finetune/<task>.json``).
+        plots_dir: Learning curves of the selected trial for ``dvc plots`` (default ``plots/finetune/<task>``).
     """
     from bert_core.finetune.run import finetune_task
     from bert_core.finetune.tracking import MlflowTrialTracker, register_if_better, resolve_model_source
@@ -92,6 +95,7 @@ def finetune_flow(
     out = Path(out_dir or REPO_ROOT / "results" / "finetune" / spec.name)
     model_dir = Path(model_out or REPO_ROOT / "models" / "finetuned" / spec.name)
     metrics_file = Path(metrics_path or REPO_ROOT / "metrics" / "finetune" / f"{spec.name}.json")
+    curves_dir = Path(plots_dir or REPO_ROOT / "plots" / "finetune" / spec.name)
     run_params = {
         "task": spec.name,
         "model": params.model.model_dump(mode="json"),
@@ -122,6 +126,8 @@ def finetune_flow(
         )
         metrics = result.metrics()
         run.log_artifact(out, artifact_path="results")
+        for curve in result.write_curves(curves_dir):
+            run.log_artifact(curve, artifact_path="plots")
         if params.registry.enabled:
             registration = register_if_better(
                 model_dir,
@@ -146,9 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="predictions dir (default results/finetune/<task>)")
     parser.add_argument("--model-out", default=None, help="model dir (default models/finetuned/<task>)")
     parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/finetune/<task>.json)")
+    parser.add_argument("--plots", default=None, help="learning-curve CSVs (default plots/finetune/<task>)")
     args = parser.parse_args(argv)
     try:
-        finetune_flow(args.task, args.params, args.model_source, args.out, args.model_out, args.metrics)
+        finetune_flow(
+            args.task, args.params, args.model_source, args.out, args.model_out, args.metrics, args.plots
+        )
     except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
         print(f"finetune stage failed ({args.task}): {type(err).__name__}: {err}", file=sys.stderr)
         return 1

@@ -5,7 +5,9 @@ Every test runs against its own SQLite MLflow store (the autouse fixture in conf
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -123,8 +125,17 @@ def test_finetune_and_evaluate_flows_record_everything(tiny_model, shared_data, 
     results = tmp_path / "results" / "finetune"
     metrics = finetune_flow.fn("sst2", str(params), out_dir=str(results / "sst2"),
                                model_out=str(tmp_path / "models" / "sst2"),
-                               metrics_path=str(tmp_path / "metrics" / "sst2.json"))  # fmt: skip
+                               metrics_path=str(tmp_path / "metrics" / "sst2.json"),
+                               plots_dir=str(tmp_path / "plots" / "sst2"))  # fmt: skip
     assert json.loads((tmp_path / "metrics" / "sst2.json").read_text()) == pytest.approx(metrics)
+    with open(tmp_path / "plots" / "sst2" / "train.csv", encoding="utf-8") as fh:
+        train_curve = list(csv.DictReader(fh))
+    with open(tmp_path / "plots" / "sst2" / "dev.csv", encoding="utf-8") as fh:
+        dev_curve = list(csv.DictReader(fh))
+    assert train_curve and set(train_curve[0]) == {"step", "epoch", "loss", "learning_rate"}
+    assert all(math.isfinite(float(row["loss"])) for row in train_curve)
+    assert dev_curve and list(dev_curve[0])[-1] == "accuracy"  # the main metric last: DVC's default y
+    assert float(dev_curve[-1]["accuracy"]) == pytest.approx(metrics["dev.accuracy"])
     assert {"dev.accuracy", "random_init.dev.accuracy", "gap.dev.accuracy"} <= set(metrics)
 
     client = MlflowClient()

@@ -15,6 +15,7 @@ stage reads it) and flattened by :meth:`FinetuneResult.metrics` into the DVC met
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import statistics
@@ -143,6 +144,28 @@ class FinetuneResult:
         out["train.seconds"] = float(sum(t.train_seconds for t in self.trials))
         out["trials"] = float(len(self.trials))
         return {k: v for k, v in out.items() if isinstance(v, float) and math.isfinite(v)}
+
+    def write_curves(self, out_dir: str | Path) -> tuple[Path, Path]:
+        """The selected trial's learning curves as CSV for ``dvc plots``, each written atomically.
+
+        ``train.csv``: ``step, epoch, loss, learning_rate`` per logged step; ``dev.csv``: ``step, epoch`` and
+        the dev metrics at each evaluation, the main metric last (DVC's default y axis).
+        """
+        from bert_core.atomic import atomic_path
+
+        out_dir = Path(out_dir)
+        best = self.selected
+        metric_keys = sorted({k for e in best.evals for k in e} - {"step", "epoch", self.main_metric})
+        tables = (
+            (out_dir / "train.csv", ["step", "epoch", "loss", "learning_rate"], best.history),
+            (out_dir / "dev.csv", ["step", "epoch", *metric_keys, self.main_metric], best.evals),
+        )
+        for path, cols, rows in tables:
+            with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as fh:
+                writer = csv.writer(fh)
+                writer.writerow(cols)
+                writer.writerows([row.get(c, "") for c in cols] for row in rows)
+        return tables[0][0], tables[1][0]
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
