@@ -209,9 +209,35 @@ def summarize(
 
 # ====================================================================== plots
 def _figure_png(fig: Any, dpi: int) -> bytes:
+    """The figure as PNG bytes; closes it."""
+    import matplotlib.pyplot as plt
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
     return buf.getvalue()
+
+
+def _task_grid(summary: EvaluationSummary, width: float, height: float) -> tuple[Any, Any, list[Any]]:
+    """A figure with one panel per task (at most 3 per row): ``(fig, axes, results)``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(summary.results.values())
+    cols = min(3, len(tasks))
+    nrows = math.ceil(len(tasks) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(width * cols, height * nrows), squeeze=False)
+    return fig, axes, tasks
+
+
+def _grid_png(fig: Any, axes: Any, n_tasks: int, dpi: int) -> bytes:
+    """Blank the unused panels, lay out, and render (see :func:`_task_grid`)."""
+    for ax in list(axes.flat)[n_tasks:]:
+        ax.axis("off")
+    fig.tight_layout()
+    return _figure_png(fig, dpi)
 
 
 def plot_scores(summary: EvaluationSummary, dpi: int = 110) -> bytes:
@@ -242,22 +268,12 @@ def plot_scores(summary: EvaluationSummary, dpi: int = 110) -> bytes:
     ax.axhline(0, color="black", linewidth=0.6)
     ax.set_title("Dev scores per task vs published scores for the same model size")
     ax.legend(fontsize=8, loc="best")
-    data = _figure_png(fig, dpi)
-    plt.close(fig)
-    return data
+    return _figure_png(fig, dpi)
 
 
 def plot_learning_curves(summary: EvaluationSummary, dpi: int = 110) -> bytes:
     """Per task: training loss of the selected trial (and the random-init one) and its dev metric."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(summary.results.values())
-    cols = min(3, len(tasks))
-    nrows = math.ceil(len(tasks) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.2 * nrows), squeeze=False)
+    fig, axes, tasks = _task_grid(summary, 4.6, 3.2)
     for ax, result in zip(axes.flat, tasks):
         for trial, style in ((result.selected, "-"), (result.selected_random, "--")):
             if trial is None or not trial.history:
@@ -279,25 +295,12 @@ def plot_learning_curves(summary: EvaluationSummary, dpi: int = 110) -> bytes:
         handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
         if handles:
             ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="best")
-    for ax in list(axes.flat)[len(tasks) :]:
-        ax.axis("off")
-    fig.tight_layout()
-    data = _figure_png(fig, dpi)
-    plt.close(fig)
-    return data
+    return _grid_png(fig, axes, len(tasks), dpi)
 
 
 def plot_trials(summary: EvaluationSummary, dpi: int = 110) -> bytes:
     """Per task: the dev main metric of every trial against its learning rate (one dot per seed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(summary.results.values())
-    cols = min(3, len(tasks))
-    nrows = math.ceil(len(tasks) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.8 * nrows), squeeze=False)
+    fig, axes, tasks = _task_grid(summary, 4.2, 2.8)
     for ax, result in zip(axes.flat, tasks):
         for init, marker, color in (("pretrained", "o", "#1f77b4"), ("random", "s", "#ff7f0e")):
             trials = [t for t in result.trials if t.init == init]
@@ -309,12 +312,7 @@ def plot_trials(summary: EvaluationSummary, dpi: int = 110) -> bytes:
         ax.set_ylabel(f"dev {result.main_metric}")
         ax.set_title(result.task, fontsize=9)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(tasks) :]:
-        ax.axis("off")
-    fig.tight_layout()
-    data = _figure_png(fig, dpi)
-    plt.close(fig)
-    return data
+    return _grid_png(fig, axes, len(tasks), dpi)
 
 
 # ====================================================================== report
