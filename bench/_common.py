@@ -7,10 +7,13 @@ report medians, which a few disturbed repetitions do not move.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import platform
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -136,3 +139,41 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
     """Print :func:`format_table`."""
     print(format_table(rows, columns))
+
+
+def run_monitored(proc: subprocess.Popen) -> dict[str, Any]:
+    """Wait for a benchmark child that prints its result as JSON on its last stdout line.
+
+    Samples the resident memory of the child and all its descendants every 50 ms and adds to the result
+    ``peak_rss_mb`` (peak of the sum), ``processes_at_peak`` and ``peak_single_process_rss_mb``.
+    """
+    import psutil
+
+    peak = {"rss": 0, "procs": 0, "single": 0}
+    ps = psutil.Process(proc.pid)
+
+    def sample() -> None:
+        while proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                procs = [ps, *ps.children(recursive=True)]
+                rss = 0
+                for p in procs:
+                    with contextlib.suppress(psutil.Error):
+                        one = p.memory_info().rss
+                        rss += one
+                        peak["single"] = max(peak["single"], one)
+                if rss > peak["rss"]:
+                    peak["rss"], peak["procs"] = rss, len(procs)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, _ = proc.communicate()
+    t.join()
+    if proc.returncode:
+        raise SystemExit(f"benchmark child failed with exit code {proc.returncode}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_mb"] = peak["rss"] / 2**20
+    result["processes_at_peak"] = peak["procs"]
+    result["peak_single_process_rss_mb"] = peak["single"] / 2**20
+    return result

@@ -14,17 +14,18 @@ therefore runs with ``clean.dedup: false`` (marked ``nodedup``); the x1 default 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script: make `bench` importable
+
+from bench._common import run_monitored  # noqa: E402
 
 CONFIGS = [  # (name, copies, dedup, workers)
     ("x1-dedup-w1", 1, True, 1),
@@ -93,34 +94,6 @@ def child(args: argparse.Namespace) -> None:
     )
 
 
-def monitor(proc: subprocess.Popen) -> dict:
-    peak = {"rss": 0, "procs": 0}
-    ps = psutil.Process(proc.pid)
-
-    def sample() -> None:
-        while proc.poll() is None:
-            try:
-                procs = [ps, *ps.children(recursive=True)]
-                rss = 0
-                for p in procs:
-                    with contextlib.suppress(psutil.Error):
-                        rss += p.memory_info().rss
-                if rss > peak["rss"]:
-                    peak["rss"], peak["procs"] = rss, len(procs)
-            except psutil.Error:
-                pass
-            time.sleep(0.05)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    out, _ = proc.communicate()
-    t.join()
-    result = json.loads(out.strip().splitlines()[-1])
-    result["peak_rss_mb"] = peak["rss"] / 2**20
-    result["processes_at_peak"] = peak["procs"]
-    return result
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -151,7 +124,7 @@ def main() -> None:
         ]  # fmt: skip
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        res = monitor(proc)
+        res = run_monitored(proc)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         # CPU time of the child and its (joined) workers: a throughput figure that load on a shared
         # machine distorts much less than wall-clock MB/s.

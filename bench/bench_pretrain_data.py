@@ -22,20 +22,20 @@ second is the steadier figure.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script: make `bench` importable
+
+from bench._common import run_monitored  # noqa: E402
+
 CONFIGS = [("x1-w1", 1, 1), ("x1-w2", 1, 2), ("x4-w1", 4, 1), ("x4-w2", 4, 2)]  # (name, copies, workers)
 
 
@@ -137,37 +137,6 @@ def bench_loader(data_dirs: list[Path], batch_sizes: list[int], batches: int = 5
                 )
 
 
-def monitor(proc: subprocess.Popen) -> dict:
-    peak = {"rss": 0, "procs": 0, "single": 0}
-    ps = psutil.Process(proc.pid)
-
-    def sample() -> None:
-        while proc.poll() is None:
-            with contextlib.suppress(psutil.Error):
-                procs = [ps, *ps.children(recursive=True)]
-                rss = 0
-                for p in procs:
-                    with contextlib.suppress(psutil.Error):
-                        one = p.memory_info().rss
-                        rss += one
-                        peak["single"] = max(peak["single"], one)
-                if rss > peak["rss"]:
-                    peak["rss"], peak["procs"] = rss, len(procs)
-            time.sleep(0.05)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    out, _ = proc.communicate()
-    t.join()
-    if proc.returncode:
-        raise SystemExit(f"benchmark child failed with exit code {proc.returncode}")
-    result = json.loads(out.strip().splitlines()[-1])
-    result["peak_rss_mb"] = peak["rss"] / 2**20
-    result["processes_at_peak"] = peak["procs"]
-    result["peak_single_process_rss_mb"] = peak["single"] / 2**20
-    return result
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -208,7 +177,7 @@ def main() -> None:
         ]  # fmt: skip
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         load_before = os.getloadavg()[0]
-        res = monitor(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+        res = run_monitored(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         res["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         res["load_avg_1m"] = [load_before, os.getloadavg()[0]]
