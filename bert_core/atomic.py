@@ -70,11 +70,12 @@ def _remove_dead_writers_temps(directory: Path, prefix: str) -> None:
     for child in directory.glob(glob.escape(prefix) + "*"):
         owner = child.name[len(prefix) :].removeprefix("old-").split("-", 1)[0]
         child_host, _, pid = owner.rpartition("_")
-        if child_host == host and pid.isdigit() and not _process_alive(int(pid)):
+        if child_host == host and pid.isdigit() and not process_alive(int(pid)):
             _remove(child)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one we may not signal counts as alive)."""
     if pid == os.getpid():
         return True
     try:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bert_core.atomic import write_json_atomic
+from bert_core.atomic import process_alive, write_json_atomic
 from bert_core.params import flatten
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def ensure_tracking_store(uri: str) -> None:
     path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed while creating it
         pid = stale.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             stale.unlink(missing_ok=True)
     if path.exists():
         return
@@ -81,16 +81,6 @@ def ensure_tracking_store(uri: str) -> None:
                 os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def git_commit() -> str:
