@@ -15,14 +15,16 @@ output was removed.
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import glob
+import io
 import json
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +171,17 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int = 2) -> Path:
     """Write ``obj`` as JSON to ``path`` atomically and return the path."""
     return write_text_atomic(path, json.dumps(obj, indent=indent, sort_keys=True, default=str) + "\n")
+
+
+def write_csv_atomic(
+    path: str | os.PathLike[str], header: Sequence[str], rows: Iterable[Sequence[Any]]
+) -> Path:
+    """Write a CSV table (``csv`` module defaults: comma, ``\\r\\n`` line ends) to ``path`` atomically."""
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf)
+    writer.writerow(header)
+    writer.writerows(rows)
+    return write_text_atomic(path, buf.getvalue())
 
 
 def clean_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:

@@ -19,7 +19,6 @@ makes a rerun of the same params (e.g. after a failure while registering the mod
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import logging
@@ -32,7 +31,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from bert_core.atomic import atomic_path
+from bert_core.atomic import atomic_path, write_csv_atomic
 from bert_core.config import BertConfig
 from bert_core.params import StrictModel
 from bert_core.training import FitResult, TrainConfig, Trainer
@@ -499,9 +498,5 @@ def write_curves(history: list[dict[str, Any]], loss_csv: Path, heldout_csv: Pat
     for path, kind, cols in ((loss_csv, "train", train_cols), (heldout_csv, "eval", eval_cols)):
         if path is None:
             continue
-        with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as fh:
-            w = csv.writer(fh)
-            w.writerow([c.removeprefix("eval_") for c in cols])
-            for h in history:
-                if h["kind"] == kind:
-                    w.writerow([h.get(c, "") for c in cols])
+        rows = ([h.get(c, "") for c in cols] for h in history if h["kind"] == kind)
+        write_csv_atomic(path, [c.removeprefix("eval_") for c in cols], rows)

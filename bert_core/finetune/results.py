@@ -15,7 +15,6 @@ stage reads it) and flattened by :meth:`FinetuneResult.metrics` into the DVC met
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import statistics
@@ -151,7 +150,7 @@ class FinetuneResult:
         ``train.csv``: ``step, epoch, loss, learning_rate`` per logged step; ``dev.csv``: ``step, epoch`` and
         the dev metrics at each evaluation, the main metric last (DVC's default y axis).
         """
-        from bert_core.atomic import atomic_path
+        from bert_core.atomic import write_csv_atomic
 
         out_dir = Path(out_dir)
         best = self.selected
@@ -161,10 +160,7 @@ class FinetuneResult:
             (out_dir / "dev.csv", ["step", "epoch", *metric_keys, self.main_metric], best.evals),
         )
         for path, cols, rows in tables:
-            with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as fh:
-                writer = csv.writer(fh)
-                writer.writerow(cols)
-                writer.writerows([row.get(c, "") for c in cols] for row in rows)
+            write_csv_atomic(path, cols, ([row.get(c, "") for c in cols] for row in rows))
         return tables[0][0], tables[1][0]
 
     def to_json(self) -> dict[str, Any]:
