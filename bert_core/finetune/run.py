@@ -324,7 +324,7 @@ def finetune_task(
     source_dir = Path(model_source)
     out_dir, model_out = Path(out_dir), Path(model_out) if model_out is not None else Path(out_dir) / "model"
     info = model_info(source_dir, **dict(source_info or {}))
-    max_len = settings.max_seq_length or spec.max_seq_length
+    max_len = scoring.max_seq_length(spec, settings)
     if max_len > info["max_position_embeddings"]:  # else: an index error only once a long enough batch comes
         raise ValueError(
             f"{spec.name}: max_seq_length={max_len} is longer than the model's position table "

@@ -115,6 +115,11 @@ def load_tokenizer(model_dir: str | Path, vocab_size: int | None = None) -> Any:
     return tokenizer
 
 
+def max_seq_length(spec: Any, settings: TaskSettings) -> int:
+    """The task's input length in WordPiece tokens: the params' ``max_seq_length`` or the task's default."""
+    return settings.max_seq_length or spec.max_seq_length
+
+
 def encode(
     spec: Any, rows: list[dict[str, Any]], tokenizer: Any, settings: TaskSettings, *, training: bool = False
 ) -> list[dict[str, Any]]:
@@ -122,7 +127,7 @@ def encode(
 
     ``training=True`` leaves out what only post-processing needs (SQuAD offsets).
     """
-    max_len = settings.max_seq_length or spec.max_seq_length
+    max_len = max_seq_length(spec, settings)
     if spec.kind == "classification":
         return encode_sequence_pairs(rows, tokenizer, max_seq_length=max_len,
                                      label2id={lab: i for i, lab in enumerate(spec.labels)})  # fmt: skip
