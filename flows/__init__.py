@@ -6,12 +6,16 @@ the Prefect UI, and a startup timeout that survives the first database migration
 
 import os
 
-for _key, _value in {
+TELEMETRY_OFF = {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "GX_ANALYTICS_ENABLED": "false",
     "DVC_NO_ANALYTICS": "1",
+}
+
+for _key, _value in {
+    **TELEMETRY_OFF,
     "PREFECT_LOGGING_EXTRA_LOGGERS": "bert_core",
     # bert_core logs outside flow runs too (tests, plain scripts): no warning per record there.
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",

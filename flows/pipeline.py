@@ -41,22 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-# Before Prefect reads its settings: no telemetry; a first temporary server on a fresh PREFECT_HOME migrates
-# its database (~20 s here), longer than Prefect's default start-up limit.
-for _key, _value in {
-    "DO_NOT_TRACK": "true",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-}.items():
-    os.environ.setdefault(_key, _value)
+# Telemetry off and Prefect's start-up timeout are set by flows/__init__.py, before Prefect is imported.
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
+from pydantic import Field
 
-from prefect import flow, get_run_logger, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-from prefect.states import Completed  # noqa: E402
-from pydantic import Field  # noqa: E402
-
-from flows import _dvc, profiles  # noqa: E402
-from flows._stage import REPO_ROOT, markdown_table, tracking_uri  # noqa: E402
+from flows import TELEMETRY_OFF, _dvc, profiles
+from flows._stage import REPO_ROOT, markdown_table, tracking_uri
 
 FLOW_NAME = "bert-pipeline"
 _PROFILE_NAMES = tuple(profiles.list_profiles(REPO_ROOT))
@@ -299,9 +291,8 @@ def stage_env(run_id: str, data_root: str | None, root: Path) -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` = this venv
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("MLFLOW_TRACKING_URI", tracking_uri())
-    for key in ("DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY", "PREFECT_SERVER_ANALYTICS_ENABLED"):
-        env.setdefault(key, "true" if key != "PREFECT_SERVER_ANALYTICS_ENABLED" else "false")
-    env.setdefault("DVC_NO_ANALYTICS", "1")
+    for key, value in TELEMETRY_OFF.items():
+        env.setdefault(key, value)
     if api := _current_api_url():
         env["PREFECT_API_URL"] = api
     if data_root is not None:

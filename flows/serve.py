@@ -35,6 +35,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from flows import TELEMETRY_OFF
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
@@ -43,14 +45,6 @@ ORCHESTRATION_MODULES = {"pipeline", "serve", "profiles", "compare"}
 _STAGE_CMD_RE = re.compile(r"-m\s+flows\.([A-Za-z_][A-Za-z0-9_]*)")
 
 log = logging.getLogger("flows.serve")
-
-TELEMETRY_OFF = {
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DVC_NO_ANALYTICS": "1",
-    "GX_ANALYTICS_ENABLED": "false",
-}
 
 
 class ServeError(RuntimeError):
