@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bert_core.metrics import MAIN_METRIC
+from bert_core.metrics import main_metric
 
 TaskKind = Literal["classification", "regression", "span_qa", "multiple_choice", "token_classification"]
 
@@ -68,7 +68,7 @@ class TaskSpec:
 
     @property
     def main_metric(self) -> str:
-        return MAIN_METRIC[self.name]
+        return main_metric(self.name)
 
     @property
     def num_labels(self) -> int:
