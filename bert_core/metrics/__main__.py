@@ -110,7 +110,7 @@ def _read_glue_predictions(path: str) -> list[tuple[str, str, int]]:
 def _glue(args: argparse.Namespace) -> dict[str, Any]:
     from bert_core.metrics.glue import glue_metrics
     from bert_core.tasks import GLUE_TASKS, TaskDataError, get_task
-    from bert_core.tasks.glue import load_glue_tsv
+    from bert_core.tasks.glue import is_score_task, load_glue_tsv
 
     try:
         spec = get_task(args.task)
@@ -130,7 +130,7 @@ def _glue(args: argparse.Namespace) -> dict[str, Any]:
     for idx, value, lineno in _read_glue_predictions(args.predictions):
         if idx not in gold:
             raise CliError(f"{args.predictions}:{lineno}: id {idx!r} is not in {args.gold}")
-        if not spec.submission_labels:  # STS-B: the prediction is the score itself
+        if is_score_task(spec):
             try:
                 by_id[idx] = float(value)
             except ValueError:
