@@ -13,9 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from bert_core.tasks import conll, glue, squad, swag
 from bert_core.tasks.base import TaskDataError, TaskRows, require_file, resolve_data_root
+from bert_core.tasks.conll import load_conll_file, load_conll_hub
+from bert_core.tasks.glue import load_glue_hub, load_glue_tsv
 from bert_core.tasks.registry import CONLL_IOB2_FILES, TaskSpec, get_task
+from bert_core.tasks.squad import load_squad_hub, load_squad_json
+from bert_core.tasks.swag import load_swag_csv, load_swag_hub
 
 
 class Reader(NamedTuple):
@@ -27,10 +30,10 @@ class Reader(NamedTuple):
 
 #: ``TaskSpec.data_format`` -> its reader.
 READERS: dict[str, Reader] = {
-    "glue": Reader(glue.load_glue_tsv, glue.load_glue_hub),
-    "squad": Reader(squad.load_squad_json, squad.load_squad_hub),
-    "swag": Reader(swag.load_swag_csv, swag.load_swag_hub),
-    "conll": Reader(conll.load_conll_file, conll.load_conll_hub),
+    "glue": Reader(load_glue_tsv, load_glue_hub),
+    "squad": Reader(load_squad_json, load_squad_hub),
+    "swag": Reader(load_swag_csv, load_swag_hub),
+    "conll": Reader(load_conll_file, load_conll_hub),
 }
 
 
