@@ -97,8 +97,8 @@ def strip_len(value: Any) -> int:
 
 def nonempty(column: str) -> Check:
     """Almost every value of a ``*_len`` column is >= 1 (:data:`EMPTY_TEXT_TOLERANCE`)."""
-    return Check(expectations().ExpectColumnValuesToBeBetween(column=column, min_value=1,
-                                                              mostly=EMPTY_TEXT_TOLERANCE))  # fmt: skip
+    E = expectations()
+    return Check(E.ExpectColumnValuesToBeBetween(column=column, min_value=1, mostly=EMPTY_TEXT_TOLERANCE))
 
 
 def all_true(column: str) -> Check:
@@ -137,9 +137,15 @@ class TaskKind(ABC):
         """Output size of the task head per input (default: one per label)."""
         return len(spec.labels)
 
+    def id2label(self, spec: TaskSpec) -> dict[int, str] | None:
+        """The label names the saved model config carries (none by default)."""
+        return None
+
     def head_config(self, spec: TaskSpec, config: BertConfig) -> BertConfig:
-        """``config`` with this kind's head size and label names (none by default)."""
-        return config.replace(num_labels=self.num_labels(spec), id2label=None, problem_type=None)
+        """``config`` with this kind's head size and label names."""
+        return config.replace(
+            num_labels=self.num_labels(spec), id2label=self.id2label(spec), problem_type=None
+        )
 
     def build_model(self, spec: TaskSpec, source_dir: str | Path, *, init: str, seed: int) -> nn.Module:
         """The task's head on the encoder in ``source_dir`` (HF format), or on a random encoder of its shape.

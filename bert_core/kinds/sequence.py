@@ -35,7 +35,6 @@ from bert_core.tasks.registry import TaskSpec
 if TYPE_CHECKING:
     from torch import nn
 
-    from bert_core.config import BertConfig
 
 #: GLUE's single-sentence tasks (no ``text_b``).
 SINGLE_SENTENCE_TASKS = ("cola", "sst2")
@@ -129,9 +128,8 @@ class SequenceClassification(TaskKind):
 
         return BertForSequenceClassification
 
-    def head_config(self, spec: TaskSpec, config: BertConfig) -> BertConfig:
-        return config.replace(num_labels=self.num_labels(spec), id2label=dict(enumerate(spec.labels)),
-                              problem_type=None)  # fmt: skip
+    def id2label(self, spec: TaskSpec) -> dict[int, str] | None:
+        return dict(enumerate(spec.labels))
 
     def label2id(self, spec: TaskSpec) -> dict[str, int] | None:
         """Label name -> class id (``None``: the label is a score)."""
@@ -213,8 +211,8 @@ class SequenceRegression(SequenceClassification):
     def num_labels(self, spec: TaskSpec) -> int:
         return 1
 
-    def head_config(self, spec: TaskSpec, config: BertConfig) -> BertConfig:
-        return TaskKind.head_config(self, spec, config)
+    def id2label(self, spec: TaskSpec) -> dict[int, str] | None:
+        return None
 
     def label2id(self, spec: TaskSpec) -> dict[str, int] | None:
         return None

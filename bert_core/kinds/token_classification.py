@@ -34,8 +34,6 @@ from bert_core.tasks.registry import TaskSpec
 if TYPE_CHECKING:
     from torch import nn
 
-    from bert_core.config import BertConfig
-
 
 def encode_token_classification(
     examples: Sequence[Mapping[str, Any]],
@@ -161,9 +159,8 @@ class TokenClassification(TaskKind):
 
         return BertForTokenClassification
 
-    def head_config(self, spec: TaskSpec, config: BertConfig) -> BertConfig:
-        return config.replace(num_labels=self.num_labels(spec), id2label=dict(enumerate(spec.labels)),
-                              problem_type=None)  # fmt: skip
+    def id2label(self, spec: TaskSpec) -> dict[int, str] | None:
+        return dict(enumerate(spec.labels))
 
     def encode(
         self,
