@@ -4,15 +4,13 @@ A kind (:class:`~bert_core.kinds.base.TaskKind`) owns everything that depends on
 answers a task: its head class, encoding, post-processing, scoring, prediction files and data checks.
 ``TaskSpec.kind`` (:mod:`bert_core.tasks`) names one; :func:`get_kind` returns it.
 
-================================  ====================================  ===================================
-kind                              module                                tasks
-================================  ====================================  ===================================
-``classification``                :mod:`~bert_core.kinds.sequence`      GLUE but STS-B
-``regression``                    :mod:`~bert_core.kinds.sequence`      STS-B
-``span_qa``                       :mod:`~bert_core.kinds.span_qa`       SQuAD v1.1, v2.0
-``multiple_choice``               :mod:`~bert_core.kinds.multiple_choice`  SWAG
-``token_classification``          :mod:`~bert_core.kinds.token_classification`  CoNLL-2003 NER
-================================  ====================================  ===================================
+* ``classification`` (GLUE but STS-B), ``regression`` (STS-B): :mod:`~bert_core.kinds.sequence`
+* ``span_qa`` (SQuAD v1.1, v2.0): :mod:`~bert_core.kinds.span_qa`
+* ``multiple_choice`` (SWAG): :mod:`~bert_core.kinds.multiple_choice`
+* ``token_classification`` (CoNLL-2003 NER): :mod:`~bert_core.kinds.token_classification`
+
+Shared: the interface and helpers in :mod:`~bert_core.kinds.base`, the data checks that dispatch on the
+kind in :mod:`~bert_core.kinds.checks`.
 
 Adding a kind: a module with a :class:`TaskKind` subclass and one row in :data:`KINDS`.
 """
