@@ -12,7 +12,7 @@ from bert_core.pretrain.params import PretrainParams
 
 
 def _vocab_size(vocab_dir: Path) -> tuple[int, str]:
-    from bert_core.pretrain_data.vocab import read_vocab
+    from bert_core.vocab.info import read_vocab
 
     path = vocab_dir / "vocab.txt"
     if not path.is_file():

@@ -33,7 +33,7 @@ import numpy as np
 from bert_core.constants import IGNORE_INDEX
 from bert_core.pretrain_data.masking import MaskingSpec, mask_with_hash, splitmix64, stream_key
 from bert_core.pretrain_data.storage import InstanceStore, read_index
-from bert_core.pretrain_data.vocab import read_vocab
+from bert_core.vocab.info import read_vocab
 
 
 def check_vocab_size(data_dir: str | Path, model_vocab_size: int) -> None:
