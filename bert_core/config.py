@@ -36,6 +36,14 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 
+def preset_for(num_hidden_layers: int, hidden_size: int) -> str | None:
+    """The preset name of a (L, H) shape, or ``None`` when it is not a published size."""
+    for name, (layers, hidden, _) in PRESETS.items():
+        if (layers, hidden) == (num_hidden_layers, hidden_size):
+            return name
+    return None
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
