@@ -1,7 +1,7 @@
 """Prefect flow of the ``evaluate`` stage: ``python -m flows.evaluate``.
 
 Reads ``params/evaluate.yaml`` (section ``evaluate``) and the task list of ``params/finetune.yaml``, and
-runs :func:`bert_core.finetune.evaluate.evaluate_results` over the finetune stages' summaries. Writes
+runs :func:`bert_core.evaluate.evaluate_results` over the finetune stages' summaries. Writes
 ``metrics/evaluate.json`` (per-task dev metrics, the GLUE average without WNLI, the pretrained vs
 random-init gap), ``reports/evaluate.md`` (+ ``reports/evaluate/*.png``) and the self-contained
 ``reports/evaluate.html``; the MLflow run (pipeline experiment) gets the metrics and the report.
@@ -16,7 +16,8 @@ from pathlib import Path
 
 from prefect import flow
 
-from bert_core.finetune.params import EvaluateParams, FinetuneParams
+from bert_core.evaluate.params import EvaluateParams
+from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
 from flows._stage import REPO_ROOT, finish_stage, stage_run
 
@@ -43,7 +44,7 @@ def evaluate_flow(
             summaries found when it lists none).
         metrics_path: DVC metrics file (default ``metrics/evaluate.json``).
     """
-    from bert_core.finetune.evaluate import evaluate_results
+    from bert_core.evaluate import evaluate_results
 
     params = load_params(params_file, "evaluate", EvaluateParams)
     finetune = load_params(finetune_params_file, "finetune", FinetuneParams)

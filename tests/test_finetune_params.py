@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bert_core.finetune.params import PAPER_LEARNING_RATES, EvaluateParams, FinetuneParams
+from bert_core.evaluate.params import EvaluateParams
+from bert_core.finetune.params import PAPER_LEARNING_RATES, FinetuneParams
 from bert_core.params import ParamsError, load_params, parse_params
 
 REPO = Path(__file__).resolve().parents[1]

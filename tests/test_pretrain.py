@@ -145,9 +145,9 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_weights(
     trained, data, tmp_path, monkeypatch, at_call, message, resumed
 ):
     result, _, _ = trained
-    from bert_core.training import pretraining
+    from bert_core.pretrain import objective
 
-    real_step = pretraining.PretrainingTask.step
+    real_step = objective.PretrainingTask.step
     calls = {"n": 0}
 
     def step(self, model, batch):
@@ -156,11 +156,11 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_weights(
             os.kill(os.getpid(), signal.SIGTERM)
         return real_step(self, model, batch)
 
-    monkeypatch.setattr(pretraining.PretrainingTask, "step", step)
+    monkeypatch.setattr(objective.PretrainingTask, "step", step)
     with pytest.raises(TrainingInterrupted, match=f"SIGTERM {message}"):
         pretrain(small_params(), *data, tmp_path / "model")
     assert not (tmp_path / "model").exists()  # no finished-looking output after an interruption
-    monkeypatch.setattr(pretraining.PretrainingTask, "step", real_step)
+    monkeypatch.setattr(objective.PretrainingTask, "step", real_step)
     again = pretrain(small_params(), *data, tmp_path / "model")
     assert [f.resumed_from_step for f in again.phases] == resumed
     assert (tmp_path / "model" / "model.safetensors").read_bytes() == (

@@ -7,7 +7,6 @@ Public API:
 - :class:`FinetuneResult`, :class:`TrialResult` (``results``): trials, selection, flat DVC metrics.
 - ``features`` / ``collate`` / ``postprocess`` / ``formats``: tokenisation per task kind, dynamic padding and
   length-grouped batches, SQuAD/NER/SWAG post-processing, official prediction files.
-- ``evaluate``: the ``evaluate`` stage (summary JSON, Markdown/HTML report with plots).
 - ``tracking``: MLflow helpers (model source resolution, nested trial runs, registration + alias).
 """
 

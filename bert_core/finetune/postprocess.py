@@ -7,7 +7,7 @@ the start token has its maximal context in that window, ``end >= start`` and the
 For SQuAD v2.0 the null score is the smallest ``start[CLS] + end[CLS]`` over the windows, and the answer is
 empty when ``null_score - best_span_score`` (the *null odds*) exceeds a threshold tuned on dev
 (:func:`tune_null_threshold`, the official ``find_best_thresh``) and recorded with the metrics — a fixed
-threshold gives wrong scores (see docs/REFERENCES.md).
+threshold gives wrong scores (BERT paper §4.3: the threshold "is selected on the dev set to maximize F1").
 """
 
 from __future__ import annotations

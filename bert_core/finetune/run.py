@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from bert_core.atomic import atomic_path, write_json_atomic
+from bert_core.config import preset_for
 from bert_core.finetune import scoring
 from bert_core.finetune.collate import make_loader
 from bert_core.finetune.params import FinetuneParams, TaskSettings
-from bert_core.finetune.references import preset_for
 from bert_core.finetune.results import FinetuneResult, TrialResult
 from bert_core.training import StepOutput, Task, TrainConfig, Trainer
 

@@ -31,8 +31,8 @@ import numpy as np
 from bert_core.atomic import atomic_path
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.storage import FORMAT, FORMAT_VERSION
-from bert_core.pretrain_data.vocab import load_tokenizer, read_vocab
 from bert_core.pretrain_data.worker import Job, Task, run_task
+from bert_core.vocab.info import load_tokenizer, read_vocab
 
 log = logging.getLogger(__name__)
 

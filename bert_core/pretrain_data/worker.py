@@ -25,7 +25,7 @@ from bert_core.pretrain_data.instances import NspCounter, Pairs, Window, create_
 from bert_core.pretrain_data.masking import MaskingSpec, mask_with_generator
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.storage import ShardWriter
-from bert_core.pretrain_data.vocab import load_tokenizer, read_vocab
+from bert_core.vocab.info import load_tokenizer, read_vocab
 
 READ_BATCH_DOCS = 64  # documents decoded from Parquet at a time
 ENCODE_BATCH_SENTENCES = 8192  # sentences per tokenizer call (bounds the tokenizer's temporary objects)
