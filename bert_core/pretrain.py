@@ -34,10 +34,10 @@ from pydantic import Field, model_validator
 from bert_core.atomic import atomic_path, write_csv_atomic
 from bert_core.config import BertConfig
 from bert_core.params import StrictModel
+from bert_core.tracking import MetricsCallback
 from bert_core.training import FitResult, TrainConfig, Trainer
 from bert_core.training.distributed import DistContext, resolve_device
 from bert_core.training.pretraining import PretrainingTask
-from bert_core.training.tracking import MetricsCallback
 
 log = logging.getLogger(__name__)
 

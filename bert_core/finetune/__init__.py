@@ -8,7 +8,7 @@ Public API:
 - ``features`` / ``collate`` / ``postprocess`` / ``formats``: tokenisation per task kind, dynamic padding and
   length-grouped batches, SQuAD/NER/SWAG post-processing, official prediction files.
 - ``evaluate``: the ``evaluate`` stage (summary JSON, Markdown/HTML report with plots).
-- ``tracking``: MLflow helpers (model source resolution, nested trial runs, registration + alias).
+- MLflow (model source resolution, nested trial runs, registration + alias): :mod:`bert_core.tracking`.
 """
 
 from bert_core.finetune.params import FinetuneParams, TaskSettings
