@@ -1,9 +1,12 @@
-"""bert_core.tracking.register: the one registration path of the pretrain and finetune stages.
+"""bert_core.tracking: the one registration path of the pretrain and finetune stages; the stage run's tags.
 
 Every test runs against its own SQLite MLflow store (the autouse fixture in conftest.py).
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 from mlflow import MlflowClient
@@ -97,3 +100,34 @@ def test_pretrain_policy_always_moves_the_alias(model):
         )
         assert {a.path for a in client.list_artifacts(run_id, "model")} == {"model/config.json"}
     assert client.get_registered_model("bert-pretrained").description == "pretrained"
+
+
+def test_the_library_stage_run_never_imports_prefect(tmp_path):
+    code = (
+        "import sys\n"
+        "from bert_core.tracking import stage_run\n"
+        "with stage_run('unit', {'a': 1}) as run:\n"
+        "    run.log_metrics({'x': 1})\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('prefect', 'dvc')], 'prefect or dvc imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_flows_stage_run_tags_the_prefect_flow_run(monkeypatch):
+    import mlflow
+    from prefect.runtime import flow_run
+
+    from flows._stage import stage_run
+
+    monkeypatch.setattr(flow_run, "id", "flow-run-123", raising=False)
+    with stage_run("unit", None, tags={"extra": "1"}) as run:
+        pass
+    tags = mlflow.get_run(run.run_id).data.tags
+    assert tags["prefect_flow_run_id"] == "flow-run-123" and tags["extra"] == "1" and tags["stage"] == "unit"
+    monkeypatch.setattr(flow_run, "id", None)
+    with stage_run("unit", None) as run:
+        pass
+    assert "prefect_flow_run_id" not in mlflow.get_run(run.run_id).data.tags
