@@ -28,7 +28,7 @@ from bert_core import tracking
 from bert_core.atomic import write_json_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
-from bert_core.tracking import StageRun
+from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
 
 METRICS_DIR = REPO_ROOT / "metrics"
 
@@ -47,10 +47,19 @@ def prefect_tags() -> dict[str, str]:
 
 @contextlib.contextmanager
 def stage_run(
-    stage: str, params: Any, *, tags: dict[str, Any] | None = None, **kwargs: Any
+    stage: str,
+    params: Any,
+    *,
+    experiment: str = PIPELINE_EXPERIMENT,
+    run_name: str | None = None,
+    tags: dict[str, Any] | None = None,
+    nested: bool = False,
 ) -> Iterator[StageRun]:
-    """:func:`bert_core.tracking.stage_run` with the Prefect flow-run id among the tags."""
-    with tracking.stage_run(stage, params, tags={**prefect_tags(), **(tags or {})}, **kwargs) as run:
+    """:func:`bert_core.tracking.stage_run` with the Prefect flow-run id among the run's tags."""
+    with tracking.stage_run(
+        stage, params, experiment=experiment, run_name=run_name, tags={**prefect_tags(), **(tags or {})},
+        nested=nested,
+    ) as run:  # fmt: skip
         yield run
 
 
