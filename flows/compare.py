@@ -1,6 +1,6 @@
 """Compare two pipeline runs or two pretrained models task by task, from MLflow's fine-tuning experiment.
 
-Every fine-tuning run lives in one MLflow experiment (:data:`flows._stage.FINETUNE_EXPERIMENT`), tagged
+Every fine-tuning run lives in one MLflow experiment (:data:`bert_core.tracking.FINETUNE_EXPERIMENT`), tagged
 ``task``, ``pipeline_run_id`` and ``pretrained_model_version``, and logs the same metric keys for the same
 task in every run (``dev.accuracy``, ``dev.f1`` ...). A side is one of:
 
@@ -29,7 +29,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from flows._stage import FINETUNE_EXPERIMENT, tracking_uri
+from bert_core.tracking import FINETUNE_EXPERIMENT, tracking_uri
 
 DEFAULT_METRICS = ("dev*",)
 _LATEST_RE = re.compile(r"^latest(?:~(\d+))?$")

@@ -16,10 +16,11 @@ from pathlib import Path
 
 from prefect import flow
 
+from bert_core.constants import REPO_ROOT
 from bert_core.evaluate.params import EvaluateParams
 from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
-from flows._stage import REPO_ROOT, finish_stage, stage_run
+from flows._stage import finish_stage, stage_run
 
 PARAMS_MODEL = EvaluateParams
 log = logging.getLogger("bert_core.flows.evaluate")

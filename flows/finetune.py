@@ -2,7 +2,7 @@
 
 Reads ``params/finetune.yaml`` (section ``finetune``), resolves the pretrained model (a local directory or
 an MLflow registry URI), and runs :func:`bert_core.finetune.finetune_task`. Tracking, in the MLflow
-experiment :data:`flows._stage.FINETUNE_EXPERIMENT`:
+experiment :data:`bert_core.tracking.FINETUNE_EXPERIMENT`:
 
 - one run per task (``finetune-<task>``) with the selected model's flat metrics (``dev.accuracy`` ...),
   the predictions and summary as artifacts, and tags ``task``, ``init``, ``pretrained_*``, git commit,
@@ -34,10 +34,12 @@ from typing import Any
 
 from prefect import flow
 
+from bert_core.constants import REPO_ROOT
 from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
 from bert_core.sources import data_root
-from flows._stage import FINETUNE_EXPERIMENT, REPO_ROOT, finish_stage, stage_run
+from bert_core.tracking import FINETUNE_EXPERIMENT
+from flows._stage import finish_stage, stage_run
 
 PARAMS_MODEL = FinetuneParams
 log = logging.getLogger("bert_core.flows.finetune")
@@ -81,8 +83,8 @@ def finetune_flow(
         plots_dir: Learning curves of the selected trial for ``dvc plots`` (default ``plots/finetune/<task>``).
     """
     from bert_core.finetune.run import finetune_task
-    from bert_core.finetune.tracking import MlflowTrialTracker, register_if_better, resolve_model_source
     from bert_core.tasks import get_task
+    from bert_core.tracking import MlflowTrialTracker, register, resolve_model_source
 
     params = load_params(params_file, "finetune", FinetuneParams)
     spec = get_task(task)
@@ -129,14 +131,16 @@ def finetune_flow(
         for curve in result.write_curves(curves_dir):
             run.log_artifact(curve, artifact_path="plots")
         if params.registry.enabled:
-            registration = register_if_better(
+            name = f"{params.registry.name_prefix}{spec.name}"
+            registration = register(
                 model_dir,
-                name=f"{params.registry.name_prefix}{spec.name}",
+                name=name,
                 run_id=run.run_id,
+                alias=params.registry.alias,
+                description=f"Fine-tuned BERT for {name}; alias '{params.registry.alias}' = best on dev",
+                tags={**trial_tags, "selected_trial": result.selected.name},
                 metric_key=f"dev.{spec.main_metric}",
                 value=metrics.get(f"dev.{spec.main_metric}", float("nan")),  # NaN: undefined correlation
-                alias=params.registry.alias,
-                tags={**trial_tags, "selected_trial": result.selected.name},
             )
             run.set_tags(registration.as_tags())
             run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})

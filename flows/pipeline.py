@@ -47,8 +47,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 from pydantic import Field
 
+from bert_core.constants import REPO_ROOT
+from bert_core.tracking import tracking_uri
 from flows import TELEMETRY_OFF, _dvc, profiles
-from flows._stage import REPO_ROOT, markdown_table, tracking_uri
+from flows._stage import markdown_table
 
 FLOW_NAME = "bert-pipeline"
 _PROFILE_NAMES = tuple(profiles.list_profiles(REPO_ROOT))

@@ -28,10 +28,10 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 from bert_core.params import load_params
 from bert_core.pretrain import PretrainParams, PretrainResult, pretrain, write_curves
+from bert_core.tracking import FINGERPRINT_TAG, fingerprint, git_commit
 
 log = logging.getLogger("bert_core.flows.pretrain")
 
@@ -46,31 +46,14 @@ DEFAULTS = {
 }
 
 
-def register_model(run: Any, result: PretrainResult, params: PretrainParams) -> dict[str, Any]:
-    """Log the model directory as the run's ``model`` artifact and register it as a new version.
+#: Description of the registered model, set when the first pretrain run creates it.
+REGISTERED_MODEL_DESCRIPTION = (
+    "BERT pretrained with MLM + NSP by the pipeline's `pretrain` stage (HF format)."
+)
 
-    Returns:
-        ``{"registered_model", "version", "alias"}``.
-    """
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
 
-    from flows._stage import git_commit, retry_tracking
-
-    run.log_artifact(result.model_dir, artifact_path="model")
-    client = MlflowClient()
-    name = params.registered_model
-    if not retry_tracking(client.search_registered_models)(filter_string=f"name = '{name}'"):
-        try:
-            retry_tracking(client.create_registered_model)(
-                name,
-                description="BERT pretrained with MLM + NSP by the pipeline's `pretrain` stage (HF format).",
-            )
-        except MlflowException as err:  # created meanwhile by a concurrent run
-            if "already exists" not in str(err).lower():
-                raise
-    from bert_core.finetune.tracking import FINGERPRINT_TAG, fingerprint
-
+def version_metadata(result: PretrainResult, params: PretrainParams) -> tuple[dict[str, str], str]:
+    """Tags (git commit, DVC params, data statistics, held-out metrics) and description of the new version."""
     heldout = result.metrics["heldout"]
     tags = {
         # lets fine-tuning runs started from the local models/pretrained name this registered version
@@ -84,14 +67,11 @@ def register_model(run: Any, result: PretrainResult, params: PretrainParams) -> 
         "baseline_mlm_acc": f"{heldout.get('baseline_mlm_acc', float('nan')):.4f}",
         "steps": str(result.metrics["steps"]),
     }
-    version = retry_tracking(client.create_model_version)(
-        name, source=f"runs:/{run.run_id}/model", run_id=run.run_id, tags=tags,
-        description=f"{params.model.preset}, {result.metrics['steps']} steps; held-out MLM accuracy "
-        f"{tags['heldout_mlm_acc']} vs {tags['baseline_mlm_acc']} for the most frequent token",
-    )  # fmt: skip
-    retry_tracking(client.set_registered_model_alias)(name, params.registry_alias, version.version)
-    log.info("registered %s version %s (alias %s)", name, version.version, params.registry_alias)
-    return {"registered_model": name, "version": int(version.version), "alias": params.registry_alias}
+    description = (
+        f"{params.model.preset}, {result.metrics['steps']} steps; held-out MLM accuracy "
+        f"{tags['heldout_mlm_acc']} vs {tags['baseline_mlm_acc']} for the most frequent token"
+    )
+    return tags, description
 
 
 def pretrain_flow_fn(
@@ -105,8 +85,8 @@ def pretrain_flow_fn(
     metrics_path: str | None = None,
 ) -> dict:
     """Train, write outputs, track and register; returns the stage metrics."""
+    from bert_core.tracking import mlflow_sink, register
     from bert_core.training.distributed import setup_distributed, teardown_distributed
-    from bert_core.training.tracking import mlflow_sink
     from flows._stage import finish_stage, stage_run
 
     params = load_params(params_file, "pretrain", PretrainParams)
@@ -125,8 +105,12 @@ def pretrain_flow_fn(
             run.log_artifact(loss_plot, artifact_path="plots")
             run.log_artifact(heldout_plot, artifact_path="plots")
             run.log_metrics({"data": result.data_stats})
-            registry = register_model(run, result, params)
-            metrics = {**result.metrics, "registry": registry}
+            tags, description = version_metadata(result, params)
+            registration = register(
+                result.model_dir, name=params.registered_model, run_id=run.run_id, alias=params.registry_alias,
+                description=REGISTERED_MODEL_DESCRIPTION, tags=tags, version_description=description,
+            )  # fmt: skip
+            metrics = {**result.metrics, "registry": registration.as_record()}
             finish_stage("pretrain", metrics, run, metrics_path)
         return metrics
     finally:

@@ -278,7 +278,7 @@ def test_flow_tracks_metrics_writes_outputs_and_registers_versions(data, tmp_pat
     assert {"git_commit", "dvc_params", "data_stats", "heldout_mlm_acc"} <= set(version.tags)
     assert json.loads(version.tags["dvc_params"])["model"]["preset"] == "tiny"
     # fine-tuning from the local output directory finds this registered version (provenance tags)
-    from bert_core.finetune.tracking import resolve_model_source
+    from bert_core.tracking import resolve_model_source
 
     resolved = resolve_model_source(str(paths["out_dir"]), tmp_path / "dl")
     assert (resolved.info["model"], resolved.info["model_version"]) == ("bert-pretrained", "1")

@@ -7,7 +7,7 @@ Public API:
 - :class:`FinetuneResult`, :class:`TrialResult` (``results``): trials, selection, flat DVC metrics.
 - ``features`` / ``collate`` / ``postprocess`` / ``formats``: tokenisation per task kind, dynamic padding and
   length-grouped batches, SQuAD/NER/SWAG post-processing, official prediction files.
-- ``tracking``: MLflow helpers (model source resolution, nested trial runs, registration + alias).
+- MLflow (model source resolution, nested trial runs, registration + alias): :mod:`bert_core.tracking`.
 """
 
 from bert_core.finetune.params import FinetuneParams, TaskSettings

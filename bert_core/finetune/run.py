@@ -306,7 +306,7 @@ def finetune_task(
         task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...).
         params: The stage params; ``params.for_task(task)`` gives the settings.
         model_source: Local Hugging Face BERT directory with tokenizer files (resolve MLflow URIs first,
-            :func:`bert_core.finetune.tracking.resolve_model_source`).
+            :func:`bert_core.tracking.resolve_model_source`).
         out_dir: Predictions, submission files and ``summary.json`` (replaced atomically).
         model_out: The selected model in HF format (default ``out_dir/model``; replaced atomically).
         data_root: Local data root (default ``BERT_DATA_ROOT``; unset = Hugging Face Hub).

@@ -35,9 +35,9 @@ from bert_core.constants import TOKENIZER_FILES
 from bert_core.pretrain.inputs import check_inputs, unigram_log_prior
 from bert_core.pretrain.objective import PretrainingTask
 from bert_core.pretrain.params import PretrainParams
+from bert_core.tracking import MetricsCallback
 from bert_core.training import FitResult, TrainConfig, Trainer
 from bert_core.training.distributed import DistContext, resolve_device
-from bert_core.training.tracking import MetricsCallback
 
 log = logging.getLogger(__name__)
 

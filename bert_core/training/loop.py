@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bert_core.tracking import MetricsCallback
 from bert_core.training import checkpoint as ckpt
 from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig, TrainingInterrupted
 from bert_core.training.distributed import DistContext, resolve_device
@@ -61,7 +62,6 @@ from bert_core.training.evaluation import evaluate_task, sum_into, to_device
 from bert_core.training.flops import mfu, peak_tflops
 from bert_core.training.optim import build_optimizer
 from bert_core.training.task import StepOutput, Task
-from bert_core.training.tracking import MetricsCallback
 
 log = logging.getLogger(__name__)
 

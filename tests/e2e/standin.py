@@ -27,7 +27,8 @@ from prefect import flow
 
 from bert_core.atomic import write_text_atomic
 from bert_core.params import StrictModel, load_params
-from flows._stage import FINETUNE_EXPERIMENT, finish_stage, stage_run
+from bert_core.tracking import FINETUNE_EXPERIMENT
+from flows._stage import finish_stage, stage_run
 
 
 class StandinParams(StrictModel):
