@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,8 @@ def _isolated_tracking(tmp_path_factory, monkeypatch):
     """Every test gets its own MLflow store; nothing touches the repo's mlflow.db."""
     store = tmp_path_factory.mktemp("mlflow")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+    if "mlflow" in sys.modules:  # an earlier test's stage_run set the process-wide URI, which wins over the env
+        sys.modules["mlflow"].set_tracking_uri(f"sqlite:///{store}/mlflow.db")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("DO_NOT_TRACK", "true")
