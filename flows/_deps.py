@@ -74,9 +74,10 @@ def _lazy_exports(tree: ast.Module) -> dict[str, str]:
         value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
         if isinstance(value, ast.Dict):
             for k, v in zip(value.keys, value.values, strict=True):
-                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant):
-                    if isinstance(k.value, str) and isinstance(v.value, str):
-                        out[k.value] = v.value.lstrip(".")
+                key = k.value if isinstance(k, ast.Constant) else None
+                sub = v.value if isinstance(v, ast.Constant) else None
+                if isinstance(key, str) and isinstance(sub, str):
+                    out[key] = sub.lstrip(".")
     return out
 
 
