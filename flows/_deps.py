@@ -252,10 +252,10 @@ class SyncResult:
     wrong_stages: list[str]
 
 
-def sync(root: Path = REPO_ROOT, stages: tuple[Stage, ...] = STAGES) -> SyncResult:
-    """Compute the in-sync ``dvc.yaml`` and what differs in the current one."""
-    path = root / "dvc.yaml"
-    text = path.read_text(encoding="utf-8")
+def sync(root: Path = REPO_ROOT, stages: tuple[Stage, ...] = STAGES, text: str | None = None) -> SyncResult:
+    """Compute the in-sync ``dvc.yaml`` and what differs in the current one (or in ``text``)."""
+    if text is None:
+        text = (root / "dvc.yaml").read_text(encoding="utf-8")
     graph = ImportGraph(root)
     wanted = {s.name: expected_deps(s, root, graph) for s in stages}
     have = current_deps(text)

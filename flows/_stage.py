@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bert_core.atomic import process_alive, write_json_atomic
+from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 METRICS_DIR = REPO_ROOT / "metrics"
 PIPELINE_EXPERIMENT = "bert-pipeline"
 FINETUNE_EXPERIMENT = "bert-finetune"

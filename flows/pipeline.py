@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if not os.environ.get("PREFECT_API_URL"):
-        from flows.serve import served_api_url
+        from flows._served import served_api_url
 
         home = Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")
         if url := served_api_url(home):

@@ -33,9 +33,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
-import importlib.util
-import inspect
 import math
 import re
 import shlex
@@ -47,7 +44,9 @@ from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bert_core.constants import REPO_ROOT
+from flows import stages
+
 PROFILES_SUBDIR = Path("params") / "profiles"
 DEFAULT_PROFILE = "cpu-small"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
@@ -367,32 +366,10 @@ def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
 # ------------------------------------------------------------------------------------------- checking
 
 
-def params_model(stage: str) -> type | None:
-    """The pydantic params model of stage ``stage`` (from ``flows.<stage>``), or ``None`` if not found.
-
-    Looks for ``PARAMS_MODEL``, then ``<Stage>Params`` (``pretrain_data`` -> ``PretrainDataParams``), then
-    the only pydantic model whose name ends in ``Params``.
-
-    Raises:
-        ModuleNotFoundError: ``flows.<stage>`` does not exist.
-    """
-    from pydantic import BaseModel
-
-    if importlib.util.find_spec(f"flows.{stage}") is None:
-        raise ModuleNotFoundError(f"flows.{stage}")
-    module = importlib.import_module(f"flows.{stage}")
-    explicit = getattr(module, "PARAMS_MODEL", None)
-    if explicit is not None:
-        return explicit
-    camel = "".join(part.capitalize() for part in stage.split("_")) + "Params"
-    if isinstance(getattr(module, camel, None), type):
-        return getattr(module, camel)
-    candidates = {
-        obj
-        for n, obj in vars(module).items()
-        if inspect.isclass(obj) and issubclass(obj, BaseModel) and n.endswith("Params")
-    }
-    return candidates.pop() if len(candidates) == 1 else None
+def params_model(file: str) -> type | None:
+    """The pydantic model of the stage whose params section lives in ``file`` (the stage table), or ``None``."""
+    stage = stages.by_params_file(file)
+    return stage.model() if stage is not None else None
 
 
 @dataclass
@@ -408,8 +385,7 @@ class CheckReport:
 def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> CheckReport:
     """Validate profiles: every key exists in its file and the resulting params parse with the stage model.
 
-    A stage whose ``flows.<stage>`` module does not exist yet (or has no params model) is checked for
-    keys only, with a note.
+    A params file that no stage of :mod:`flows.stages` owns is checked for keys only, with a note.
     """
     from bert_core.params import ParamsError, parse_params
 
@@ -417,7 +393,7 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
     names = list_profiles(root) if names is None else names
     if not names:
         report.problems.append(f"no profiles found in {profiles_dir(root)}")
-    models: dict[str, type | None] = {}
+    models: dict[str, type | None] = {}  # per params file
     for name in names:
         try:
             profile = load_profile(name, root)
@@ -442,26 +418,26 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
                 continue
             for key, value in keys.items():
                 set_dotted(data, key, value)
-            stage = Path(file).stem
-            if stage not in models:
+            owner = stages.by_params_file(file)
+            if file not in models:
                 try:
-                    models[stage] = params_model(stage)
-                    if models[stage] is None:
-                        report.notes.append(f"flows.{stage} has no params model; checked key names only")
-                except ModuleNotFoundError:
-                    models[stage] = None
-                    report.notes.append(f"flows.{stage} does not exist yet; checked key names only")
+                    models[file] = params_model(file)
+                    if models[file] is None:
+                        report.notes.append(f"no stage reads {file}; checked key names only")
                 except Exception as err:
-                    models[stage] = None
-                    report.problems.append(f"flows.{stage} failed to import: {type(err).__name__}: {err}")
-            model = models[stage]
-            if model is None:
+                    models[file] = None
+                    report.problems.append(
+                        f"the params model of {file} failed to import: {type(err).__name__}: {err}"
+                    )
+            model = models[file]
+            if model is None or owner is None:
                 continue
-            if stage not in data:
-                report.problems.append(f"{where}: {file} has no top-level section '{stage}'")
+            section = owner.section
+            if section not in data:
+                report.problems.append(f"{where}: {file} has no top-level section '{section}'")
                 continue
             try:
-                parse_params(data[stage], model, where=f"{file} with {where}", prefix=stage)
+                parse_params(data[section], model, where=f"{file} with {where}", prefix=section)
             except ParamsError as err:
                 report.problems.append(str(err))
     return report

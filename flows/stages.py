@@ -78,6 +78,10 @@ class Stage:
                 return option.default
         raise KeyError(f"stage {self.name} has no option for {dest!r}")
 
+    def expand(self, template: str, key: str) -> str:
+        """A path of the table for one foreach instance: ``${key}`` replaced by ``key``."""
+        return template.replace("${key}", key)
+
     def model(self) -> type:
         """The params model class (imports its module)."""
         return _resolve(self.params_model)

@@ -5,14 +5,12 @@ from __future__ import annotations
 import importlib.util
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import yaml
 
+from bert_core.constants import REPO_ROOT
 from flows import _dvc, pipeline, profiles, serve
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +55,7 @@ def test_every_stage_command_resolves(stages):
 
 
 def test_every_stage_is_served(stages):
-    modules = set(serve.stage_modules(REPO_ROOT))
+    modules = set(serve.stage_modules())
     used = {m for s in stages for m in re.findall(r"-m\s+flows\.(\w+)", s.cmd)}
     assert used == modules
 
