@@ -15,6 +15,7 @@ from typing import Any
 
 from flows import TELEMETRY_OFF, profiles
 from flows._stage import tracking_uri
+from flows.overrides import Overrides, get_dotted, merge, parse_set_args, set_args
 
 FORM_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "preset": (("params/pretrain.yaml", "pretrain.model.preset"),),
@@ -34,7 +35,7 @@ PER_TASK_FIELDS = ("learning_rates", "seeds")
 """Form fields that also clear a task's own setting of the same name, so the form value holds for all."""
 
 
-def form_overrides(fields: dict[str, Any], base: profiles.Overrides, root: Path) -> profiles.Overrides:
+def form_overrides(fields: dict[str, Any], base: Overrides, root: Path) -> Overrides:
     """The params overrides of the form fields that were set (``None`` keeps the profile's value).
 
     Args:
@@ -42,7 +43,7 @@ def form_overrides(fields: dict[str, Any], base: profiles.Overrides, root: Path)
         base: The profile's overrides; ``tasks`` keeps each chosen task's settings from it.
         root: Repository root.
     """
-    out: profiles.Overrides = {}
+    out: Overrides = {}
     for name, value in fields.items():
         if value is None or name == "tasks":
             continue
@@ -52,7 +53,7 @@ def form_overrides(fields: dict[str, Any], base: profiles.Overrides, root: Path)
     if fields.get("tasks") is None and not cleared:
         return out
     file, key = TASKS_KEY
-    current = profiles.get_dotted(profiles.effective_params(file, base, root), key)
+    current = get_dotted(profiles.effective_params(file, base, root), key)
     current = current if isinstance(current, dict) else {}
     chosen = fields.get("tasks")
     names = list(dict.fromkeys(chosen)) if chosen is not None else list(current)
@@ -62,12 +63,10 @@ def form_overrides(fields: dict[str, Any], base: profiles.Overrides, root: Path)
     return out
 
 
-def build_overrides(
-    profile: str | None, fields: dict[str, Any], extra: list[str], root: Path
-) -> profiles.Overrides:
+def build_overrides(profile: str | None, fields: dict[str, Any], extra: list[str], root: Path) -> Overrides:
     """Profile, then form fields, then free ``-S`` overrides; only what differs from the workspace."""
     base = profiles.resolve(profile, None, root, only_changes=False) if profile else {}
-    layer = profiles.merge(form_overrides(fields, base, root), profiles.parse_set_args(extra))
+    layer = merge(form_overrides(fields, base, root), parse_set_args(extra))
     return profiles.resolve(profile, layer, root)
 
 
@@ -75,13 +74,13 @@ def dvc_command(
     *,
     as_experiment: bool,
     exp_name: str | None,
-    overrides: profiles.Overrides,
+    overrides: Overrides,
     targets: list[str],
     force: bool,
 ) -> list[str]:
     """The DVC arguments (after ``dvc``) for this run."""
     if as_experiment:
-        args = ["exp", "run", "--name", exp_name or "", *profiles.set_args(overrides)]
+        args = ["exp", "run", "--name", exp_name or "", *set_args(overrides)]
     else:
         args = ["repro"]
     if force:

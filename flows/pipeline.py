@@ -49,6 +49,7 @@ from bert_core.constants import REPO_ROOT
 from flows import _dvc, profiles
 from flows._driver import PipelineFailed, StageReport, drive, markdown_artifact, summary_markdown
 from flows._inputs import build_overrides, dvc_command, stage_env
+from flows.overrides import ProfileError
 
 FLOW_NAME = "bert-pipeline"
 _PROFILE_NAMES = tuple(profiles.list_profiles(REPO_ROOT))
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 data_root=args.data_root,
                 force=args.force,
             )
-    except (PipelineFailed, profiles.ProfileError, _dvc.WorkspaceBusy, ValueError) as err:
+    except (PipelineFailed, ProfileError, _dvc.WorkspaceBusy, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     for stage, info in result["stages"].items():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows import _driver, _dvc, _inputs, pipeline, profiles
+from flows import _driver, _dvc, _inputs, overrides, pipeline
 
 
 def _git(root: Path, *args: str) -> None:
@@ -95,7 +95,7 @@ def test_every_form_field_maps_to_a_real_params_key():
                 missing_files.append(file)
                 continue
             data = yaml.safe_load(path.read_text())
-            assert profiles.has_dotted(data, key), f"form field {field}: {file} has no key {key}"
+            assert overrides.has_dotted(data, key), f"form field {field}: {file} has no key {key}"
     if missing_files:
         pytest.skip(f"params files not written yet: {sorted(set(missing_files))}")
 
@@ -325,7 +325,7 @@ def test_flow_reports_the_failed_stage(harness, scripted, repo):
 def test_flow_rejects_bad_input_before_running_dvc(harness, scripted, repo):
     install, calls = scripted
     install([], 0)
-    with pytest.raises(profiles.ProfileError, match=r"no key 'finetune\.nope'"):
+    with pytest.raises(overrides.ProfileError, match=r"no key 'finetune\.nope'"):
         pipeline.pipeline_flow(extra_overrides=["params/finetune.yaml:finetune.nope=1"])
     with pytest.raises(ValueError, match="experiment_name"):
         pipeline.pipeline_flow(experiment_name="bad name")
