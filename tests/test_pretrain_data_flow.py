@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import yaml
 
+from bert_core.constants import REPO_ROOT as REPO
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.testing import make_synthetic_inputs
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_dvc_stage_lists_every_output_affecting_param():
