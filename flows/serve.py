@@ -132,7 +132,7 @@ def stage_flows(table: Iterable[stages.Stage] = stages.STAGES) -> list[Any]:
     found = []
     for stage in table:
         try:
-            obj = stages._resolve(stage.flow)
+            obj = stages.resolve(stage.flow)
             built = obj if isinstance(obj, Flow) or not callable(obj) else obj()
         except Exception as err:
             log.warning("not serving %s: %s failed (%s: %s)", stage.name, stage.flow, type(err).__name__, err)

@@ -19,7 +19,7 @@ This module stays import-light (no ``bert_core``, no Prefect): every stage flow 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -38,7 +38,8 @@ class Option:
         return not self.flag.startswith("-")
 
 
-def _resolve(path: str) -> Any:
+def resolve(path: str) -> Any:
+    """The object named ``"module:attribute"`` (imports the module)."""
     module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -60,7 +61,6 @@ class Stage:
     data_deps: tuple[str, ...] = ()  # outputs of upstream stages
     extra_params: tuple[tuple[str, str], ...] = ()  # (params file, dotted key) read besides the section
     foreach: str | None = None  # dotted params key whose entries each get one stage (``finetune@<key>``)
-    doc: str = field(default="", compare=False)
 
     @property
     def flow_module(self) -> str:
@@ -84,10 +84,10 @@ class Stage:
 
     def model(self) -> type:
         """The params model class (imports its module)."""
-        return _resolve(self.params_model)
+        return resolve(self.params_model)
 
     def entry_function(self) -> Any:
-        return _resolve(self.entry)
+        return resolve(self.entry)
 
     def load_params(self, params_file: str | None = None) -> Any:
         """Read and validate this stage's params section (default file: the stage's own)."""

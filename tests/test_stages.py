@@ -60,7 +60,7 @@ def test_every_stage_resolves_to_its_model_entry_and_flow():
         model = stage.model()
         assert model.__name__.endswith("Params"), stage.name
         assert callable(stage.entry_function()), stage.name
-        flow = stages._resolve(stage.flow)
+        flow = stages.resolve(stage.flow)
         flow = flow if isinstance(flow, Flow) else flow()
         assert isinstance(flow, Flow) and flow.name == stage.name
         # The flow's defaults are the table's: default paths are spelled in one place.
