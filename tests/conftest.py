@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bert_core.constants import REPO_ROOT
+
 _DEFAULT_SHARED = REPO_ROOT.parent / "shared" / "data"
 
 
