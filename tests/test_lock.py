@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -112,10 +113,14 @@ def test_checks_catch_a_bumped_bound(tmp_path):
 
 
 def _make_dry_run(*args: str) -> list[str]:
-    """The install recipe as make would run it (`-n -B`: print, run nothing)."""
+    """The install recipe as make would run it (`-n -B`: print, run nothing), free of an outer make's flags."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL"}
+    }
     out = subprocess.run(
         ["make", "-n", "-B", *args, ".venv/.installed"],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         check=True,
