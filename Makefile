@@ -83,7 +83,7 @@ test-e2e: venv
 
 test-browser: venv
 	@test -x /usr/bin/chromium || { echo "Debian's Chromium is needed: sudo apt-get install -y chromium"; exit 1; }
-	$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q "playwright>=1.45"
+	$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q $(if $(LOCK),-c $(LOCK)) "playwright>=1.45"
 	$(PY) -m pytest -q -m browser tests/e2e
 
 # ---- Faults and bad input (tests/faults + every test marked `faults`) ----------------------------------
