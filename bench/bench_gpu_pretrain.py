@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO))
 
 from bert_core.config import BertConfig  # noqa: E402
 from bert_core.model import BertForPreTraining  # noqa: E402
+from bert_core.pretrain.objective import PretrainingTask  # noqa: E402
 from bert_core.training import TrainConfig, Trainer  # noqa: E402
 from bert_core.training.flops import peak_tflops  # noqa: E402
-from bert_core.training.pretraining import PretrainingTask  # noqa: E402
 
 VOCAB = 30522
 

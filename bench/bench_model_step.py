@@ -20,7 +20,8 @@ import torch
 
 from bench._common import CLOCKS, interleaved_timing, machine_info, median, paired_ratios, print_table
 from bert_core.config import PRESETS, BertConfig
-from bert_core.model import IGNORE_INDEX, BertForPreTraining
+from bert_core.constants import IGNORE_INDEX
+from bert_core.model import BertForPreTraining
 
 DEFAULT_VOCAB = (
     Path(__file__).resolve().parents[2]

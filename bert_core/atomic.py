@@ -161,6 +161,20 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def share_like_umask(path: str | os.PathLike[str]) -> None:
+    """Give a file written by a library that creates it private (safetensors: 0600) the umask's mode (0644).
+
+    Outputs in a shared workspace must be readable by the people the umask allows, like every other file.
+    """
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically and return the path."""
     with atomic_path(path) as tmp:

@@ -10,7 +10,8 @@ Sizes are named (BERT paper; Turc et al. 2019 for the compact models)::
     medium L=8  H=512  A=8        base   L=12 H=768  A=12     large  L=24 H=1024 A=16
 
 The vocabulary size is never defaulted: it must come from the vocab the model is trained with (a
-mismatch gives index errors or NaNs, see docs/REFERENCES.md), hence ``from_preset(name, vocab_size=...)``.
+mismatch gives index errors or NaNs; the stages refuse one before training, see the vocab-size row of
+docs/reliability.md), hence ``from_preset(name, vocab_size=...)``.
 
 ``to_hf_dict`` / ``from_hf_dict`` read and write the ``config.json`` of a Hugging Face BERT model
 directory (``model_type: "bert"``), so a directory written here loads in ``transformers`` and back.
@@ -34,6 +35,14 @@ PRESETS: dict[str, tuple[int, int, int]] = {
     "base": (12, 768, 12),
     "large": (24, 1024, 16),
 }
+
+
+def preset_for(num_hidden_layers: int, hidden_size: int) -> str | None:
+    """The preset name of a (L, H) shape, or ``None`` when it is not a published size."""
+    for name, (layers, hidden, _) in PRESETS.items():
+        if (layers, hidden) == (num_hidden_layers, hidden_size):
+            return name
+    return None
 
 
 def _is_int(value: Any) -> bool:

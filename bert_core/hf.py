@@ -38,7 +38,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bert_core.atomic import atomic_path, write_json_atomic
+from bert_core.atomic import atomic_path, share_like_umask, write_json_atomic
 from bert_core.config import BertConfig
 
 if TYPE_CHECKING:
@@ -399,11 +399,13 @@ def save_pretrained(model: nn.Module, path: str | os.PathLike[str]) -> Path:
     if not path.exists():
         with atomic_path(path, is_dir=True) as tmp:
             save_file(tensors, tmp / SAFETENSORS_NAME, metadata={"format": "pt"})
+            share_like_umask(tmp / SAFETENSORS_NAME)
             (tmp / CONFIG_NAME).write_text(
                 json.dumps(config_dict, indent=2, sort_keys=True) + "\n", encoding="utf-8"
             )
         return path
     with atomic_path(path / SAFETENSORS_NAME) as tmp:
         save_file(tensors, tmp, metadata={"format": "pt"})
+        share_like_umask(tmp)
     write_json_atomic(path / CONFIG_NAME, config_dict)
     return path

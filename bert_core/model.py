@@ -48,8 +48,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from bert_core.config import BertConfig
-
-IGNORE_INDEX = -100
+from bert_core.constants import IGNORE_INDEX
 
 _ACTIVATIONS = {
     "gelu": F.gelu,  # exact erf GELU, as transformers' "gelu"

@@ -8,6 +8,7 @@ naming the file, the dotted key, the bad value and what would be valid.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,8 +56,29 @@ def parse_params(data: Any, model_cls: type[M], *, where: str = "<params>", pref
         raise ParamsError(_format_errors(err, where, prefix)) from None
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (as DVC does), naming its line."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a YAML mapping; errors name the file (and line for syntax errors)."""
+    """Read a YAML mapping; errors name the file (and line for syntax errors and repeated keys)."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"{path}: params file not found")
@@ -69,7 +91,13 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{path}:{line}: not UTF-8 (byte {raw[err.start : err.start + 1]!r}); save the params file as UTF-8"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader
+    except yaml.constructor.ConstructorError as err:
+        if err.problem and err.problem.startswith("duplicate key") and err.problem_mark is not None:
+            raise ParamsError(
+                f"{path}:{err.problem_mark.line + 1}: {err.problem}; DVC refuses such a file too, keep one"
+            ) from None
+        raise ParamsError(f"{path}: not valid YAML: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -90,7 +118,21 @@ def load_params(path: str | os.PathLike[str], section: str, model_cls: type[M]) 
     data = read_yaml(path)
     if section not in data:
         raise ParamsError(f"{path}: missing top-level section '{section}' (found: {sorted(data)})")
+    if data[section] is None:
+        raise ParamsError(
+            f"{path}:{_key_line(path, section)}: section '{section}' is empty; give its keys (see the committed "
+            f"params/ file for the defaults) or remove the section header"
+        )
     return parse_params(data[section], model_cls, where=str(path), prefix=section)
+
+
+def _key_line(path: str | os.PathLike[str], key: str) -> int | str:
+    """The line of top-level ``key:`` in the file (for messages), or ``?``."""
+    pattern = re.compile(rf"^{re.escape(key)}\s*:")
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if pattern.match(line):
+            return number
+    return "?"
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -1,17 +1,17 @@
 """Compare two pipeline runs or two pretrained models task by task, from MLflow's fine-tuning experiment.
 
-Every fine-tuning run lives in one MLflow experiment (:data:`flows._stage.FINETUNE_EXPERIMENT`), tagged
+Every fine-tuning run lives in one MLflow experiment (:data:`bert_core.tracking.FINETUNE_EXPERIMENT`), tagged
 ``task``, ``pipeline_run_id`` and ``pretrained_model_version``, and logs the same metric keys for the same
 task in every run (``dev.accuracy``, ``dev.f1`` ...). A side is one of:
 
 * a pipeline run id (the Prefect flow run id of ``bert-pipeline``; a unique prefix is enough);
 * ``latest`` / ``latest~1`` / ``latest~2`` ...: the most recent pipeline runs that fine-tuned something;
-* a pretrained model version: ``bert-pretrained/3``, ``bert-pretrained@champion`` or ``models:/...``.
+* a pretrained model version: ``bert-pretrained/3``, ``bert-pretrained@newest`` or ``models:/...``.
 
 ::
 
     python -m flows.compare latest~1 latest
-    python -m flows.compare 3f2a9c1e bert-pretrained@champion --metric 'dev.*' --format markdown
+    python -m flows.compare 3f2a9c1e bert-pretrained@newest --metric 'dev.*' --format markdown
 
 When a side has several runs for a task (reruns), the latest finished top-level run counts. The table
 shows A, B and B - A per task and metric, then the MLflow UI link that shows the same runs side by side.
@@ -29,7 +29,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from flows._stage import FINETUNE_EXPERIMENT, tracking_uri
+from bert_core.tracking import FINETUNE_EXPERIMENT, tracking_uri
 
 DEFAULT_METRICS = ("dev*",)
 _LATEST_RE = re.compile(r"^latest(?:~(\d+))?$")

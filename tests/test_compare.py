@@ -9,8 +9,8 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+from bert_core.tracking import FINETUNE_EXPERIMENT, tracking_uri
 from flows import compare
-from flows._stage import FINETUNE_EXPERIMENT, tracking_uri
 
 
 def _log(

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from bert_core.finetune.evaluate import evaluate_results, summarize
-from bert_core.finetune.references import HF_BASE_CASED_DEV, REFERENCES, glue_average
+from bert_core.evaluate import evaluate_results, summarize
+from bert_core.evaluate.references import HF_BASE_CASED_DEV, REFERENCES, glue_average
 from bert_core.finetune.results import FinetuneResult, TrialResult
 
 TINY = {"source": "models/pretrained", "num_hidden_layers": 2, "hidden_size": 128, "preset": "tiny"}

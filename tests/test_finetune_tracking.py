@@ -14,12 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bert_core.finetune.tracking import (
-    FINGERPRINT_TAG,
-    fingerprint,
-    register_if_better,
-    resolve_model_source,
-)
+from bert_core.tracking import FINGERPRINT_TAG, fingerprint, register, resolve_model_source
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +48,7 @@ def test_alias_moves_only_on_improvement(tmp_path):
     client = MlflowClient()
     outcomes = []
     for value in (50.0, 40.0, 50.0, 60.0, float("nan")):
-        reg = register_if_better(model, name="bert-sst2", run_id=_run_id(), metric_key="dev.accuracy", value=value,
+        reg = register(model, name="bert-sst2", run_id=_run_id(), metric_key="dev.accuracy", value=value,
                                  alias="champion", tags={"task": "sst2"})  # fmt: skip
         outcomes.append((reg.version, reg.alias_moved))
         champion = client.get_model_version_by_alias("bert-sst2", "champion")
@@ -116,7 +111,7 @@ def _params_file(tmp_path: Path, model: Path) -> Path:
 def test_finetune_and_evaluate_flows_record_everything(tiny_model, shared_data, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    from flows._stage import FINETUNE_EXPERIMENT
+    from bert_core.tracking import FINETUNE_EXPERIMENT
     from flows.evaluate import evaluate_flow
     from flows.finetune import finetune_flow
 

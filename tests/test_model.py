@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bert_core.config import BertConfig
+from bert_core.constants import IGNORE_INDEX
 from bert_core.model import (
-    IGNORE_INDEX,
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForPreTraining,

@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 import torch
 
+from bert_core.constants import REPO_ROOT as REPO
 from bert_core.params import ParamsError, load_params, parse_params
 from bert_core.pretrain import PretrainParams, check_inputs, pretrain, write_curves
 from bert_core.training import TrainingInterrupted
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def small_params(**kw) -> PretrainParams:
@@ -145,9 +143,9 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_weights(
     trained, data, tmp_path, monkeypatch, at_call, message, resumed
 ):
     result, _, _ = trained
-    from bert_core.training import pretraining
+    from bert_core.pretrain import objective
 
-    real_step = pretraining.PretrainingTask.step
+    real_step = objective.PretrainingTask.step
     calls = {"n": 0}
 
     def step(self, model, batch):
@@ -156,11 +154,11 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_weights(
             os.kill(os.getpid(), signal.SIGTERM)
         return real_step(self, model, batch)
 
-    monkeypatch.setattr(pretraining.PretrainingTask, "step", step)
+    monkeypatch.setattr(objective.PretrainingTask, "step", step)
     with pytest.raises(TrainingInterrupted, match=f"SIGTERM {message}"):
         pretrain(small_params(), *data, tmp_path / "model")
     assert not (tmp_path / "model").exists()  # no finished-looking output after an interruption
-    monkeypatch.setattr(pretraining.PretrainingTask, "step", real_step)
+    monkeypatch.setattr(objective.PretrainingTask, "step", real_step)
     again = pretrain(small_params(), *data, tmp_path / "model")
     assert [f.resumed_from_step for f in again.phases] == resumed
     assert (tmp_path / "model" / "model.safetensors").read_bytes() == (
@@ -278,7 +276,7 @@ def test_flow_tracks_metrics_writes_outputs_and_registers_versions(data, tmp_pat
     assert {"git_commit", "dvc_params", "data_stats", "heldout_mlm_acc"} <= set(version.tags)
     assert json.loads(version.tags["dvc_params"])["model"]["preset"] == "tiny"
     # fine-tuning from the local output directory finds this registered version (provenance tags)
-    from bert_core.finetune.tracking import resolve_model_source
+    from bert_core.tracking import resolve_model_source
 
     resolved = resolve_model_source(str(paths["out_dir"]), tmp_path / "dl")
     assert (resolved.info["model"], resolved.info["model_version"]) == ("bert-pretrained", "1")

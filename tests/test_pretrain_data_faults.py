@@ -60,3 +60,25 @@ def test_sigkill_mid_build_leaves_no_output_and_no_workers(tmp_path):
     )
     build_pretrain_data(p, corpus_dir=corpus, vocab_dir=vocab, output_dir=out, run_checks=False)
     assert len(InstanceStore(out / "seq128" / "train")) > 0
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_corpus_shard_is_named_with_the_fix(tmp_path, damage):
+    """A truncated shard used to give ``ArrowInvalid: Parquet magic bytes not found`` with no file named."""
+    from bert_core.corpus.shards import CorpusShardError
+    from bert_core.pretrain_data.worker import read_segment
+
+    corpus, vocab = make_synthetic_inputs(tmp_path / "in", n_train=200, n_heldout=20)
+    shard = sorted((corpus / "train").glob("part-*.parquet"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not parquet at all" * 10)
+    p = PretrainDataParams(dupe_factor=1, num_workers=1, task_bytes=50_000, min_window_docs=16)
+    with pytest.raises(CorpusShardError) as err:
+        build_pretrain_data(
+            p, corpus_dir=corpus, vocab_dir=vocab, output_dir=tmp_path / "out", run_checks=False
+        )
+    message = str(err.value)
+    assert str(shard) in message and "dvc repro -f corpus" in message and len(message) < 600
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(CorpusShardError, match="cannot be read"):
+        list(read_segment(str(shard), 0, 10))

@@ -155,7 +155,7 @@ class _NanAt(Task):
 
 
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    from bert_core.training.pretraining import PretrainingTask
+    from bert_core.pretrain.objective import PretrainingTask
 
     model = tiny_model()
     task = _NanAt(PretrainingTask.for_config(model.config), bad_step=5, accum=2)
@@ -193,7 +193,7 @@ def test_a_complete_run_is_not_trained_again(tmp_path):
 def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
     run(tmp_path, max_steps=3)
     model = tiny_model()
-    from bert_core.training.pretraining import PretrainingTask
+    from bert_core.pretrain.objective import PretrainingTask
 
     cfg = TrainConfig(max_steps=4, lr=1e-3, device="cpu")
     trainer = Trainer(

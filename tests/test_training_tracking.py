@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 
-from bert_core.training.tracking import RetryingSink, fan_out
+from bert_core.tracking.sink import RetryingSink, fan_out
 
 
 class FlakyBackend:
@@ -27,7 +27,7 @@ class FlakyBackend:
 def test_metrics_logged_during_an_outage_arrive_in_order_when_the_server_is_back(caplog):
     backend = FlakyBackend()
     sink = RetryingSink(backend, base_delay_s=0.01, max_delay_s=0.05, max_batch=3)
-    with caplog.at_level(logging.WARNING, logger="bert_core.training.tracking"):
+    with caplog.at_level(logging.WARNING, logger="bert_core.tracking.sink"):
         sink(1, {"loss": 1.0})
         assert sink.flush(5)
         backend.down.set()
@@ -69,7 +69,7 @@ def test_records_still_unsent_at_close_are_spilled_to_a_file(tmp_path, caplog):
     sink = RetryingSink(backend, base_delay_s=0.01, max_delay_s=0.02, spill_path=spill)
     sink(5, {"loss": 2.5})
     sink(6, {"loss": 2.0})
-    with caplog.at_level(logging.ERROR, logger="bert_core.training.tracking"):
+    with caplog.at_level(logging.ERROR, logger="bert_core.tracking.sink"):
         assert sink.close(timeout_s=0.2) == 2
     rows = [json.loads(line) for line in spill.read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in rows] == [(5, 2.5), (6, 2.0)]

@@ -27,8 +27,8 @@ if str(REPO) not in sys.path:
 
 from bert_core.config import BertConfig  # noqa: E402
 from bert_core.model import BertForPreTraining  # noqa: E402
+from bert_core.pretrain.objective import PretrainingTask  # noqa: E402
 from bert_core.training import TrainConfig, Trainer, TrainingInterrupted  # noqa: E402
-from bert_core.training.pretraining import PretrainingTask  # noqa: E402
 
 VOCAB = 99
 SPECIAL = 5  # ids 0..4: [PAD] [UNK] [CLS] [SEP] [MASK]

@@ -6,10 +6,11 @@ Public API::
     stats = build_corpus(params, Path("data/corpus"), data_root=None, workers=2)
 """
 
-from bert_core.corpus.build import CorpusStats, EmptyCorpusError, build_corpus
+from bert_core.corpus.build import EmptyCorpusError, build_corpus
 from bert_core.corpus.params import CapParams, CleanParams, CorpusParams, HeldoutParams, SourceSpec
 from bert_core.corpus.readers import CorpusError, SourceNotFoundError
 from bert_core.corpus.shards import SCHEMA, iter_documents, read_manifest, shard_paths
+from bert_core.corpus.stats import CorpusStats
 
 __all__ = [
     "SCHEMA",

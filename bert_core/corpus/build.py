@@ -21,11 +21,9 @@ import multiprocessing as mp
 import shutil
 import time
 import unicodedata
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
@@ -36,6 +34,7 @@ from bert_core.corpus.params import CorpusParams, SourceSpec
 from bert_core.corpus.readers import CorpusError, UnitStats, WorkUnit, plan_units, read_unit
 from bert_core.corpus.segment import get_segmenter, segment_paragraphs
 from bert_core.corpus.shards import MANIFEST, SCHEMA, ShardWriter
+from bert_core.corpus.stats import CorpusStats, UnitResult
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +59,6 @@ def _clean_title(title: str, form: str) -> str:
 
 
 # --- worker side ---------------------------------------------------------------------------------------
-@dataclass
-class UnitResult:
-    index: int
-    path: str | None
-    documents: int
-    stats: UnitStats
-
-
 def unit_read_limits(params: CorpusParams, src: SourceSpec) -> tuple[int | None, int | None]:
     """How much one unit may produce before it stops reading: twice the tightest cap that applies.
 
@@ -151,65 +142,6 @@ def process_unit(unit: WorkUnit, params: CorpusParams, work_dir: str, root: str 
 
 
 # --- parent side ---------------------------------------------------------------------------------------
-@dataclass
-class CorpusStats:
-    """What the stage produced; ``as_metrics()`` is the DVC/MLflow metrics dict."""
-
-    documents: int = 0
-    documents_train: int = 0
-    documents_heldout: int = 0
-    sentences: int = 0
-    words: int = 0
-    bytes: int = 0
-    input_files: int = 0
-    input_bytes: int = 0
-    records: int = 0
-    duplicates: int = 0
-    dropped: Counter = field(default_factory=Counter)
-    utf8_replacements: int = 0
-    files_with_utf8_errors: int = 0
-    gutenberg_stripped: int = 0
-    units_stopped_early: int = 0
-    bad_record_examples: list[str] = field(default_factory=list)
-    per_source: dict[str, dict[str, int]] = field(default_factory=dict)
-    capped: bool = False
-    shards_train: int = 0
-    shards_heldout: int = 0
-    workers: int = 1
-    elapsed_s: float = 0.0
-    params_hash: str = ""
-    data_root: str = "hub"
-    check_report: Any = None
-
-    def as_metrics(self) -> dict[str, Any]:
-        mb_s = self.input_bytes / 1e6 / self.elapsed_s if self.elapsed_s > 0 else 0.0
-        return {
-            "documents": self.documents,
-            "documents_train": self.documents_train,
-            "documents_heldout": self.documents_heldout,
-            "sentences": self.sentences,
-            "words": self.words,
-            "bytes": self.bytes,
-            "input_files": self.input_files,
-            "input_bytes": self.input_bytes,
-            "records_read": self.records,
-            "duplicates": self.duplicates,
-            "documents_dropped": dict(sorted(self.dropped.items())),
-            "documents_dropped_total": sum(self.dropped.values()),
-            "utf8_replacements": self.utf8_replacements,
-            "files_with_utf8_errors": self.files_with_utf8_errors,
-            "gutenberg_boilerplate_removed": self.gutenberg_stripped,
-            "capped": int(self.capped),
-            "units_stopped_early": self.units_stopped_early,
-            "sources": self.per_source,
-            "shards_train": self.shards_train,
-            "shards_heldout": self.shards_heldout,
-            "elapsed_s": round(self.elapsed_s, 3),
-            "input_mb_per_s": round(mb_s, 3),
-            "checks_failed": len(self.check_report.failed) if self.check_report is not None else 0,
-        }
-
-
 def params_hash(params: CorpusParams, root: Path | None) -> str:
     """Hash of everything that determines the output: params (less ``workers``) and the active source list."""
     payload = {"params": params.output_hash_payload(), "mode": "local" if root is not None else "hub"}

@@ -11,7 +11,7 @@ import logging
 import random
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -19,9 +19,7 @@ import pyarrow.parquet as pq
 from bert_core.corpus.params import CorpusParams, SourceSpec
 from bert_core.corpus.readers import WorkUnit
 from bert_core.corpus.shards import SCHEMA, ShardWriter
-
-if TYPE_CHECKING:
-    from bert_core.corpus.build import CorpusStats, UnitResult
+from bert_core.corpus.stats import CorpusStats, UnitResult
 
 log = logging.getLogger(__name__)
 

@@ -93,6 +93,41 @@ class ShardWriter:
         return self.shards
 
 
+class CorpusShardError(ValueError):
+    """A corpus shard cannot be read (truncated, corrupt, not Parquet); the message names it and the fix."""
+
+
+def shard_error(path: Path, err: Exception) -> CorpusShardError:
+    """The error for an unreadable shard: names the file, a short excerpt of the cause, and the fix."""
+    detail = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    return CorpusShardError(
+        f"corpus shard {path} cannot be read ({type(err).__name__}: {detail}); it is truncated or corrupt. "
+        "Rebuild the corpus (`dvc repro -f corpus`, or `python -m flows.corpus`), then re-run this stage"
+    )
+
+
+def open_shard(path: str | Path) -> pq.ParquetFile:
+    """Open one Parquet shard; an unreadable file raises :class:`CorpusShardError` naming it."""
+    path = Path(path)
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise FileNotFoundError(
+                f"corpus shard {path} is missing; rebuild the corpus (`dvc repro -f corpus`)"
+            ) from err
+        raise shard_error(path, err) from err
+
+
+def iter_shard_batches(pf: pq.ParquetFile, path: str | Path, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+    """``pf.iter_batches(**kwargs)``, turning a decoding error half-way (a damaged page) into
+    :class:`CorpusShardError` naming ``path``."""
+    try:
+        yield from pf.iter_batches(**kwargs)
+    except (pa.ArrowException, OSError) as err:
+        raise shard_error(Path(path), err) from err
+
+
 def read_manifest(corpus_dir: str | Path) -> dict[str, Any]:
     """The corpus manifest; raises FileNotFoundError naming the directory when it is not a built corpus."""
     path = Path(corpus_dir) / MANIFEST
@@ -114,6 +149,6 @@ def iter_documents(
 ) -> Iterator[dict[str, Any]]:
     """Stream the documents of one split in order, one dict per document (memory: one batch)."""
     for path in shard_paths(corpus_dir, split):
-        pf = pq.ParquetFile(path)
-        for batch in pf.iter_batches(batch_size=batch_size, columns=columns):
+        pf = open_shard(path)
+        for batch in iter_shard_batches(pf, path, batch_size=batch_size, columns=columns):
             yield from batch.to_pylist()

@@ -8,8 +8,7 @@ Public API:
 - ``collate`` / ``inference``: dynamic padding and length-grouped batches; the tokenizer and the prediction
   loop. What depends on the task's kind (head, encoding, post-processing, scoring, prediction files) is
   in :mod:`bert_core.kinds`.
-- ``evaluate``: the ``evaluate`` stage (summary JSON, Markdown/HTML report with plots).
-- ``tracking``: MLflow helpers (model source resolution, nested trial runs, registration + alias).
+- MLflow (model source resolution, nested trial runs, registration + alias): :mod:`bert_core.tracking`.
 """
 
 from bert_core.finetune.params import FinetuneParams, TaskSettings

@@ -176,20 +176,3 @@ class FinetuneParams(StrictModel):
         if overrides is not None:
             merged.update(overrides.model_dump(exclude_unset=True))
         return TaskSettings(**merged)
-
-
-class EvaluateParams(StrictModel):
-    """The ``evaluate`` section (``params/evaluate.yaml``).
-
-    Attributes:
-        results_dir: Directory of ``<task>/summary.json`` files written by the finetune stages.
-        report_dir: Where ``evaluate.md``, ``evaluate.html`` and ``evaluate/*.png`` go.
-        reference_size: Published scores to compare with: ``auto`` (the pretrained model's size), a preset
-            name, or ``none``.
-        dpi: Plot resolution.
-    """
-
-    results_dir: str = "results/finetune"
-    report_dir: str = "reports"
-    reference_size: Literal["auto", "none", "tiny", "mini", "small", "medium", "base", "large"] = "auto"
-    dpi: int = Field(110, ge=50, le=400)

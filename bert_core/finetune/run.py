@@ -31,10 +31,10 @@ import torch
 from torch import nn
 
 from bert_core.atomic import atomic_path, write_json_atomic
+from bert_core.config import preset_for
 from bert_core.finetune.collate import make_loader
 from bert_core.finetune.inference import MODEL_INPUTS, TARGETS, load_tokenizer, predict
 from bert_core.finetune.params import FinetuneParams, TaskSettings
-from bert_core.finetune.references import preset_for
 from bert_core.finetune.results import FinetuneResult, TrialResult
 from bert_core.kinds import SplitScore, get_kind, max_seq_length
 from bert_core.tasks import TaskSpec
@@ -311,7 +311,7 @@ def finetune_task(
         task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...).
         params: The stage params; ``params.for_task(task)`` gives the settings.
         model_source: Local Hugging Face BERT directory with tokenizer files (resolve MLflow URIs first,
-            :func:`bert_core.finetune.tracking.resolve_model_source`).
+            :func:`bert_core.tracking.resolve_model_source`).
         out_dir: Predictions, submission files and ``summary.json`` (replaced atomically).
         model_out: The selected model in HF format (default ``out_dir/model``; replaced atomically).
         data_root: Local data root (default ``BERT_DATA_ROOT``; unset = Hugging Face Hub).

@@ -9,7 +9,8 @@ Public entry points (imported lazily so ``import bert_core.pretrain_data`` stays
 
 Modules: :mod:`.instances` (pairs, truncation), :mod:`.masking` (MLM, whole-word, dynamic),
 :mod:`.storage` (on-disk format), :mod:`.worker` / :mod:`.build` (parallel streaming builder),
-:mod:`.loader`, :mod:`.checks` (Great Expectations), :mod:`.vocab`, :mod:`.testing` (corpora for tests).
+:mod:`.loader`, :mod:`.checks` (Great Expectations), :mod:`.testing` (corpora for tests). The vocabulary is
+read with :mod:`bert_core.vocab.info`.
 
 Faithful to Google's ``create_pretraining_data.py`` (pair creation, per-document short target, put-back
 of unused sentences, front/back truncation of the longer segment, ``num_to_predict``, 80/10/10,

@@ -31,8 +31,8 @@ import numpy as np
 from bert_core.atomic import atomic_path
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.storage import FORMAT, FORMAT_VERSION
-from bert_core.pretrain_data.vocab import load_tokenizer, read_vocab
 from bert_core.pretrain_data.worker import Job, Task, run_task
+from bert_core.vocab.info import load_tokenizer, read_vocab
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,6 @@ def plan_tasks(corpus_dir: str | Path, split: str, task_bytes: int) -> list[Task
             ``sentences`` list<string> column.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     d = Path(corpus_dir) / split
     if not d.is_dir():
@@ -85,15 +84,18 @@ def plan_tasks(corpus_dir: str | Path, split: str, task_bytes: int) -> list[Task
     if not files:
         raise ValueError(f"empty corpus: {d} has no part-*.parquet shard; run the corpus stage first")
     rows = []
+    from bert_core.corpus.shards import open_shard, shard_error
+
     for f in files:
-        schema = pq.read_schema(f)
+        shard = open_shard(f)
+        schema = shard.schema_arrow
         col = schema.field("sentences").type if "sentences" in schema.names else None
         if col is None or not (pa.types.is_list(col) or pa.types.is_large_list(col)):
             raise ValueError(
                 f"{f}: needs a 'sentences' column of type list<string> (one document per row); "
                 f"found columns {schema.names}"
             )
-        rows.append(pq.read_metadata(f).num_rows)
+        rows.append(shard.metadata.num_rows)
     total = sum(rows)
     if total == 0:
         raise ValueError(f"empty corpus: the {len(files)} shard(s) in {d} hold no document")
@@ -104,9 +106,13 @@ def plan_tasks(corpus_dir: str | Path, split: str, task_bytes: int) -> list[Task
         )
     cuts, row, held, first = [0], 0, 0, 0
     for f in files:
-        pf = pq.ParquetFile(f)
+        pf = open_shard(f)
         for g in range(pf.metadata.num_row_groups):
-            for size in _row_bytes(pf, g).tolist():
+            try:
+                sizes = _row_bytes(pf, g).tolist()
+            except (pa.ArrowException, OSError) as err:
+                raise shard_error(f, err) from err
+            for size in sizes:
                 row += 1
                 held += size
                 if held >= task_bytes and row - first >= MIN_TASK_DOCS and total - row >= MIN_TASK_DOCS:

@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from bert_core.constants import IGNORE_INDEX
 from bert_core.pretrain_data.loader import build_batch, masking_spec
 from bert_core.pretrain_data.masking import KEEP_PROB, MASK_PROB, eligible_positions
-from bert_core.pretrain_data.storage import IGNORE_INDEX, InstanceStore
+from bert_core.pretrain_data.storage import InstanceStore
 
 LONG_ENOUGH = 64  # eligible tokens for an instance to count in the masked-share check
 CHUNK = 2048

@@ -16,6 +16,10 @@ the start of the epoch, as ``DistributedSampler`` does; with one rank the last b
 Masking: static data carries its masks; dynamic data is masked here with a mask that depends only on
 ``(seed, epoch, instance)`` (:func:`.masking.mask_with_hash`): a fresh mask each epoch, identical after a
 resume or with another world size.
+
+The loader lives here rather than in :mod:`bert_core.pretrain` because this package owns the on-disk format
+of the instances: :mod:`.storage` writes it, this module reads it back, and :mod:`.checks` validates the
+written data through this loader. The ``pretrain`` stage only consumes it.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from bert_core.constants import IGNORE_INDEX
 from bert_core.pretrain_data.masking import MaskingSpec, mask_with_hash, splitmix64, stream_key
-from bert_core.pretrain_data.storage import IGNORE_INDEX, InstanceStore, read_index
-from bert_core.pretrain_data.vocab import read_vocab
+from bert_core.pretrain_data.storage import InstanceStore, read_index
+from bert_core.vocab.info import read_vocab
 
 
 def check_vocab_size(data_dir: str | Path, model_vocab_size: int) -> None:

@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from bert_core.constants import IGNORE_INDEX
+
 FORMAT = "bert-pretrain-data"
 FORMAT_VERSION = 1
-IGNORE_INDEX = -100  # label of positions without a prediction (PyTorch / transformers convention)
 
 
 class ShardWriter:

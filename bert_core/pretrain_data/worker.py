@@ -25,7 +25,7 @@ from bert_core.pretrain_data.instances import NspCounter, Pairs, Window, create_
 from bert_core.pretrain_data.masking import MaskingSpec, mask_with_generator
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.storage import ShardWriter
-from bert_core.pretrain_data.vocab import load_tokenizer, read_vocab
+from bert_core.vocab.info import load_tokenizer, read_vocab
 
 READ_BATCH_DOCS = 64  # documents decoded from Parquet at a time
 ENCODE_BATCH_SENTENCES = 8192  # sentences per tokenizer call (bounds the tokenizer's temporary objects)
@@ -55,9 +55,9 @@ class Task:
 def read_segment(path: str, start: int, end: int) -> Iterator[Any]:
     """The ``sentences`` column of rows ``[start, end)`` of a Parquet file, in batches (only the row groups
     that overlap the range are decoded)."""
-    import pyarrow.parquet as pq
+    from bert_core.corpus.shards import iter_shard_batches, open_shard
 
-    pf = pq.ParquetFile(path)
+    pf = open_shard(path)
     md = pf.metadata
     groups, pos, first = [], None, 0
     for g in range(md.num_row_groups):
@@ -68,7 +68,10 @@ def read_segment(path: str, start: int, end: int) -> Iterator[Any]:
         first += n
     if not groups:
         return
-    for batch in pf.iter_batches(batch_size=READ_BATCH_DOCS, row_groups=groups, columns=["sentences"]):
+    batches = iter_shard_batches(
+        pf, path, batch_size=READ_BATCH_DOCS, row_groups=groups, columns=["sentences"]
+    )
+    for batch in batches:
         lo, hi = max(start - pos, 0), min(end - pos, batch.num_rows)
         if hi > lo:
             yield batch.column(0).slice(lo, hi - lo)

@@ -7,7 +7,7 @@ Public API (import from here):
 - :func:`build_optimizer`, :func:`param_groups`, :class:`Lamb` (``optim``)
 - :class:`LinearWarmupDecay` (``schedule``)
 - :class:`DistContext`, :func:`setup_distributed`, :func:`teardown_distributed` (``distributed``)
-- :class:`RetryingSink`, :func:`mlflow_sink`, :func:`fan_out` (``tracking``)
+- metric sinks (:func:`bert_core.tracking.mlflow_sink`, ...) live in :mod:`bert_core.tracking`
 - :func:`bert_train_flops`, :func:`peak_tflops`, :func:`mfu` (``flops``)
 - :class:`CheckpointError`, :func:`list_checkpoints`, :func:`load_checkpoint` (``checkpoint``)
 """
@@ -20,7 +20,6 @@ from bert_core.training.loop import Trainer
 from bert_core.training.optim import Lamb, build_optimizer, param_groups
 from bert_core.training.schedule import LinearWarmupDecay
 from bert_core.training.task import StepOutput, Task
-from bert_core.training.tracking import RetryingSink, fan_out, mlflow_sink
 
 __all__ = [
     "CheckpointError",
@@ -29,7 +28,6 @@ __all__ = [
     "Lamb",
     "LinearWarmupDecay",
     "NonFiniteLossError",
-    "RetryingSink",
     "StepOutput",
     "Task",
     "TrainConfig",
@@ -37,11 +35,9 @@ __all__ = [
     "TrainingInterrupted",
     "bert_train_flops",
     "build_optimizer",
-    "fan_out",
     "list_checkpoints",
     "load_checkpoint",
     "mfu",
-    "mlflow_sink",
     "param_groups",
     "peak_tflops",
     "setup_distributed",

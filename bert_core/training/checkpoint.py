@@ -24,7 +24,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from bert_core.atomic import atomic_path, clean_stale_temps
+
+if TYPE_CHECKING:
+    from bert_core.training.distributed import DistContext
 
 log = logging.getLogger(__name__)
 
@@ -235,3 +238,60 @@ def latest_loadable(root: Path) -> list[Path]:
     """Checkpoints under ``root``, newest first, after removing leftovers of interrupted saves."""
     clean_stale_temps(root)
     return list(reversed(list_checkpoints(root)))
+
+
+def resume_newest(
+    root: Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    dist: DistContext,
+    fingerprint: str,
+) -> tuple[Path, dict[str, Any], Any] | None:
+    """Load the newest loadable checkpoint under ``root`` (the Trainer's resume).
+
+    Weights, optimizer and scaler state are loaded in place and this rank's RNG state is restored. A
+    checkpoint that cannot be read falls back to the previous one; only the oldest one's error is raised.
+    Rank 0 lists the candidates, every rank loads the same one.
+
+    Returns:
+        ``(path, state, this rank's data-loader state)``, or None when there is no checkpoint.
+
+    Raises:
+        CheckpointError: the newest readable checkpoint was written with other settings (``fingerprint``)
+            or another number of processes, or no candidate can be loaded.
+    """
+    candidates = latest_loadable(root) if dist.is_main else []
+    candidates = dist.broadcast_object([str(c) for c in candidates])
+    for path in map(Path, candidates):
+        try:
+            state = read_state(path)
+        except CheckpointError as exc:
+            if path == Path(candidates[-1]):
+                raise
+            log.error("%s; trying the previous checkpoint", exc)
+            continue
+        if fingerprint and state.get("fingerprint") != fingerprint:
+            raise CheckpointError(
+                f"{path} was written by a run with other settings (fingerprint {state.get('fingerprint')!r}, "
+                f"this run {fingerprint!r}); use another checkpoint directory or delete {root}"
+            )
+        if state.get("world_size", 1) != dist.world_size:
+            raise CheckpointError(
+                f"{path} was written with {state.get('world_size')} processes, this run has "
+                f"{dist.world_size}; resume with the same number of processes (the data position "
+                "is per process)"
+            )
+        try:
+            state, rng_states, data_states = load_checkpoint(
+                path, model=model, optimizer=optimizer, scaler=scaler
+            )
+        except CheckpointError as exc:
+            if path == Path(candidates[-1]):
+                raise
+            log.error("%s; trying the previous checkpoint", exc)
+            continue
+        restore_rng_state(rng_states[dist.rank])
+        return path, state, data_states[dist.rank]
+    return None

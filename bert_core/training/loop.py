@@ -54,13 +54,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bert_core.tracking import MetricsCallback
 from bert_core.training import checkpoint as ckpt
 from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig, TrainingInterrupted
 from bert_core.training.distributed import DistContext, resolve_device
+from bert_core.training.evaluation import evaluate_task, sum_into, to_device
 from bert_core.training.flops import mfu, peak_tflops
 from bert_core.training.optim import build_optimizer
 from bert_core.training.task import StepOutput, Task
-from bert_core.training.tracking import MetricsCallback
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +74,6 @@ __all__ = [
     "Trainer",
     "TrainingInterrupted",
 ]
-
-
-def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
-
-
-def _sum_into(acc: dict[str, Tensor], stats: dict[str, Tensor], device: torch.device) -> None:
-    for k, v in stats.items():
-        v = torch.as_tensor(v, device=device).detach()
-        acc[k] = acc[k] + v if k in acc else v.clone()
 
 
 # ====================================================================== trainer
@@ -232,45 +223,19 @@ class Trainer:
     def _resume(self) -> None:
         if self.checkpoint_dir is None or not self.config.resume:
             return
-        candidates = ckpt.latest_loadable(self.checkpoint_dir) if self.dist.is_main else []
-        candidates = self.dist.broadcast_object([str(c) for c in candidates])
-        for path in map(Path, candidates):
-            try:
-                state = ckpt.read_state(path)
-            except ckpt.CheckpointError as exc:
-                if path == Path(candidates[-1]):
-                    raise
-                log.error("%s; trying the previous checkpoint", exc)
-                continue
-            if self.fingerprint and state.get("fingerprint") != self.fingerprint:
-                raise ckpt.CheckpointError(
-                    f"{path} was written by a run with other settings (fingerprint {state.get('fingerprint')!r}, "
-                    f"this run {self.fingerprint!r}); use another checkpoint directory or delete {self.checkpoint_dir}"
-                )
-            if state.get("world_size", 1) != self.dist.world_size:
-                raise ckpt.CheckpointError(
-                    f"{path} was written with {state.get('world_size')} processes, this run has "
-                    f"{self.dist.world_size}; resume with the same number of processes (the data position "
-                    "is per process)"
-                )
-            try:
-                state, rng_states, data_states = ckpt.load_checkpoint(
-                    path, model=self.model, optimizer=self.optimizer, scaler=self.scaler
-                )
-            except ckpt.CheckpointError as exc:
-                if path == Path(candidates[-1]):
-                    raise
-                log.error("%s; trying the previous checkpoint", exc)
-                continue
-            self._restore_state(state)
-            ckpt.restore_rng_state(rng_states[self.dist.rank])
-            data_state = data_states[self.dist.rank]
-            if hasattr(self.train_data, "load_state_dict") and data_state is not None:
-                self.train_data.load_state_dict(data_state)
-            self._last_ckpt = path
-            self._resumed_from = self.step
-            log.info("resumed from %s (step %d, %.0f s trained)", path, self.step, self.elapsed_s)
+        found = ckpt.resume_newest(
+            self.checkpoint_dir, model=self.model, optimizer=self.optimizer, scaler=self.scaler,
+            dist=self.dist, fingerprint=self.fingerprint,
+        )  # fmt: skip
+        if found is None:
             return
+        path, state, data_state = found
+        self._restore_state(state)
+        if hasattr(self.train_data, "load_state_dict") and data_state is not None:
+            self.train_data.load_state_dict(data_state)
+        self._last_ckpt = path
+        self._resumed_from = self.step
+        log.info("resumed from %s (step %d, %.0f s trained)", path, self.step, self.elapsed_s)
 
     def _restore_state(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
@@ -334,14 +299,14 @@ class Trainer:
                 self._win["seqs"] += seqs
                 self._win["tokens"] += toks
                 self._win["flops"] += flops or 0.0
-                batch = _to_device(batch, self.device)
+                batch = to_device(batch, self.device)
                 sync = micro == cfg.grad_accum - 1 or not self.dist.distributed
                 with contextlib.nullcontext() if sync else self.net.no_sync(), self._autocast():
                     out = self.task.step(self.net, batch)
                     loss = out.loss / cfg.grad_accum
                 self.scaler.scale(loss).backward()
                 loss_sum += out.loss.detach().float()
-                _sum_into(self._win_stats, out.stats, self.device)
+                sum_into(self._win_stats, out.stats, self.device)
             loss_mean = loss_sum / cfg.grad_accum
             if self.scaler.is_enabled():
                 self.scaler.unscale_(self.optimizer)
@@ -460,15 +425,10 @@ class Trainer:
                 metrics = dict(self.evaluator(model))
             else:
                 data = self.eval_data() if callable(self.eval_data) else self.eval_data
-                sums: dict[str, Tensor] = {}
-                limit = self.config.max_eval_batches
-                for batch in itertools.islice(data, limit):
-                    with self._autocast():
-                        stats = self.task.eval_step(model, _to_device(batch, self.device))
-                    _sum_into(sums, stats, self.device)
-                for k in sorted(sums):
-                    self.dist.all_reduce(sums[k])
-                metrics = {f"eval_{k}": v for k, v in self.task.summarize(sums).items()}
+                metrics = evaluate_task(
+                    model, self.task, data, device=self.device, dist=self.dist,
+                    max_batches=self.config.max_eval_batches, autocast=self._autocast,
+                )  # fmt: skip
         finally:
             model.train()
         self.eval_metrics = metrics

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from bert_core.constants import REPO_ROOT
 
 STAGE_MODULE = '''
 """Stand-in stage (tests only): python -m flows.standin <stage> [task]."""
@@ -27,7 +27,8 @@ from prefect import flow
 
 from bert_core.atomic import write_text_atomic
 from bert_core.params import StrictModel, load_params
-from flows._stage import FINETUNE_EXPERIMENT, finish_stage, stage_run
+from bert_core.tracking import FINETUNE_EXPERIMENT
+from flows._stage import finish_stage, stage_run
 
 
 class StandinParams(StrictModel):

@@ -17,8 +17,8 @@ import mlflow
 import pytest
 import yaml
 
+from bert_core.tracking import FINETUNE_EXPERIMENT, PIPELINE_EXPERIMENT
 from flows import _dvc
-from flows._stage import FINETUNE_EXPERIMENT, PIPELINE_EXPERIMENT
 from tests.e2e.conftest import copy_repository, serve_repository
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]

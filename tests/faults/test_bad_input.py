@@ -140,6 +140,22 @@ def test_params_file_that_is_not_utf8_or_not_yaml(tmp_path, env):
     assert_failed_cleanly(res, "corpus", tmp_path / "work", f"{bad}:3: not valid YAML")
 
 
+def test_params_file_with_a_repeated_key_or_an_empty_section(tmp_path, env):
+    """DVC refuses a repeated key; the stage must too (it used to keep the last value silently), and a bare
+    section header is not "all defaults"."""
+    bad = tmp_path / "corpus.yaml"
+    text = (REPO_ROOT / "params" / "corpus.yaml").read_text()
+    bad.write_text(text.replace("corpus:\n", "corpus:\n  seed: 1\n  seed: 2\n", 1))
+    res = run_stage("corpus", stage_args("corpus", bad), tmp_path / "work", env)
+    assert_failed_cleanly(
+        res, "corpus", tmp_path / "work", f"{bad}:3: duplicate key 'seed' (first at line 2)"
+    )
+
+    bad.write_text("corpus:\n")
+    res = run_stage("corpus", stage_args("corpus", bad), tmp_path / "work", env)
+    assert_failed_cleanly(res, "corpus", tmp_path / "work", f"{bad}:1: section 'corpus' is empty")
+
+
 # --------------------------------------------------------------------------------------------- corpus
 
 

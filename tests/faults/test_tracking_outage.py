@@ -3,7 +3,7 @@
 The server is ``mlflow server`` on a free loopback port with a SQLite store; it is killed (SIGKILL to its
 process group, as a crash) at training step 3, stays down until training has finished, and is started
 again on the same port and store. Training uses the same metric sink as the ``pretrain`` stage
-(:func:`bert_core.training.tracking.mlflow_sink`): every metric logged while the server was down must be
+(:func:`bert_core.tracking.sink.mlflow_sink`): every metric logged while the server was down must be
 on the server afterwards, with its step and value, and nothing is spilled to the fallback file.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bert_core.training.tracking import fan_out, mlflow_sink
+from bert_core.tracking.sink import fan_out, mlflow_sink
 
 from .conftest import VENV_BIN, Processes, base_env, free_port, kill_group, wait_http
 
@@ -82,7 +82,7 @@ def test_metrics_logged_while_the_server_is_down_reach_it_after_a_restart(
             mlflow_server.kill()  # the tracking server crashes in the middle of the run
             down.set()
 
-    caplog.set_level(logging.WARNING, logger="bert_core.training.tracking")
+    caplog.set_level(logging.WARNING, logger="bert_core.tracking.sink")
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,4 +1,4 @@
-"""The pretraining objective as a :class:`~bert_core.training.loop.Task`: masked LM + next sentence.
+"""The pretraining objective as a :class:`~bert_core.training.Task`: masked LM + next sentence.
 
 BERT paper §3.1: the loss is the mean cross-entropy over the masked positions plus the NSP
 cross-entropy. Metrics (from summed statistics, so they are exact over micro-batches, steps and
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bert_core.constants import IGNORE_INDEX
 from bert_core.training.flops import bert_train_flops
 from bert_core.training.task import StepOutput, Task
 
-IGNORE_INDEX = -100
 BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label")
 
 

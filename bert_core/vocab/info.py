@@ -1,4 +1,7 @@
-"""The vocabulary as the data stage needs it: special ids, size, a content hash and a fast tokenizer."""
+"""The vocab stage's artifact as its consumers read it: special ids, size, a content hash and a fast tokenizer.
+
+Used by the ``pretrain_data`` stage (builder, checks, loader) and the ``pretrain`` stage.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+from bert_core.constants import SPECIAL_TOKENS
 
 
 @dataclass(frozen=True)

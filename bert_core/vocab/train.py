@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from bert_core.atomic import atomic_path
+from bert_core.constants import SPECIAL_TOKENS
 from bert_core.params import StrictModel
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 RELEASED_VOCAB_SIZE = 30_522
 RELEASED_UNUSED = 994
 UNUSED_BEFORE_UNK = 99
-CORE_SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[MASK]")
+CORE_SPECIALS = SPECIAL_TOKENS[1:]  # all but [PAD]: ("[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 class VocabError(RuntimeError):

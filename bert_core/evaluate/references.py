@@ -1,4 +1,4 @@
-"""Published scores to put next to ours, by model size (docs/REFERENCES.md).
+"""Published scores to put next to ours, by model size.
 
 Sources: the BERT paper (Devlin et al., 2019), Table 1 (GLUE test) and §4.2-4.4 / §5.3 (SQuAD, SWAG and
 CoNLL-2003 dev); Turc et al. (2019), "Well-Read Students Learn Better", GLUE test scores of the compact
@@ -15,26 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bert_core.metrics import main_metric
+
 #: Tasks (chart rows) of the GLUE average, in the paper's column order; WNLI is excluded as in the paper.
 GLUE_AVERAGE_ROWS: tuple[str, ...] = ("mnli", "mnli_mm", "qqp", "qnli", "sst2", "cola", "stsb", "mrpc", "rte")
-
-#: Headline metric per chart row (BERT paper Table 1).
-HEADLINE: dict[str, str] = {
-    "cola": "matthews_corr",
-    "sst2": "accuracy",
-    "mrpc": "f1",
-    "stsb": "spearman",
-    "qqp": "f1",
-    "mnli": "accuracy",
-    "mnli_mm": "accuracy",
-    "qnli": "accuracy",
-    "rte": "accuracy",
-    "wnli": "accuracy",
-    "squad_v1": "f1",
-    "squad_v2": "f1",
-    "swag": "accuracy",
-    "conll2003": "f1",
-}
 
 
 @dataclass(frozen=True)
@@ -148,14 +132,18 @@ HF_BASE_CASED_DEV: dict[str, dict[str, float]] = {
 }
 
 
-def preset_for(num_hidden_layers: int, hidden_size: int) -> str | None:
-    """The preset name of a (L, H) shape, or ``None`` when it is not a published size."""
-    from bert_core.config import PRESETS
+def headline_metric(row: str, default: str) -> str:
+    """The headline metric key of a chart row (a task name, or ``mnli_mm`` for MNLI's mismatched half).
 
-    for name, (layers, hidden, _) in PRESETS.items():
-        if (layers, hidden) == (num_hidden_layers, hidden_size):
-            return name
-    return None
+    It is the task's main metric, :func:`bert_core.metrics.main_metric` (BERT paper Table 1: F1 for QQP,
+    MRPC, SQuAD and CoNLL-2003, Spearman for STS-B, Matthews correlation for CoLA, accuracy elsewhere), so the
+    report and model selection never disagree; ``default`` (the summary's own main metric) for a row that
+    table does not know.
+    """
+    try:
+        return main_metric(row)
+    except (KeyError, ValueError):
+        return default
 
 
 def reference_for(preset: str | None) -> Reference | None:

@@ -1,0 +1,163 @@
+"""The ``evaluate`` stage: one summary of every fine-tuned task, as DVC metrics and a report with plots.
+
+Reads each task's ``summary.json`` (written by :func:`bert_core.finetune.run.finetune_task`) and writes:
+
+- a flat metrics dict (``metrics/evaluate.json``): ``<row>.<metric>`` for every dev metric of every task
+  (rows are task names; MNLI's mismatched dev set is the row ``mnli_mm``), ``<row>.<main>_std`` over
+  seeds, ``glue.average`` (the paper's average, WNLI excluded, over the GLUE rows present) with
+  ``glue.reference_average`` on the same rows for the same model size, ``random_init.<row>`` /
+  ``gap.<row>`` where the random-init baseline ran, ``gap.mean``, and ``glue.random_init_average`` with
+  ``gap.glue_average`` (fine-tuned minus random init, on the GLUE rows the baseline ran on);
+- ``evaluate.md`` and a self-contained ``evaluate.html`` (PNG plots embedded) with a per-task chart next
+  to the published numbers of the same model size (:mod:`bert_core.evaluate.references`), the
+  pretrained-vs-random-init gap, the learning-rate/seed grid and the learning curves.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+
+from bert_core.atomic import atomic_path, write_json_atomic
+from bert_core.evaluate.plots import plot_learning_curves, plot_scores, plot_trials
+from bert_core.evaluate.summary import EvaluationSummary, summarize
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of every table in the report."""
+    glue = summary.glue()
+    ref_name = summary.reference.model if summary.reference else "none for this size"
+    main = [
+        [r.name, r.metric, _fmt(r.ours) + (f" ± {_fmt(r.ours_std)} ({r.seeds} seeds)" if r.seeds > 1 else ""),
+         _fmt(r.random_init), _fmt(r.gap), _fmt(r.reference) + (f" ({r.reference_split})" if r.reference_split else "")]
+        for r in summary.rows
+    ]  # fmt: skip
+    header = ["task", "metric", "fine-tuned (dev)", "random init (dev)", "gap", f"published ({ref_name})"]
+    avg = [
+        ["GLUE average (fine-tuned)", _fmt(glue["average"]), ", ".join(glue["rows"]) or "–"],
+        ["GLUE average (published, same rows)", _fmt(glue["reference_average"]), ", ".join(glue["reference_rows"]) or "–"],
+        ["GLUE average (random init)", _fmt(glue["random_init_average"]), ", ".join(glue["random_init_rows"]) or "–"],
+        ["GLUE average (fine-tuned, random-init rows)", _fmt(glue["pretrained_on_random_rows"]),
+         ", ".join(glue["random_init_rows"]) or "–"],
+    ]  # fmt: skip
+    details = []
+    for result in summary.results.values():
+        best = result.selected
+        details.append([
+            result.task, f"{best.learning_rate:g}", str(best.seed), str(len(result.trials)),
+            ", ".join(f"{k} {_fmt(v, 2)}" for k, v in sorted(best.dev.items())),
+            _fmt(best.examples_per_second, 0),
+        ])  # fmt: skip
+    return [
+        ("Per-task dev scores", header, main),
+        ("GLUE average (WNLI excluded, MNLI-m and -mm counted separately, as the BERT paper)",
+         ["", "score", "rows"], avg),
+        ("Selected trials", ["task", "lr", "seed", "trials", "dev metrics", "train ex/s"], details),
+    ]  # fmt: skip
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    esc = [[c.replace("|", "\\|") for c in row] for row in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in esc]
+    return "\n".join(lines)
+
+
+def _intro(summary: EvaluationSummary) -> str:
+    models = {r.model.get("source", "?") for r in summary.results.values()}
+    size = summary.preset or "custom"
+    return (
+        f"Fine-tuned from {', '.join(sorted(models))} (size: {size}). Our scores are on the *dev* sets (the "
+        "selected learning rate and seed, as the BERT paper selects on dev); published GLUE scores are "
+        "mostly *test* scores, so the comparison is indicative. Spread: mean ± std over the seeds of the "
+        "selected learning rate."
+    )
+
+
+def render_report(
+    summary: EvaluationSummary, out_md: Path, out_html: Path, *, dpi: int = 110
+) -> dict[str, Path]:
+    """Write the Markdown report (+ its PNGs in ``<out_md stem>/``) and the self-contained HTML report."""
+    plots = {
+        "scores": ("Dev scores vs published scores", plot_scores(summary, dpi)),
+        "trials": ("Learning-rate grid and seeds", plot_trials(summary, dpi)),
+        "learning_curves": ("Learning curves of the selected trials", plot_learning_curves(summary, dpi)),
+    }
+    tables = _tables(summary)
+    title = "Fine-tuning evaluation"
+    plot_dir = out_md.parent / out_md.stem
+    paths: dict[str, Path] = {}
+    with atomic_path(plot_dir, is_dir=True) as tmp_dir:
+        for name, (_, png) in plots.items():
+            (tmp_dir / f"{name}.png").write_bytes(png)
+    for name in plots:
+        paths[f"plot.{name}"] = plot_dir / f"{name}.png"
+
+    md = [f"# {title}", "", _intro(summary), ""]
+    for heading, header, rows in tables:
+        md += [f"## {heading}", "", _markdown_table(header, rows), ""]
+    for name, (caption, _) in plots.items():
+        md += [f"## {caption}", "", f"![{caption}]({plot_dir.name}/{name}.png)", ""]
+    with atomic_path(out_md) as tmp:
+        tmp.write_text("\n".join(md), encoding="utf-8")
+    paths["markdown"] = out_md
+
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;max-width:1100px;margin:auto}}"
+        "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
+        "th{background:#f2f2f2}img{max-width:100%}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1><p>{html.escape(_intro(summary))}</p>",
+    ]
+    for heading, header, rows in tables:
+        parts.append(f"<h2>{html.escape(heading)}</h2><table><tr>")
+        parts.append("".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>")
+        for row in rows:
+            parts.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
+        parts.append("</table>")
+    for caption, png in plots.values():
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(
+            f"<h2>{html.escape(caption)}</h2><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
+        )
+    parts.append("</body></html>")
+    with atomic_path(out_html) as tmp:
+        tmp.write_text("\n".join(parts), encoding="utf-8")
+    paths["html"] = out_html
+    return paths
+
+
+def evaluate_results(
+    results_dir: str | Path,
+    metrics_path: str | Path,
+    report_dir: str | Path,
+    *,
+    tasks: list[str] | None = None,
+    reference_size: str = "auto",
+    dpi: int = 110,
+) -> tuple[dict[str, float], dict[str, Path]]:
+    """The ``evaluate`` stage function: summary metrics JSON + Markdown/HTML report with plots.
+
+    Args:
+        results_dir: ``results/finetune`` (one ``<task>/summary.json`` per task).
+        metrics_path: The DVC metrics file to write (``metrics/evaluate.json``).
+        report_dir: Where ``evaluate.md``, ``evaluate.html`` and ``evaluate/*.png`` go (``reports``).
+        tasks: Only these tasks (the finetune stages of the pipeline); ``None``: every summary found.
+        reference_size: ``auto`` (the pretrained model's size), a preset name, or ``none``.
+        dpi: Plot resolution.
+
+    Returns:
+        ``(metrics, written paths)``.
+    """
+    summary = summarize(results_dir, tasks=tasks, reference_size=reference_size)
+    report_dir = Path(report_dir)
+    paths = render_report(summary, report_dir / "evaluate.md", report_dir / "evaluate.html", dpi=dpi)
+    metrics = summary.metrics()
+    paths["metrics"] = write_json_atomic(metrics_path, metrics)
+    return metrics, paths

@@ -1,0 +1,194 @@
+"""What the ``evaluate`` stage summarises: each task's ``summary.json`` (written by
+:func:`bert_core.finetune.run.finetune_task`, contract :class:`~bert_core.finetune.results.FinetuneResult`)
+as chart rows next to the published scores of the same model size, and the flat DVC metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bert_core.evaluate.references import (
+    GLUE_AVERAGE_ROWS,
+    Reference,
+    glue_average,
+    headline_metric,
+    reference_for,
+)
+from bert_core.finetune.results import FinetuneResult
+from bert_core.metrics import main_metric
+
+SUMMARY_NAME = "summary.json"
+
+
+@dataclass
+class Row:
+    """One line of the comparison: a task (or MNLI's mismatched half) and its headline metric."""
+
+    name: str
+    task: str
+    metric: str
+    ours: float
+    ours_std: float = 0.0
+    seeds: int = 1
+    random_init: float | None = None
+    reference: float | None = None
+    reference_split: str | None = None
+    all_metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float | None:
+        return None if self.random_init is None else self.ours - self.random_init
+
+
+@dataclass
+class EvaluationSummary:
+    """Everything the report shows."""
+
+    results: dict[str, FinetuneResult]
+    rows: list[Row]
+    preset: str | None
+    reference: Reference | None
+
+    def glue(self) -> dict[str, Any]:
+        ours, rows = glue_average({r.name: r.ours for r in self.rows})
+        ref, ref_rows = (None, [])
+        if self.reference is not None and rows:
+            scores = {r: self.reference.scores.get(r, {}).get(main_metric(r)) for r in rows}
+            if all(v is not None for v in scores.values()):
+                ref, ref_rows = glue_average(scores)
+        random_rows = {r.name: r.random_init for r in self.rows if r.random_init is not None}
+        rnd, rnd_rows = glue_average(random_rows)
+        # the fine-tuned average on exactly the rows the random-init baseline has: the like-for-like gap
+        ours_on_rnd, _ = glue_average({r.name: r.ours for r in self.rows if r.name in rnd_rows})
+        return {"average": ours, "rows": rows, "reference_average": ref, "reference_rows": ref_rows,
+                "random_init_average": rnd, "random_init_rows": rnd_rows,
+                "pretrained_on_random_rows": ours_on_rnd}  # fmt: skip
+
+    def metrics(self) -> dict[str, float]:
+        """The flat DVC metrics (see the module docstring)."""
+        out: dict[str, float] = {}
+        for row in self.rows:
+            for k, v in row.all_metrics.items():
+                out[f"{row.name}.{k}"] = v
+            if row.seeds > 1:
+                out[f"{row.name}.{row.metric}_std"] = row.ours_std
+            if row.random_init is not None:
+                out[f"random_init.{row.name}.{row.metric}"] = row.random_init
+                out[f"gap.{row.name}.{row.metric}"] = row.gap  # type: ignore[assignment]
+        gaps = [r.gap for r in self.rows if r.gap is not None]
+        if gaps:
+            out["gap.mean"] = sum(gaps) / len(gaps)
+        glue = self.glue()
+        if glue["average"] is not None:
+            out["glue.average"] = glue["average"]
+            out["glue.tasks"] = float(len(glue["rows"]))
+        if glue["reference_average"] is not None:
+            out["glue.reference_average"] = glue["reference_average"]
+        if glue["random_init_average"] is not None:
+            out["glue.random_init_average"] = glue["random_init_average"]
+            out["gap.glue_average"] = glue["pretrained_on_random_rows"] - glue["random_init_average"]
+        out["tasks"] = float(len(self.results))
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
+
+
+def load_results(results_dir: str | Path, tasks: list[str] | None = None) -> dict[str, FinetuneResult]:
+    """The ``<task>/summary.json`` files under ``results_dir``, by task name (sorted).
+
+    Args:
+        results_dir: The finetune stages' results directory.
+        tasks: Only these tasks (each must have a summary); ``None`` = every summary found.
+
+    Raises:
+        FileNotFoundError: no summaries, or a listed task without one (naming the stage to run).
+        ValueError: a summary that cannot be read (naming the file).
+    """
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        raise FileNotFoundError(
+            f"{results_dir} does not exist: run the finetune stages first (dvc repro finetune)"
+        )
+    if tasks is not None:
+        missing = [t for t in tasks if not (results_dir / t / SUMMARY_NAME).is_file()]
+        if missing:
+            stages = ", ".join(f"'dvc repro finetune@{t}'" for t in missing)
+            raise FileNotFoundError(
+                f"no {SUMMARY_NAME} under {results_dir} for task(s) {missing}: run {stages}"
+            )
+        paths = [results_dir / t / SUMMARY_NAME for t in sorted(tasks)]
+    else:
+        paths = sorted(results_dir.glob(f"*/{SUMMARY_NAME}"))
+    found = {}
+    for path in paths:
+        result = FinetuneResult.load(path)
+        found[result.task] = result
+    if not found:
+        raise FileNotFoundError(f"{results_dir} holds no */{SUMMARY_NAME}: run the finetune stages first")
+    return found
+
+
+def _rows_of(result: FinetuneResult, reference: Reference | None) -> list[Row]:
+    best = result.selected
+    baseline = result.selected_random
+    _, std, n = result.seed_spread(best)
+    splits = [("dev", result.task, best.dev, baseline.dev if baseline else None)]
+    if result.task == "mnli" and "dev_mismatched" in best.other_splits:
+        splits.append(("dev_mismatched", "mnli_mm", best.other_splits["dev_mismatched"], None))
+    rows = []
+    for split, name, metrics, random_metrics in splits:
+        metric = headline_metric(name, result.main_metric)
+        if metric not in metrics:
+            metric = result.main_metric
+        ref = reference.scores.get(name, {}).get(metric) if reference else None
+        rows.append(
+            Row(
+                name=name,
+                task=result.task,
+                metric=metric,
+                ours=float(metrics.get(metric, math.nan)),
+                ours_std=std if split == "dev" else 0.0,
+                seeds=n if split == "dev" else 1,
+                random_init=float(random_metrics[metric])
+                if random_metrics and metric in random_metrics
+                else None,
+                reference=ref,
+                reference_split=reference.splits.get(name) if reference and ref is not None else None,
+                all_metrics={k: float(v) for k, v in metrics.items()},
+            )
+        )
+    return rows
+
+
+def summarize(
+    results_dir: str | Path, *, tasks: list[str] | None = None, reference_size: str = "auto"
+) -> EvaluationSummary:
+    """Collect the tasks' results and match them with the published scores of the same model size.
+
+    Args:
+        results_dir: Directory of ``<task>/summary.json`` files.
+        tasks: Only these tasks (``None``: all found).
+        reference_size: ``auto`` (the size of the pretrained model), a preset name, or ``none``.
+    """
+    results = load_results(results_dir, tasks)
+    presets = {r.model.get("preset") for r in results.values()}
+    preset = next(iter(presets)) if len(presets) == 1 else None
+    if reference_size == "none":
+        reference = None
+    elif reference_size == "auto":
+        reference = reference_for(preset)
+    else:
+        reference = reference_for(reference_size)
+        if reference is None:
+            raise ValueError(
+                f"no published scores for size {reference_size!r}; use auto, none, or a preset name"
+            )
+        preset = reference_size
+    rows = [row for result in results.values() for row in _rows_of(result, reference)]
+    order = {
+        name: i
+        for i, name in enumerate((*GLUE_AVERAGE_ROWS, "wnli", "squad_v1", "squad_v2", "swag", "conll2003"))
+    }
+    rows.sort(key=lambda r: order.get(r.name, len(order)))
+    return EvaluationSummary(results, rows, preset, reference)

@@ -1,0 +1,155 @@
+"""Params of the ``pretrain`` stage (``params/pretrain.yaml``, section ``pretrain``): the model preset, the
+optimizer shared by the phases, and each phase's sequence length, share of the budget and batch sizes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from bert_core.config import BertConfig
+from bert_core.params import StrictModel
+
+Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
+
+
+class ModelParams(StrictModel):
+    """Which model: a named preset and optional ``BertConfig`` field overrides (``vocab_size`` comes
+    from the vocabulary, never from here)."""
+
+    preset: Preset = "tiny"
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelParams:
+        if "vocab_size" in self.overrides:
+            raise ValueError("vocab_size is read from the vocabulary (vocab.txt); remove it from overrides")
+        BertConfig.from_preset(self.preset, vocab_size=30522, **self.overrides)  # validates the fields
+        return self
+
+    def config(self, vocab_size: int) -> BertConfig:
+        return BertConfig.from_preset(self.preset, vocab_size=vocab_size, **self.overrides)
+
+
+class OptimizerParams(StrictModel):
+    """Optimizer shared by the phases (each phase has its own schedule)."""
+
+    name: Literal["adamw", "lamb"] = "adamw"
+    lr: float = Field(1e-4, gt=0, description="peak learning rate of phases that do not set their own")
+    weight_decay: float = Field(0.01, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-6, gt=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+
+
+class PhaseParams(StrictModel):
+    """One pretraining phase.
+
+    Attributes:
+        name: the data directory under ``data_dir`` (``seq128``, ``seq512``).
+        max_seq_length: the phase's sequence length; must match the data and fit the position table.
+        share: share of the total ``max_steps`` / time budget given to this phase.
+        micro_batch: sequences per forward/backward on one process.
+        global_batch: sequences per optimizer step over all processes
+            (= micro_batch x gradient accumulation x world size).
+        lr: peak learning rate (None: ``optimizer.lr``).
+        warmup_ratio: warmup as a share of the phase's steps (or budget).
+        warmup_steps: warmup in steps (step mode only); give one of the two.
+    """
+
+    name: str = Field(min_length=1)
+    max_seq_length: int = Field(ge=8)
+    share: float = Field(gt=0, le=1)
+    micro_batch: int = Field(ge=1)
+    global_batch: int = Field(ge=1)
+    lr: float | None = Field(None, gt=0)
+    warmup_ratio: float | None = Field(None, ge=0, lt=1)
+    warmup_steps: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> PhaseParams:
+        if self.global_batch % self.micro_batch:
+            raise ValueError(
+                f"global_batch {self.global_batch} is not a multiple of micro_batch {self.micro_batch} "
+                "(global = micro x accumulation x processes)"
+            )
+        if self.warmup_ratio is not None and self.warmup_steps is not None:
+            raise ValueError("give warmup_ratio or warmup_steps, not both")
+        return self
+
+
+class PretrainParams(StrictModel):
+    """Params of the ``pretrain`` stage (``params/pretrain.yaml``, section ``pretrain``)."""
+
+    model: ModelParams = Field(default_factory=ModelParams)
+    max_steps: int | None = Field(None, ge=1, description="optimizer steps over all phases")
+    time_budget_minutes: float | None = Field(None, gt=0, description="wall-clock budget over all phases")
+    phases: list[PhaseParams] = Field(min_length=1)
+    optimizer: OptimizerParams = Field(default_factory=OptimizerParams)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    compile: bool = False
+    init_mlm_bias: Literal["zeros", "unigram"] = Field(
+        "zeros",
+        description="MLM output bias at init: zeros (paper) or log unigram frequencies of the training "
+        "labels, which saves short runs the first thousands of steps spent learning token frequencies",
+    )
+    checkpoint_every: int = Field(200, ge=0, description="steps between checkpoints (0: phase ends only)")
+    keep_last: int = Field(2, ge=1)
+    eval_every: int = Field(0, ge=0, description="steps between held-out evaluations (0: phase ends only)")
+    eval_batches: int | None = Field(50, ge=1, description="held-out batches per evaluation (null: all)")
+    eval_batch_size: int | None = Field(None, ge=1, description="null: the phase's micro_batch")
+    log_every: int = Field(20, ge=1)
+    seed: int = Field(0, ge=0)
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    num_threads: int | None = Field(None, ge=1, description="CPU threads for torch (null: torch's default)")
+    deterministic: bool = False
+    registered_model: str = Field("bert-pretrained", min_length=1, description="MLflow registry name")
+    registry_alias: str = Field("newest", min_length=1, description="alias moved to each new version")
+
+    @model_validator(mode="after")
+    def _check(self) -> PretrainParams:
+        if self.registry_alias.lower() == "latest":
+            raise ValueError(
+                "registry_alias 'latest' is reserved by MLflow (models:/<name>/latest); use e.g. 'newest'"
+            )
+        if self.max_steps is None and self.time_budget_minutes is None:
+            raise ValueError("set max_steps or time_budget_minutes (or both: whichever comes first)")
+        names = [p.name for p in self.phases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"phase names must be unique, got {names}")
+        total = sum(p.share for p in self.phases)
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ValueError(
+                f"phase shares must add up to 1, got {total:g} ({[p.share for p in self.phases]})"
+            )
+        max_pos = self.model.config(30522).max_position_embeddings
+        for i, p in enumerate(self.phases):
+            if p.max_seq_length > max_pos:
+                raise ValueError(
+                    f"phases[{i}].max_seq_length = {p.max_seq_length} exceeds the model's "
+                    f"max_position_embeddings = {max_pos}; BERT has no position embedding beyond it"
+                )
+            if self.time_budget_minutes is not None and p.warmup_steps:
+                raise ValueError(
+                    f"phases[{i}].warmup_steps: with time_budget_minutes the schedule follows the clock; "
+                    "give the warmup as warmup_ratio"
+                )
+            steps = self.phase_steps(i)
+            if steps is not None and p.warmup_steps is not None and p.warmup_steps >= steps:
+                raise ValueError(
+                    f"phases[{i}] ({p.name}) gets {steps} steps ({p.share:g} of max_steps={self.max_steps}) "
+                    f"but warmup_steps = {p.warmup_steps}: the warmup must be shorter than the phase"
+                )
+        return self
+
+    def phase_steps(self, i: int) -> int | None:
+        """Optimizer steps of phase ``i`` (None without ``max_steps``); at least 1."""
+        if self.max_steps is None:
+            return None
+        return max(1, round(self.phases[i].share * self.max_steps))
+
+    def phase_budget_s(self, i: int) -> float | None:
+        if self.time_budget_minutes is None:
+            return None
+        return self.phases[i].share * self.time_budget_minutes * 60.0

@@ -1,0 +1,263 @@
+"""The ``pretrain`` stage's entry point: MLM + NSP pretraining of a BERT preset in the paper's two phases.
+
+``pretrain(params, data_dir, vocab_dir, out_dir)`` trains ``BertForPreTraining`` on the instances of the
+``pretrain_data`` stage (``<data_dir>/<phase>/{train,heldout}``) with the shared :class:`Trainer`, phase
+after phase (BERT paper, appendix A.2: 90% of the steps at sequence length 128, the rest at 512; phase 2
+starts from phase 1's weights with a fresh optimizer and its own warmup/decay schedule, as NVIDIA's
+recipe), evaluates on the held-out instances next to trivial baselines, and writes the final model in
+Hugging Face format (``config.json``, ``model.safetensors`` and the tokenizer files of ``vocab_dir``)
+that ``transformers.AutoModelForPreTraining`` loads.
+
+Steps and budget: ``max_steps`` and ``time_budget_minutes`` are totals over all phases; phase ``i`` gets
+``share_i`` of each. With a budget the learning-rate schedule follows the elapsed time.
+
+Checkpoints go to ``<checkpoint_root>/<phase>-<fingerprint>/``; the fingerprint hashes everything that
+decides the weights (model, phases so far, optimizer, seed, data), so a rerun after a crash resumes and
+a rerun with other params starts afresh, never mixing the two. A finished run's checkpoints stay, which
+makes a rerun of the same params (e.g. after a failure while registering the model) instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bert_core.atomic import atomic_path, write_csv_atomic
+from bert_core.config import BertConfig
+from bert_core.constants import TOKENIZER_FILES
+from bert_core.pretrain.inputs import check_inputs, unigram_log_prior
+from bert_core.pretrain.objective import PretrainingTask
+from bert_core.pretrain.params import PretrainParams
+from bert_core.tracking import MetricsCallback
+from bert_core.training import FitResult, TrainConfig, Trainer
+from bert_core.training.distributed import DistContext, resolve_device
+
+log = logging.getLogger(__name__)
+
+
+# ====================================================================== result
+@dataclass
+class PretrainResult:
+    """What the stage produced.
+
+    Attributes:
+        model_dir: the final model (HF format with tokenizer files).
+        metrics: final held-out metrics and baselines, per-phase figures (nested; for DVC/MLflow).
+        history: every logged record over all phases, with the global ``step`` and ``phase``.
+        data_stats: per-phase statistics of the data used (instances, tokens, vocab hash).
+        config: the model config.
+        phases: the Trainer's result per phase.
+    """
+
+    model_dir: Path
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]]
+    data_stats: dict[str, Any]
+    config: BertConfig
+    phases: list[FitResult] = field(default_factory=list)
+
+
+def _fingerprint(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ====================================================================== the stage
+def pretrain(
+    params: PretrainParams,
+    data_dir: str | Path,
+    vocab_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    checkpoint_root: str | Path | None = None,
+    on_metrics: MetricsCallback | None = None,
+    dist: DistContext | None = None,
+) -> PretrainResult:
+    """Pretrain, evaluate and write the model (see the module docstring).
+
+    Args:
+        params: the stage's params.
+        data_dir: output of ``pretrain_data`` (holds ``<phase>/{train,heldout}``).
+        vocab_dir: the vocabulary (``vocab.txt`` and tokenizer files, copied into the model).
+        out_dir: the model directory to write (replaced atomically at the end).
+        checkpoint_root: where checkpoints go (default: ``<out_dir>.checkpoints`` next to it).
+        on_metrics: ``on_metrics(global_step, metrics)`` at every log/evaluation (rank 0), keys
+            ``train/<name>`` and ``heldout/<name>``.
+        dist: the process's DDP context (default: one process on ``params.device``).
+
+    Returns:
+        The :class:`PretrainResult`.
+    """
+    data_dir, vocab_dir, out_dir = Path(data_dir), Path(vocab_dir), Path(out_dir)
+    dist = dist or DistContext(device=resolve_device(params.device))
+    data_stats = check_inputs(params, data_dir, vocab_dir, dist.world_size)
+    ckpt_root = Path(checkpoint_root) if checkpoint_root else out_dir.with_name(out_dir.name + ".checkpoints")
+    config = params.model.config(data_stats["vocab_size"])
+    if params.deterministic and params.time_budget_minutes is not None:
+        log.warning(
+            "deterministic is set but so is time_budget_minutes: when the budget is the nearer limit, the "
+            "schedule and the stopping step depend on timing; set time_budget_minutes: null for bit-exact runs"
+        )
+    if params.num_threads:
+        torch.set_num_threads(params.num_threads)
+    torch.manual_seed(params.seed)
+    from bert_core.model import BertForPreTraining
+
+    model = BertForPreTraining(config)
+    if params.init_mlm_bias == "unigram":
+        with torch.no_grad():
+            model.cls.predictions.bias.copy_(unigram_log_prior(data_dir / params.phases[0].name / "train"))
+    task = PretrainingTask.for_config(config)
+    log.info(
+        "pretraining %s (%.1fM parameters) on %s, %d process(es)",
+        params.model.preset, model.num_parameters() / 1e6, dist.device, dist.world_size,
+    )  # fmt: skip
+
+    fp = _fingerprint(
+        config.to_dict(), params.optimizer.model_dump(mode="json"), params.seed, params.init_mlm_bias
+    )
+    history: list[dict[str, Any]] = []
+    fits: list[FitResult] = []
+    phase_metrics: dict[str, Any] = {}
+    step_offset = 0
+    for i, phase in enumerate(params.phases):
+        train_index = (data_dir / phase.name / "train" / "index.json").read_bytes()
+        fp = _fingerprint(fp, phase.model_dump(mode="json"), params.phase_steps(i), params.phase_budget_s(i),
+                          hashlib.sha256(train_index).hexdigest())  # fmt: skip
+        fit = _run_phase(params, i, model, task, data_dir, dist, ckpt_root / f"{phase.name}-{fp}", fp,
+                         on_metrics, step_offset)  # fmt: skip
+        fits.append(fit)
+        history += [{**h, "step": h["step"] + step_offset, "phase": phase.name} for h in fit.history]
+        phase_metrics[phase.name] = _phase_summary(fit)
+        step_offset += fit.step
+
+    final_eval = fits[-1].eval_metrics
+    metrics = {
+        "heldout": {k.removeprefix("eval_"): v for k, v in final_eval.items()},
+        "phases": phase_metrics,
+        "steps": step_offset,
+        "parameters_m": model.num_parameters() / 1e6,
+        "train_seconds": sum(f.elapsed_s for f in fits),
+    }
+    if dist.is_main:
+        save_model(model, vocab_dir, out_dir)
+    dist.barrier()
+    return PretrainResult(out_dir, metrics, history, data_stats, config, fits)
+
+
+def _run_phase(
+    params: PretrainParams,
+    i: int,
+    model: torch.nn.Module,
+    task: PretrainingTask,
+    data_dir: Path,
+    dist: DistContext,
+    ckpt_dir: Path,
+    fingerprint: str,
+    on_metrics: MetricsCallback | None,
+    step_offset: int,
+) -> FitResult:
+    from bert_core.pretrain_data.loader import PretrainingLoader
+
+    phase = params.phases[i]
+    accum = phase.global_batch // (phase.micro_batch * dist.world_size)
+    seed = params.seed + 1000 * i
+    train = PretrainingLoader(
+        data_dir / phase.name / "train", phase.micro_batch, rank=dist.rank, world_size=dist.world_size,
+        seed=seed, expected_vocab_size=model.config.vocab_size,
+    )  # fmt: skip
+    heldout_dir = data_dir / phase.name / "heldout"
+    eval_bs = params.eval_batch_size or phase.micro_batch
+
+    def heldout() -> PretrainingLoader:
+        return PretrainingLoader(
+            heldout_dir, eval_bs, rank=dist.rank, world_size=dist.world_size, shuffle=False, drop_last=False
+        )
+
+    steps, budget = params.phase_steps(i), params.phase_budget_s(i)
+    cfg = TrainConfig(
+        max_steps=steps,
+        time_budget_s=budget,
+        lr=phase.lr or params.optimizer.lr,
+        warmup_steps=phase.warmup_steps,
+        warmup_ratio=phase.warmup_ratio,
+        weight_decay=params.optimizer.weight_decay,
+        optimizer=params.optimizer.name,
+        betas=params.optimizer.betas,
+        eps=params.optimizer.eps,
+        max_grad_norm=params.optimizer.max_grad_norm,
+        grad_accum=accum,
+        precision=params.precision,
+        compile=params.compile,
+        checkpoint_every=params.checkpoint_every,
+        keep_last=params.keep_last,
+        eval_every=params.eval_every,
+        max_eval_batches=params.eval_batches,
+        log_every=params.log_every,
+        seed=seed,
+        deterministic=params.deterministic,
+        device=params.device,
+    )
+
+    def emit(step: int, metrics: dict[str, float]) -> None:
+        if on_metrics is None:
+            return
+        heldout_metrics = any(k.startswith("eval_") for k in metrics)
+        prefix = "heldout/" if heldout_metrics else "train/"
+        out = {prefix + k.removeprefix("eval_"): v for k, v in metrics.items()}
+        out["phase"] = float(i)
+        on_metrics(step + step_offset, out)
+
+    log.info(
+        "phase %s: %s, global batch %d = %d x %d accumulation x %d process(es), %d train steps/epoch",
+        phase.name, f"{steps} steps" if steps else f"{budget:.0f} s budget", phase.global_batch,
+        phase.micro_batch, accum, dist.world_size, train.steps_per_epoch // accum,
+    )  # fmt: skip
+    trainer = Trainer(
+        model, task, train, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout, on_metrics=emit, dist=dist,
+        fingerprint=fingerprint,
+    )  # fmt: skip
+    return trainer.fit()
+
+
+def _phase_summary(fit: FitResult) -> dict[str, Any]:
+    train = fit.train_metrics
+    out: dict[str, Any] = {
+        "steps": fit.step,
+        "seconds": round(fit.elapsed_s, 2),
+        "stop_reason": fit.stop_reason,
+    }
+    for k in ("loss", "mlm_acc", "nsp_acc", "seq_per_s", "tokens_per_s", "mfu"):
+        if k in train:
+            out[f"train_{k}"] = train[k]
+    out.update({k.removeprefix("eval_"): v for k, v in fit.eval_metrics.items()})
+    return out
+
+
+def save_model(model: torch.nn.Module, vocab_dir: Path, out_dir: Path) -> Path:
+    """Write ``model`` in HF format plus the tokenizer files of ``vocab_dir``, atomically."""
+    with atomic_path(out_dir, is_dir=True) as tmp:
+        model.save_pretrained(tmp)
+        for name in TOKENIZER_FILES:
+            if (vocab_dir / name).is_file():
+                shutil.copy2(vocab_dir / name, tmp / name)
+    log.info("model written to %s", out_dir)
+    return out_dir
+
+
+def write_curves(history: list[dict[str, Any]], loss_csv: Path, heldout_csv: Path | None = None) -> None:
+    """The loss curve (and held-out evaluations) as CSV for ``dvc plots``, written atomically."""
+    train_cols = ["step", "phase", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr"]
+    eval_cols = ["step", "phase", "eval_mlm_acc", "eval_baseline_mlm_acc", "eval_mlm_ppl",
+                 "eval_baseline_mlm_ppl", "eval_nsp_acc", "eval_baseline_nsp_acc"]  # fmt: skip
+    for path, kind, cols in ((loss_csv, "train", train_cols), (heldout_csv, "eval", eval_cols)):
+        if path is None:
+            continue
+        rows = ([h.get(c, "") for c in cols] for h in history if h["kind"] == kind)
+        write_csv_atomic(path, [c.removeprefix("eval_") for c in cols], rows)

@@ -1,0 +1,75 @@
+"""Nested MLflow runs: one per fine-tuning trial under the task's run.
+
+Metrics go through the retrying background sink (:class:`bert_core.tracking.sink.RetryingSink`), so a
+briefly unreachable tracking server does not stop fine-tuning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class _TrialRun:
+    """Recorder of one nested run: metrics go through a retrying background sink."""
+
+    def __init__(self, run_id: str) -> None:
+        from bert_core.tracking.sink import mlflow_sink
+
+        self.run_id = run_id
+        self._sink = mlflow_sink(run_id)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        values = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        if values:
+            self._sink(step if step is not None else 0, values)
+
+    def close(self) -> int:
+        return self._sink.close(timeout_s=60.0)
+
+
+class MlflowTrialTracker:
+    """Opens one nested MLflow run per trial under ``parent_run_id`` (same experiment).
+
+    Args:
+        parent_run_id: The task's run.
+        tags: Tags every trial run gets (the parent's standard tags: git commit, pipeline run, ...).
+    """
+
+    def __init__(self, parent_run_id: str, tags: Mapping[str, str] | None = None) -> None:
+        self.parent_run_id = parent_run_id
+        self.tags = dict(tags or {})
+
+    @contextlib.contextmanager
+    def trial(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> Iterator[_TrialRun]:
+        from mlflow import MlflowClient
+        from mlflow.entities import Param, RunTag
+
+        client = MlflowClient()
+        parent = client.get_run(self.parent_run_id)
+        all_tags = {
+            **self.tags,
+            **dict(tags),
+            "mlflow.parentRunId": self.parent_run_id,
+            "mlflow.runName": name,
+        }
+        run = client.create_run(parent.info.experiment_id, run_name=name, tags=all_tags)
+        run_id = run.info.run_id
+        client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+                         tags=[RunTag(k, str(v)) for k, v in all_tags.items()])  # fmt: skip
+        recorder = _TrialRun(run_id)
+        status = "FAILED"
+        try:
+            yield recorder
+            status = "FINISHED"
+        finally:
+            left = recorder.close()
+            if left:
+                log.warning("trial %s: %d metric record(s) could not be sent to MLflow", name, left)
+            with contextlib.suppress(Exception):
+                client.set_terminated(run_id, status=status)

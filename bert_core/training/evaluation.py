@@ -1,0 +1,48 @@
+"""The Trainer's batch plumbing and evaluation pass: batches to the device, statistics summed over
+batches and ranks, and a task's ``eval_step`` over a held-out set summarised into ``eval_*`` metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from bert_core.training.distributed import DistContext
+from bert_core.training.task import Task
+
+
+def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
+def sum_into(acc: dict[str, Tensor], stats: dict[str, Tensor], device: torch.device) -> None:
+    for k, v in stats.items():
+        v = torch.as_tensor(v, device=device).detach()
+        acc[k] = acc[k] + v if k in acc else v.clone()
+
+
+@torch.no_grad()
+def evaluate_task(
+    model: nn.Module,
+    task: Task,
+    data: Iterable[dict[str, Any]],
+    *,
+    device: torch.device,
+    dist: DistContext,
+    max_batches: int | None,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> dict[str, float]:
+    """``task.eval_step`` over at most ``max_batches`` batches of ``data``, its statistics summed over the
+    batches and all ranks, then ``task.summarize``d; keys prefixed ``eval_``."""
+    sums: dict[str, Tensor] = {}
+    for batch in itertools.islice(data, max_batches):
+        with autocast():
+            stats = task.eval_step(model, to_device(batch, device))
+        sum_into(sums, stats, device)
+    for k in sorted(sums):
+        dist.all_reduce(sums[k])
+    return {f"eval_{k}": v for k, v in task.summarize(sums).items()}
