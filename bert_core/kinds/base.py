@@ -41,6 +41,20 @@ class FeatureError(ValueError):
     """An example cannot be turned into features; the message names the example and what is wrong."""
 
 
+class ServingInputError(ValueError):
+    """A prediction request's record cannot be answered; the message names the record and the field.
+
+    :mod:`bert_core.serving` turns it into a 400 answer of the served model (never a server error).
+    """
+
+
+#: A column of a served model's input or output: ``(name, type, required)``. Types: ``string``, ``long``,
+#: ``double``, ``string[]``, ``double[]``, ``string[][]``, ``double[][]`` (lists; MLflow ``Array`` types).
+ServingColumn = tuple[str, str, bool]
+#: Runs the model over features and returns one output per feature (:func:`bert_core.finetune.inference.predict`).
+Runner = Any
+
+
 class KindSettings(Protocol):
     """The fine-tuning settings a kind reads (:class:`bert_core.finetune.TaskSettings` has them)."""
 
@@ -71,6 +85,15 @@ class SplitScore:
     details: dict[str, Any] = field(default_factory=dict)
     predictions: Any = None
     extra: dict[str, float] = field(default_factory=dict)
+
+
+def softmax(logits: Any, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax (float64)."""
+    import numpy as np
+
+    z = np.asarray(logits, dtype=np.float64)
+    z = np.exp(z - z.max(axis=axis, keepdims=True))
+    return z / z.sum(axis=axis, keepdims=True)
 
 
 def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -209,6 +232,37 @@ class TaskKind(ABC):
         self, spec: TaskSpec, split: str, rows: Sequence[Row], result: SplitScore, out_dir: str | Path
     ) -> dict[str, str]:
         """Write one split's predictions in the task's official format under ``out_dir``; return the paths."""
+
+    # -- serving (bert_core.serving: the registered MLflow Model's predict)
+    def serving_inputs(self, spec: TaskSpec) -> list[ServingColumn]:
+        """The input columns of the served model (its MLflow signature's inputs)."""
+        raise NotImplementedError(f"task kind {self.name!r} cannot be served")
+
+    def serving_outputs(self, spec: TaskSpec) -> list[ServingColumn]:
+        """The output columns of the served model, one row per input record."""
+        raise NotImplementedError(f"task kind {self.name!r} cannot be served")
+
+    def serving_example(self, spec: TaskSpec) -> list[dict[str, Any]]:
+        """A small input example (records), logged with the model."""
+        raise NotImplementedError(f"task kind {self.name!r} cannot be served")
+
+    def serve(
+        self,
+        spec: TaskSpec,
+        records: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        run: Runner,
+        settings: KindSettings,
+        options: dict[str, Any],
+    ) -> list[dict[str, Any]]:
+        """Answer validated input records (one output dict per record, in order) with this kind's encoding
+        and post-processing; ``run(features)`` runs the model; ``options`` holds the served model's task
+        settings (e.g. ``null_threshold``) and the request's params.
+
+        Raises:
+            ServingInputError: a record this kind cannot answer (naming the record and the field).
+        """
+        raise NotImplementedError(f"task kind {self.name!r} cannot be served")
 
     # -- data checks (bert_core.kinds.checks)
     @abstractmethod

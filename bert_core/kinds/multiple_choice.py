@@ -28,6 +28,7 @@ from bert_core.kinds.base import (
     max_seq_length,
     nonempty,
     numeric_metrics,
+    softmax,
     strip_len,
 )
 from bert_core.tasks.registry import TaskSpec
@@ -90,13 +91,6 @@ def encode_multiple_choice(
             feat["labels"] = int(label)
         features.append(feat)
     return features
-
-
-def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Numerically stable softmax."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = np.exp(z - z.max(axis=axis, keepdims=True))
-    return z / z.sum(axis=axis, keepdims=True)
 
 
 def multiple_choice_predictions(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -183,6 +177,54 @@ class MultipleChoice(TaskKind):
             result.predictions["probs"],
         )
         return {f"{split}.predictions": str(path)}
+
+    # -- serving
+    def serving_inputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
+        return [("context", "string", True), ("endings", "string[]", True), ("start", "string", False)]
+
+    def serving_outputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
+        return [("choice", "long", True), ("probabilities", "double[]", True)]
+
+    def serving_example(self, spec: TaskSpec) -> list[dict[str, Any]]:
+        return [{"context": "Students lower their eyes nervously.", "start": "She",
+                 "endings": ["pats her shoulder, then saunters toward someone.", "turns with two students.",
+                             "walks slowly towards someone.", "wheels around as her dog thunders out."]}]  # fmt: skip
+
+    def serve(
+        self,
+        spec: TaskSpec,
+        records: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        run: Any,
+        settings: KindSettings,
+        options: dict[str, Any],
+    ) -> list[dict[str, Any]]:
+        """``context`` + ``endings`` (+ ``start``, the ending's first words) -> ``choice`` (index into the
+        endings) and ``probabilities`` (one per ending)."""
+        from bert_core.kinds.base import ServingInputError
+
+        rows = []
+        for i, r in enumerate(records):
+            if len(r["endings"]) < 2:
+                raise ServingInputError(
+                    f"record {i}: field 'endings' needs at least 2 endings, got {len(r['endings'])}"
+                )
+            rows.append(
+                {
+                    "id": i,
+                    "context": r["context"],
+                    "start": r.get("start") or "",
+                    "endings": list(r["endings"]),
+                }
+            )
+        out: list[dict[str, Any]] = [{} for _ in rows]
+        for n in sorted({len(r["endings"]) for r in rows}):  # the head scores any number of endings
+            group = [r for r in rows if len(r["endings"]) == n]
+            outputs = run(self.encode(spec, group, tokenizer, settings))
+            _, probs = multiple_choice_predictions(np.stack(outputs))
+            for row, p in zip(group, probs):
+                out[row["id"]] = {"choice": int(p.argmax()), "probabilities": [float(x) for x in p]}
+        return out
 
     def frame_columns(self, spec: TaskSpec, row: Row) -> dict[str, Any]:
         return {

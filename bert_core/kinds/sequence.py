@@ -184,6 +184,53 @@ class SequenceClassification(TaskKind):
         path = write_glue_predictions(out_dir / f"{split}_predictions.tsv", spec, ids, preds)
         return {f"{split}.predictions": str(path)}
 
+    # -- serving
+    def serving_inputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
+        return [("text", "string", True), ("text_pair", "string", False)]
+
+    def serving_outputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
+        if self.regression:
+            return [("score", "double", True)]
+        return [("label", "string", True), ("score", "double", True), ("probabilities", "double[]", True)]
+
+    def serving_example(self, spec: TaskSpec) -> list[dict[str, Any]]:
+        if spec.name in SINGLE_SENTENCE_TASKS:
+            return [{"text": "a gripping, beautifully acted film."}]
+        return [{"text": "A man is playing a guitar.", "text_pair": "Someone plays an instrument."}]
+
+    def serve(
+        self,
+        spec: TaskSpec,
+        records: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        run: Any,
+        settings: KindSettings,
+        options: dict[str, Any],
+    ) -> list[dict[str, Any]]:
+        """``text`` (+ ``text_pair``) -> ``label``, ``score`` (its probability), ``probabilities`` (in the
+        order of the task's labels); regression (STS-B): ``score``."""
+        from bert_core.kinds.base import softmax
+
+        rows = [
+            {"id": i, "text_a": r["text"], "text_b": r.get("text_pair") or None}
+            for i, r in enumerate(records)
+        ]
+        out: list[dict[str, Any]] = [{} for _ in rows]
+        # Single texts and pairs are encoded apart: a batch's pairs must not turn its single texts into pairs.
+        for group in ([r for r in rows if r["text_b"] is None], [r for r in rows if r["text_b"] is not None]):
+            if not group:
+                continue
+            outputs = run(self.encode(spec, group, tokenizer, settings))
+            for row, logits in zip(group, outputs):
+                if self.regression:
+                    out[row["id"]] = {"score": float(np.asarray(logits).reshape(-1)[0])}
+                    continue
+                probs = softmax(logits)
+                best = int(probs.argmax())
+                out[row["id"]] = {"label": str(spec.labels[best]), "score": float(probs[best]),
+                                  "probabilities": [float(p) for p in probs]}  # fmt: skip
+        return out
+
     def frame_columns(self, spec: TaskSpec, row: Row) -> dict[str, Any]:
         return {
             "text_a_len": strip_len(row["text_a"]),

@@ -187,7 +187,9 @@ class SquadPredictions:
         predictions: Final answer text ("" = no answer, after the null threshold for v2.0).
         best_non_null: Best non-empty answer, whatever the null score (what the threshold is tuned on).
         null_odds: ``null_score - best_span_score`` (v2.0; larger = more likely unanswerable).
-        nbest: The n best candidates with ``text``, ``start_logit``, ``end_logit``, ``probability``.
+        nbest: The n best candidates with ``text``, ``start_logit``, ``end_logit``, ``probability`` and
+            ``start_char`` / ``end_char`` (the span's character offsets in the context, end exclusive;
+            -1 for the empty answer).
         null_threshold: The threshold applied (v2.0), ``None`` for v1.1.
     """
 
@@ -268,13 +270,15 @@ def squad_predictions(
             if text in seen:
                 continue
             seen.add(text)
-            nbest.append({"text": text, "start_logit": s_l, "end_logit": e_l})
+            nbest.append({"text": text, "start_logit": s_l, "end_logit": e_l, "start_char": int(c0),
+                          "end_char": int(c1)})  # fmt: skip
             if len(nbest) >= n_best_size:
                 break
         best_text = nbest[0]["text"] if nbest else ""
         best_score = nbest[0]["start_logit"] + nbest[0]["end_logit"] if nbest else -math.inf
         if version_2 and math.isfinite(null_score):
-            nbest.append({"text": "", "start_logit": null_score / 2, "end_logit": null_score / 2})
+            nbest.append({"text": "", "start_logit": null_score / 2, "end_logit": null_score / 2,
+                          "start_char": -1, "end_char": -1})  # fmt: skip
             nbest.sort(key=lambda c: -(c["start_logit"] + c["end_logit"]))
             nbest = nbest[:n_best_size]
             null_odds[qid] = null_score - best_score if nbest and best_text else math.inf
@@ -459,6 +463,55 @@ class SpanQA(TaskKind):
         odds = squad.null_odds if self.version_2(spec) else None
         written = write_squad_predictions(Path(out_dir) / split, squad.predictions, null_odds=odds)
         return {f"{split}.{k}": str(v) for k, v in written.items()}
+
+    # -- serving
+    def serving_inputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
+        return [("question", "string", True), ("context", "string", True)]
+
+    def serving_outputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
+        return [("answer", "string", True), ("start", "long", True), ("end", "long", True),
+                ("score", "double", True)]  # fmt: skip
+
+    def serving_example(self, spec: TaskSpec) -> list[dict[str, Any]]:
+        return [{"question": "Which NFL team represented the AFC at Super Bowl 50?",
+                 "context": "Super Bowl 50 was an American football game. The American Football Conference "
+                            "(AFC) champion Denver Broncos defeated the National Football Conference (NFC) "
+                            "champion Carolina Panthers 24-10 to earn their third Super Bowl title."}]  # fmt: skip
+
+    def serve(
+        self,
+        spec: TaskSpec,
+        records: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        run: Any,
+        settings: KindSettings,
+        options: dict[str, Any],
+    ) -> list[dict[str, Any]]:
+        """``question`` + ``context`` (any length: sliding windows every ``doc_stride`` tokens) -> ``answer``
+        (a slice of the context), ``start`` / ``end`` (its character offsets, end exclusive) and ``score``
+        (its probability among the n best). SQuAD v2.0 models answer "" (``start`` = ``end`` = -1) when the
+        null odds exceed the threshold tuned on dev (``options["null_threshold"]``)."""
+        rows = [{"id": str(i), "question": r["question"], "context": r["context"],
+                 "answers": {"text": [], "answer_start": []}, "is_impossible": False}
+                for i, r in enumerate(records)]  # fmt: skip
+        features = self.encode(spec, rows, tokenizer, settings)
+        outputs = run(features)
+        threshold = options.get("null_threshold")
+        squad = squad_predictions(rows, features, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs],
+                                  n_best_size=settings.n_best_size, max_answer_length=settings.max_answer_length,
+                                  version_2=self.version_2(spec),
+                                  null_threshold=0.0 if threshold is None else float(threshold))  # fmt: skip
+        out = []
+        for row in rows:
+            answer = squad.predictions[row["id"]]
+            best = next((c for c in squad.nbest[row["id"]] if c["text"] == answer), None)
+            if best is None or not answer:
+                out.append({"answer": "", "start": -1, "end": -1,
+                            "score": float(best["probability"]) if best else 0.0})  # fmt: skip
+            else:
+                out.append({"answer": answer, "start": best["start_char"], "end": best["end_char"],
+                            "score": float(best["probability"])})  # fmt: skip
+        return out
 
     def frame_columns(self, spec: TaskSpec, row: Row) -> dict[str, Any]:
         ctx, ans = row["context"], row["answers"]

@@ -203,6 +203,47 @@ class TokenClassification(TaskKind):
         path = write_conll_predictions(Path(out_dir) / f"{split}_predictions.conll", rows, result.predictions)
         return {f"{split}.predictions": str(path)}
 
+    # -- serving
+    def serving_inputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
+        return [("text", "string", False), ("words", "string[]", False)]
+
+    def serving_outputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
+        return [("words", "string[]", True), ("tags", "string[]", True)]
+
+    def serving_example(self, spec: TaskSpec) -> list[dict[str, Any]]:
+        return [{"text": "EU rejects German call to boycott British lamb."}]
+
+    def serve(
+        self,
+        spec: TaskSpec,
+        records: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        run: Any,
+        settings: KindSettings,
+        options: dict[str, Any],
+    ) -> list[dict[str, Any]]:
+        """``text`` (split into words as BERT's pre-tokenizer does: whitespace and punctuation) or ``words``
+        (pre-split) -> ``words`` and their IOB2 ``tags`` (one per word)."""
+        from bert_core.kinds.base import ServingInputError
+        from bert_core.tasks.conll import iob1_to_iob2
+
+        pre_tokenize = tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str
+        rows = []
+        for i, r in enumerate(records):
+            text, words = r.get("text"), r.get("words")
+            if (text is None) == (words is None):
+                raise ServingInputError(f"record {i}: give exactly one of the fields 'text' and 'words'")
+            tokens = [w for w, _ in pre_tokenize(text)] if text is not None else list(words)
+            if not tokens:
+                raise ServingInputError(f"record {i}: field 'text' has no words")
+            rows.append({"id": i, "tokens": tokens})
+        features = self.encode(spec, rows, tokenizer, settings)
+        tags = ner_word_tags(
+            features, run(features), dict(enumerate(spec.labels)), [len(r["tokens"]) for r in rows]
+        )
+        # A model can start a chunk with I-X; the answer is valid IOB2 (conlleval reads both the same way).
+        return [{"words": r["tokens"], "tags": iob1_to_iob2(t)} for r, t in zip(rows, tags)]
+
     def frame_columns(self, spec: TaskSpec, row: Row) -> dict[str, Any]:
         return {
             "n_tokens": len(row["tokens"]),

@@ -1,6 +1,7 @@
 """One way to register a model, used by every stage that produces one (pretrain, finetune).
 
-:func:`register` logs the model directory as an artifact of the stage's run, creates the registered model
+:func:`register` logs the model directory as an artifact of the stage's run (as an MLflow Model, a
+``pyfunc`` that wraps ``bert_core``, when given the task JSON: :mod:`bert_core.serving`), creates the registered model
 when it is missing (tolerating another run creating it at the same moment), creates a new version with
 its tags and description, and moves an alias to it: always (pretrain's ``newest``), or only when the new
 version beats the one the alias points to on a dev metric (finetune's ``champion``). Every registry call
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +88,7 @@ def register(
     metric_key: str | None = None,
     value: float | None = None,
     artifact_path: str = "model",
+    serving: Mapping[str, Any] | None = None,
 ) -> Registration:
     """Log ``model_dir`` to run ``run_id``, register it as a new version of ``name`` and move ``alias``.
 
@@ -101,6 +104,11 @@ def register(
             ``selection_metric`` = ``metric_key`` and ``metric_key`` = ``value``, and the alias moves only when
             ``value`` is strictly greater than the ``metric_key`` tag of the version the alias points to
             now (or when the alias points nowhere / that version has no such tag; NaN never wins).
+        serving: The task JSON (:func:`bert_core.serving.serving_task`, :func:`~bert_core.serving.fill_mask_task`):
+            the artifact is then an MLflow Model (``pyfunc``, signature, input example) holding
+            ``model_dir`` as ``artifacts/hf_model`` (:func:`bert_core.serving.pyfunc.save_model`), loadable
+            with ``mlflow.pyfunc.load_model("models:/<name>@<alias>")``. Without it the directory's files
+            are logged as they are (not an MLflow Model). The stages always pass it.
 
     Returns:
         The new version and whether the alias moved.
@@ -108,7 +116,14 @@ def register(
     from mlflow import MlflowClient
 
     client = MlflowClient()
-    retry_tracking(client.log_artifacts)(run_id, str(model_dir), artifact_path=artifact_path)
+    if serving is None:
+        retry_tracking(client.log_artifacts)(run_id, str(model_dir), artifact_path=artifact_path)
+    else:
+        from bert_core.serving.pyfunc import save_model
+
+        with tempfile.TemporaryDirectory(prefix="mlflow-model-") as tmp:
+            local = save_model(Path(tmp) / "model", model_dir, dict(serving))
+            retry_tracking(client.log_artifacts)(run_id, str(local), artifact_path=artifact_path)
     _ensure_registered_model(client, name, description)
     version_tags = {str(k): str(v) for k, v in (tags or {}).items()}
     if metric_key is not None:

@@ -1,0 +1,178 @@
+"""The prediction path of a served model: validate the request's records, run the kind's encoding, the
+model (length-sorted, dynamically padded batches, no autograd) and the kind's post-processing.
+
+:class:`Predictor` needs no MLflow: the ``pyfunc`` model (:mod:`bert_core.serving.pyfunc`) wraps it, and
+the benchmark (``bench/bench_predict.py``) times it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bert_core.kinds.base import ServingInputError
+from bert_core.serving.task import DEFAULT_MAX_TEXT_CHARS, get_component
+
+#: Overrides the device (``cpu``, ``cuda``, ``cuda:1``); default: CUDA when available.
+DEVICE_ENV = "BERT_SERVING_DEVICE"
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """The :class:`bert_core.kinds.base.KindSettings` a served model was fine-tuned with."""
+
+    max_seq_length: int | None = None
+    doc_stride: int = 128
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+class Predictor:
+    """A served model: its Hugging Face directory and task JSON (:func:`bert_core.serving.serving_task`).
+
+    Args:
+        hf_dir: The Hugging Face model directory (weights, config, tokenizer).
+        task: The task JSON (a dict, or the path of ``task.json``).
+        device: Default: ``$BERT_SERVING_DEVICE``, else CUDA when available, else CPU.
+    """
+
+    def __init__(
+        self, hf_dir: str | Path, task: Mapping[str, Any] | str | Path, *, device: str | None = None
+    ):
+        import torch
+
+        from bert_core.finetune.inference import load_tokenizer
+
+        if not isinstance(task, Mapping):
+            task = json.loads(Path(task).read_text(encoding="utf-8"))
+        self.task = dict(task)
+        self.component = get_component(self.task["kind"])
+        if self.task["kind"] == "fill_mask":
+            self.spec = None
+        else:
+            from bert_core.tasks import get_task
+
+            self.spec = get_task(self.task["task"])
+        fields = ServingSettings.__dataclass_fields__
+        self.settings = ServingSettings(**{k: v for k, v in self.task.items() if k in fields})
+        self.max_text_chars = int(self.task.get("max_text_chars") or DEFAULT_MAX_TEXT_CHARS)
+        self.batch_size = int(self.task.get("batch_size") or 32)
+        self.inputs = self.component.serving_inputs(self.spec)
+        self.outputs = self.component.serving_outputs(self.spec)
+        device = device or os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device)
+        self.model = self.component.model_class.from_pretrained(hf_dir)
+        self.model.eval().to(self.device)
+        longest = int(getattr(self.model.config, "max_position_embeddings", 512))
+        if not self.settings.max_seq_length or self.settings.max_seq_length > longest:
+            self.settings = ServingSettings(**{**self.settings.__dict__, "max_seq_length": longest})
+        self.tokenizer = load_tokenizer(hf_dir, self.model.config.vocab_size)
+
+    def _run(self, features: list[dict[str, Any]]) -> list[Any]:
+        from bert_core.finetune.inference import predict
+
+        return predict(self.model, features, batch_size=self.batch_size, device=self.device)
+
+    # -- input
+    def records(self, data: Any) -> list[dict[str, Any]]:
+        """Validated records from a pandas DataFrame, a list of dicts or one dict.
+
+        Raises:
+            ServingInputError: a missing required column, an empty or over-long text, a value of the wrong
+                type; the message names the record (0-based) and the field.
+        """
+        import pandas as pd
+
+        if isinstance(data, pd.DataFrame):
+            rows = data.to_dict(orient="records")
+        elif isinstance(data, Mapping):
+            rows = [dict(data)]
+        elif isinstance(data, list | tuple) and all(isinstance(r, Mapping) for r in data):
+            rows = [dict(r) for r in data]
+        else:
+            raise ServingInputError(
+                f"expected a table with the columns {self._column_names()} (a pandas DataFrame, a list of "
+                f"records or one record), got {type(data).__name__}"
+            )
+        names = [name for name, _, _ in self.inputs]
+        present = set().union(*(r.keys() for r in rows)) if rows else set(names)
+        missing = [name for name, _, required in self.inputs if required and name not in present]
+        if missing:
+            raise ServingInputError(
+                f"missing column(s) {missing}; this model reads {self._column_names()}, got "
+                f"{sorted(map(str, present))[:20]}"
+            )
+        if not any(name in present for name in names):
+            raise ServingInputError(
+                f"none of the columns {self._column_names()} given, got {sorted(map(str, present))[:20]}"
+            )
+        return [self._record(i, row) for i, row in enumerate(rows)]
+
+    def _column_names(self) -> str:
+        return ", ".join(
+            f"{name} ({kind}{'' if required else ', optional'})" for name, kind, required in self.inputs
+        )
+
+    def _record(self, i: int, row: Mapping[str, Any]) -> dict[str, Any]:
+        record = {}
+        for name, kind, required in self.inputs:
+            value = row.get(name)
+            if not isinstance(value, str) and hasattr(value, "tolist"):
+                value = value.tolist()  # numpy arrays after MLflow's schema enforcement
+            if _missing(value):
+                if required:
+                    raise ServingInputError(f"record {i}: field {name!r} is missing or null")
+                continue
+            if kind == "string":
+                self._check_text(i, name, value)
+            elif kind == "string[]":
+                if not isinstance(value, list | tuple) or not value:
+                    raise ServingInputError(f"record {i}: field {name!r} must be a non-empty list of strings")
+                for j, item in enumerate(value):
+                    self._check_text(i, f"{name}[{j}]", item)
+                if sum(len(v) for v in value) > self.max_text_chars:
+                    raise ServingInputError(
+                        f"record {i}: field {name!r} has more than {self.max_text_chars} characters in all; "
+                        "shorten it or split the request"
+                    )
+                value = list(value)
+            record[name] = value
+        return record
+
+    def _check_text(self, i: int, name: str, value: Any) -> None:
+        if not isinstance(value, str):
+            raise ServingInputError(
+                f"record {i}: field {name!r} must be a string, got {type(value).__name__}"
+            )
+        if not value.strip():
+            raise ServingInputError(f"record {i}: field {name!r} is empty")
+        if len(value) > self.max_text_chars:
+            raise ServingInputError(
+                f"record {i}: field {name!r} has {len(value)} characters, more than this model accepts "
+                f"({self.max_text_chars}, max_text_chars in the model's task.json); shorten or split it"
+            )
+
+    # -- prediction
+    def predict_records(self, data: Any, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """One output dict per input record (columns :attr:`outputs`)."""
+        records = self.records(data)
+        if not records:
+            return []
+        options = {**self.task, **(params or {})}
+        return self.component.serve(self.spec, records, self.tokenizer, self._run, self.settings, options)
+
+    def predict(self, data: Any, params: Mapping[str, Any] | None = None) -> Any:
+        """A pandas DataFrame with one row per input record (columns :attr:`outputs`)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.predict_records(data, params), columns=[name for name, _, _ in self.outputs])

@@ -1,0 +1,116 @@
+"""The registered versions' MLflow Model: a ``pyfunc`` ``PythonModel`` over :class:`Predictor`.
+
+:func:`save_model` writes an MLflow Model directory with the Hugging Face model directory as its
+``hf_model`` artifact and the task JSON as ``task``, an exact signature (the kind's input and output
+columns, optional columns marked so; fill-mask's ``top_k`` as a param) and an input example. The model
+loads with ``mlflow.pyfunc.load_model`` wherever the project is installed (no code is copied into it).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+
+from bert_core.kinds.base import ServingInputError
+
+#: Names of the model's artifacts (``<model>/artifacts/<name>``).
+HF_ARTIFACT = "hf_model"
+TASK_ARTIFACT = "task.json"
+
+
+class BertPyfunc(mlflow.pyfunc.PythonModel):
+    """``predict(DataFrame | list of dicts | dict, params)`` -> DataFrame; bad records raise a 400 error."""
+
+    def load_context(self, context: Any) -> None:
+        from bert_core.serving.predictor import Predictor
+
+        self.predictor = Predictor(context.artifacts["hf_model"], context.artifacts["task"])
+
+    def predict(self, context, model_input, params=None):  # no type hints: MLflow would read them as a schema
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+        try:
+            return self.predictor.predict(model_input, params)
+        except ServingInputError as err:  # the served model answers 400, with this message
+            raise MlflowException(str(err)[:2000], error_code=INVALID_PARAMETER_VALUE) from None
+
+
+def _mlflow_type(kind: str) -> Any:
+    from mlflow.types.schema import Array, DataType
+
+    base, depth = kind.rstrip("[]"), kind.count("[]")
+    out: Any = DataType[base]
+    for _ in range(depth):
+        out = Array(out)
+    return out
+
+
+def signature(component: Any, spec: Any, task: dict[str, Any]) -> Any:
+    """The exact MLflow signature of a kind's served model."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+    def schema(columns: list[tuple[str, str, bool]]) -> Schema:
+        return Schema(
+            [ColSpec(_mlflow_type(kind), name, required=required) for name, kind, required in columns]
+        )
+
+    params = None
+    if task["kind"] == "fill_mask":
+        params = ParamSchema([ParamSpec("top_k", "long", int(task.get("top_k") or 5))])
+    return ModelSignature(
+        schema(component.serving_inputs(spec)), schema(component.serving_outputs(spec)), params
+    )
+
+
+def requirements() -> list[str]:
+    """What the model needs at load time (besides the project itself), pinned to the versions here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in ("mlflow", "torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas"):
+        try:
+            out.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def save_model(path: str | Path, hf_dir: str | Path, task: dict[str, Any]) -> Path:
+    """Write the MLflow Model of ``hf_dir`` (a Hugging Face model directory) and its task JSON to ``path``.
+
+    Raises:
+        FileNotFoundError: ``hf_dir`` has no ``config.json``.
+    """
+    from bert_core.serving.task import get_component
+
+    hf_dir, path = Path(hf_dir), Path(path)
+    if not (hf_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{hf_dir}: not a Hugging Face model directory (no config.json)")
+    component = get_component(task["kind"])
+    spec = None
+    if task["kind"] != "fill_mask":
+        from bert_core.tasks import get_task
+
+        spec = get_task(task["task"])
+    with tempfile.TemporaryDirectory(prefix="pyfunc-") as tmp:
+        staged = Path(tmp) / HF_ARTIFACT  # the artifact keeps its directory name: artifacts/hf_model
+        shutil.copytree(hf_dir, staged)
+        task_file = Path(tmp) / TASK_ARTIFACT
+        task_file.write_text(json.dumps(task, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        mlflow.pyfunc.save_model(
+            str(path),
+            python_model=BertPyfunc(),
+            artifacts={"hf_model": str(staged), "task": str(task_file)},
+            signature=signature(component, spec, task),
+            input_example=component.serving_example(spec),
+            pip_requirements=requirements(),
+            metadata={"bert_task": task["task"], "bert_kind": task["kind"]},
+        )
+    return path
