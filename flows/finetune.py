@@ -83,7 +83,7 @@ def finetune_flow(
         plots_dir: Learning curves of the selected trial for ``dvc plots`` (default ``plots/finetune/<task>``).
     """
     from bert_core.finetune.run import finetune_task
-    from bert_core.serving import serving_task
+    from bert_core.serving import mlflow_model, serving_task
     from bert_core.tasks import get_task
     from bert_core.tracking import MlflowTrialTracker, register, resolve_model_source
 
@@ -143,7 +143,9 @@ def finetune_flow(
                 tags={**trial_tags, "selected_trial": result.selected.name},
                 metric_key=f"dev.{spec.main_metric}",
                 value=metrics.get(f"dev.{spec.main_metric}", float("nan")),  # NaN: undefined correlation
-                serving=serving_task(spec, settings, null_threshold=metrics.get("dev.null_threshold")),
+                save_model=mlflow_model(
+                    serving_task(spec, settings, null_threshold=metrics.get("dev.null_threshold"))
+                ),
             )
             run.set_tags(registration.as_tags())
             run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})

@@ -48,7 +48,7 @@ def pretrain_flow_fn(
     metrics_path: str | None = None,
 ) -> dict:
     """Train, write outputs, track and register; returns the stage metrics."""
-    from bert_core.serving import fill_mask_task
+    from bert_core.serving import fill_mask_task, mlflow_model
     from bert_core.tracking import mlflow_sink, register
     from bert_core.training.distributed import setup_distributed, teardown_distributed
     from flows._stage import finish_stage, stage_run
@@ -73,7 +73,7 @@ def pretrain_flow_fn(
             registration = register(
                 result.model_dir, name=params.registered_model, run_id=run.run_id, alias=params.registry_alias,
                 description=REGISTERED_MODEL_DESCRIPTION, tags=tags, version_description=description,
-                serving=fill_mask_task(),
+                save_model=mlflow_model(fill_mask_task()),
             )  # fmt: skip
             metrics = {**result.metrics, "registry": registration.as_record()}
             finish_stage("pretrain", metrics, run, metrics_path)

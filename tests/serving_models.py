@@ -115,6 +115,7 @@ def register_all(root: Path, names: dict[str, str] | None = None) -> dict[str, P
     fine-tuning stage does, and ``newest`` for ``bert-pretrained``); returns name -> HF directory."""
     import mlflow
 
+    from bert_core.serving import mlflow_model
     from bert_core.tracking import register
 
     mlflow.set_experiment("serving-tests")
@@ -124,10 +125,16 @@ def register_all(root: Path, names: dict[str, str] | None = None) -> dict[str, P
         with mlflow.start_run() as run:
             pass
         if task == "fill_mask":
-            register(hf_dir, name=name, run_id=run.info.run_id, alias="newest", serving=task_json(task))
+            register(
+                hf_dir,
+                name=name,
+                run_id=run.info.run_id,
+                alias="newest",
+                save_model=mlflow_model(task_json(task)),
+            )
         else:
             register(hf_dir, name=name, run_id=run.info.run_id, alias="champion", metric_key="dev.score",
-                     value=1.0, serving=task_json(task))  # fmt: skip
+                     value=1.0, save_model=mlflow_model(task_json(task)))  # fmt: skip
         dirs[name] = hf_dir
     return dirs
 

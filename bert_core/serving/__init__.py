@@ -17,6 +17,23 @@ Loading: ``mlflow.pyfunc.load_model("models:/bert-sst2@champion").predict(frame)
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
 from bert_core.serving.task import SERVING, fill_mask_task, get_component, serving_task
 
-__all__ = ["SERVING", "fill_mask_task", "get_component", "serving_task"]
+
+def mlflow_model(task: Mapping[str, Any]) -> Callable[[Path, Path], Path]:
+    """``save_model(hf_dir, dest)`` for :func:`bert_core.tracking.register`: writes the MLflow Model of a
+    Hugging Face directory with this task JSON (:func:`bert_core.serving.pyfunc.save_model`)."""
+
+    def save(hf_dir: Path, dest: Path) -> Path:
+        from bert_core.serving.pyfunc import save_model
+
+        return save_model(dest, hf_dir, dict(task))
+
+    return save
+
+
+__all__ = ["SERVING", "fill_mask_task", "get_component", "mlflow_model", "serving_task"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,7 +88,7 @@ def register(
     metric_key: str | None = None,
     value: float | None = None,
     artifact_path: str = "model",
-    serving: Mapping[str, Any] | None = None,
+    save_model: Callable[[Path, Path], Any] | None = None,
 ) -> Registration:
     """Log ``model_dir`` to run ``run_id``, register it as a new version of ``name`` and move ``alias``.
 
@@ -104,11 +104,12 @@ def register(
             ``selection_metric`` = ``metric_key`` and ``metric_key`` = ``value``, and the alias moves only when
             ``value`` is strictly greater than the ``metric_key`` tag of the version the alias points to
             now (or when the alias points nowhere / that version has no such tag; NaN never wins).
-        serving: The task JSON (:func:`bert_core.serving.serving_task`, :func:`~bert_core.serving.fill_mask_task`):
-            the artifact is then an MLflow Model (``pyfunc``, signature, input example) holding
-            ``model_dir`` as ``artifacts/hf_model`` (:func:`bert_core.serving.pyfunc.save_model`), loadable
-            with ``mlflow.pyfunc.load_model("models:/<name>@<alias>")``. Without it the directory's files
-            are logged as they are (not an MLflow Model). The stages always pass it.
+        save_model: ``save_model(model_dir, dest)`` writes the MLflow Model of ``model_dir`` to ``dest``
+            (:func:`bert_core.serving.mlflow_model`: a ``pyfunc`` with signature and input example that
+            holds ``model_dir`` as ``artifacts/hf_model``); that directory is then what is logged, so the
+            version loads with ``mlflow.pyfunc.load_model("models:/<name>@<alias>")``. Without it the
+            directory's files are logged as they are (not an MLflow Model). The stages always pass it;
+            it is a parameter so that this module does not import the model code (the stages' DVC deps).
 
     Returns:
         The new version and whether the alias moved.
@@ -116,14 +117,14 @@ def register(
     from mlflow import MlflowClient
 
     client = MlflowClient()
-    if serving is None:
+    if save_model is None:
         retry_tracking(client.log_artifacts)(run_id, str(model_dir), artifact_path=artifact_path)
     else:
-        from bert_core.serving.pyfunc import save_model
-
         with tempfile.TemporaryDirectory(prefix="mlflow-model-") as tmp:
-            local = save_model(Path(tmp) / "model", model_dir, dict(serving))
-            retry_tracking(client.log_artifacts)(run_id, str(local), artifact_path=artifact_path)
+            save_model(Path(model_dir), Path(tmp) / "model")
+            retry_tracking(client.log_artifacts)(
+                run_id, str(Path(tmp) / "model"), artifact_path=artifact_path
+            )
     _ensure_registered_model(client, name, description)
     version_tags = {str(k): str(v) for k, v in (tags or {}).items()}
     if metric_key is not None:
