@@ -5,6 +5,7 @@ tokens for every ``[MASK]`` of a text. It has the serving interface of the task 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -45,8 +46,9 @@ class FillMask:
         options: dict[str, Any],
     ) -> list[dict[str, Any]]:
         """``tokens`` / ``scores``: one list per ``[MASK]`` (in text order) of the ``top_k`` best tokens."""
-        top_k = options.get("top_k") or 5
-        if not isinstance(top_k, int) or not 1 <= top_k <= MAX_TOP_K:
+        top_k = options.get("top_k")
+        top_k = 5 if top_k is None else top_k
+        if isinstance(top_k, bool) or not isinstance(top_k, Integral) or not 1 <= top_k <= MAX_TOP_K:
             raise ServingInputError(f"param 'top_k' must be an integer in 1..{MAX_TOP_K}, got {top_k!r}")
         mask_id = tokenizer.mask_token_id
         enc = tokenizer([r["text"] for r in records], truncation=True, max_length=settings.max_seq_length,
@@ -65,7 +67,7 @@ class FillMask:
             tokens, scores = [], []
             for p in positions:
                 probs = softmax(logits[p])
-                best = np.argsort(-probs, kind="stable")[:top_k]
+                best = np.argsort(-probs, kind="stable")[: int(top_k)]
                 tokens.append([tokenizer.convert_ids_to_tokens(int(t)) for t in best])
                 scores.append([float(probs[t]) for t in best])
             out.append({"tokens": tokens, "scores": scores})
