@@ -104,8 +104,12 @@ class Predictor:
                 f"expected a table with the columns {self._column_names()} (a pandas DataFrame, a list of "
                 f"records or one record), got {type(data).__name__}"
             )
+        if not rows:  # also what MLflow's schema check leaves of a table of none of our (optional) columns
+            raise ServingInputError(
+                f"no records: give at least one record with the columns {self._column_names()}"
+            )
         names = [name for name, _, _ in self.inputs]
-        present = set().union(*(r.keys() for r in rows)) if rows else set(names)
+        present = set().union(*(r.keys() for r in rows))
         missing = [name for name, _, required in self.inputs if required and name not in present]
         if missing:
             raise ServingInputError(
@@ -166,8 +170,6 @@ class Predictor:
     def predict_records(self, data: Any, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """One output dict per input record (columns :attr:`outputs`)."""
         records = self.records(data)
-        if not records:
-            return []
         options = {**self.task, **(params or {})}
         return self.component.serve(self.spec, records, self.tokenizer, self._run, self.settings, options)
 
