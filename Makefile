@@ -67,7 +67,12 @@ PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
 PIPELINE_ENV := PREFECT_HOME=$(CURDIR)/.prefect PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=180
 
-.PHONY: pipeline serve ui test-e2e test-browser
+.PHONY: pipeline serve ui test-e2e test-browser serve-model
+
+# Serve a registered model over HTTP (POST /invocations; docs/serving.md): make serve-model TASK=sst2
+TASK ?= sst2
+MODEL_URI ?= models:/bert-$(TASK)@champion
+MODEL_PORT ?= 5001
 
 pipeline: venv
 	$(PIPELINE_ENV) $(PY) -m flows.pipeline $(if $(PROFILE),--profile $(PROFILE)) $(PIPELINE_ARGS)
@@ -77,6 +82,10 @@ serve: venv
 
 ui: venv
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
+
+serve-model: venv
+	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} $(VENV)/bin/mlflow models serve \
+		-m "$(MODEL_URI)" --env-manager local -h 127.0.0.1 -p $(MODEL_PORT)
 
 test-e2e: venv
 	$(PY) -m pytest -q -m e2e tests/e2e
