@@ -12,7 +12,7 @@ fine-tuned SST-2 directory), use the same batch size, and return the label and t
 (``top_k=None`` for the pipeline). Inputs: SST-2 dev sentences from ``$BERT_DATA_ROOT`` / ``../shared/data``
 when present, else synthetic sentences. Both answers are checked to agree before timing.
 
-    python -m bench.bench_predict [--preset mini] [--batch-size 32] [--repeats 5] [--threads N]
+    python -m bench.bench_predict [--preset mini] [--batch-size 32] [--repeats 5] [--threads N] [--clock cpu]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from bench._common import interleaved_timing, machine_info, median, paired_ratios, print_table
+from bench._common import CLOCKS, interleaved_timing, machine_info, median, paired_ratios, print_table
 
 PRESETS = {  # layers, hidden, heads
     "tiny": (2, 128, 2),
@@ -108,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--latency-calls", type=int, default=50)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="cpu: this process's CPU time (robust on a shared machine; use with --threads 1)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -144,14 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         bulk = interleaved_timing(
             {"ours": lambda: ours.predict(frame),
              "theirs": lambda: theirs(texts, batch_size=args.batch_size, truncation=True)},
-            repeats=args.repeats, warmup=1,
+            repeats=args.repeats, warmup=1, clock=CLOCKS[args.clock],
         )  # fmt: skip
         one = [{"text": t} for t in texts[: args.latency_calls]]
         calls = iter(range(10**9))
         single = interleaved_timing(
             {"ours": lambda: ours.predict([one[next(calls) % len(one)]]),
              "theirs": lambda: theirs([texts[next(calls) % len(one)]], truncation=True)},
-            repeats=args.latency_calls, warmup=3,
+            repeats=args.latency_calls, warmup=3, clock=CLOCKS[args.clock],
         )  # fmt: skip
     rows = [
         {"measure": f"throughput, {len(texts)} sentences, batch {args.batch_size} (sentences/s)",
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
          "ours / pipeline": median(paired_ratios(single["theirs"], single["ours"]))},
     ]  # fmt: skip
     info = {**machine_info(), "inputs": source, "preset": None if args.model_dir else args.preset,
-            "repeats": args.repeats, "latency_calls": args.latency_calls}  # fmt: skip
+            "repeats": args.repeats, "latency_calls": args.latency_calls, "clock": args.clock}  # fmt: skip
     print(json.dumps(info))
     print_table(rows)
     print("(ours / pipeline > 1: ours is faster)")

@@ -74,7 +74,8 @@ def predict(
     """
     device = torch.device(device)
     was_training = model.training
-    model.eval()
+    if was_training:  # Module.train walks every submodule: a served model (always eval) skips it per call
+        model.eval()
     out: list[np.ndarray | None] = [None] * len(features)
     try:
         for batch in make_loader(features, batch_size, shuffle=False):
@@ -92,5 +93,6 @@ def predict(
             for j, i in enumerate(index):
                 out[i] = logits[j][: lengths[j]] if per_token else logits[j]
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train()
     return out  # type: ignore[return-value]
