@@ -79,9 +79,12 @@ class Predictor:
         self.tokenizer = load_tokenizer(hf_dir, self.model.config.vocab_size)
 
     def _run(self, features: list[dict[str, Any]]) -> list[Any]:
+        import torch
+
         from bert_core.finetune.inference import predict
 
-        return predict(self.model, features, batch_size=self.batch_size, device=self.device)
+        with torch.inference_mode():
+            return predict(self.model, features, batch_size=self.batch_size, device=self.device)
 
     # -- input
     def records(self, data: Any) -> list[dict[str, Any]]:
@@ -94,7 +97,9 @@ class Predictor:
         import pandas as pd
 
         if isinstance(data, pd.DataFrame):
-            rows = data.to_dict(orient="records")
+            columns = [str(c) for c in data.columns]
+            rows = [dict(zip(columns, values)) for values in zip(*(data[c].tolist() for c in data.columns))]
+            rows = rows if columns else [{} for _ in range(len(data))]
         elif isinstance(data, Mapping):
             rows = [dict(data)]
         elif isinstance(data, list | tuple) and all(isinstance(r, Mapping) for r in data):
@@ -177,4 +182,5 @@ class Predictor:
         """A pandas DataFrame with one row per input record (columns :attr:`outputs`)."""
         import pandas as pd
 
-        return pd.DataFrame(self.predict_records(data, params), columns=[name for name, _, _ in self.outputs])
+        out = self.predict_records(data, params)
+        return pd.DataFrame({name: [r[name] for r in out] for name, _, _ in self.outputs})
