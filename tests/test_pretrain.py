@@ -285,8 +285,10 @@ def test_flow_tracks_metrics_writes_outputs_and_registers_versions(data, tmp_pat
     history = client.get_metric_history(version.run_id, "train/loss")
     assert [m.step for m in history] == [2, 4, 6, 8, 10]  # streamed through the sink, global steps
     assert client.get_metric_history(version.run_id, "heldout/baseline_mlm_acc")
-    artifacts = {a.path for a in client.list_artifacts(version.run_id, "model")}
-    assert {"model/config.json", "model/model.safetensors", "model/vocab.txt"} <= artifacts
+    # an MLflow Model (fill-mask pyfunc) with the Hugging Face directory inside (docs/serving.md)
+    assert "model/MLmodel" in {a.path for a in client.list_artifacts(version.run_id, "model")}
+    hf = {a.path for a in client.list_artifacts(version.run_id, "model/artifacts/hf_model")}
+    assert {f"model/artifacts/hf_model/{f}" for f in ("config.json", "model.safetensors", "vocab.txt")} <= hf
 
     # a second run registers version 2 and moves the alias (the checkpoints make it instant)
     pretrain_flow_fn(str(params_file), str(data_dir), str(vocab), **kwargs)
