@@ -1,0 +1,1 @@
+"""Registered models as MLflow Models: loading, serving and batch prediction."""
