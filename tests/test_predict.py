@@ -323,7 +323,8 @@ def test_the_reader_is_lazy_it_yields_a_chunk_before_the_file_ends(tmp_path):
 
 @pytest.mark.slow
 def test_memory_stays_bounded_on_a_large_file(tmp_path):
-    """~300 MB of rows through the whole path; the process grows by far less than the file."""
+    """~300 MB of rows through the whole path; after a warm-up on a small file the process grows by far
+    less than the file (measured: 0 MiB; without the warm-up ~130 MiB of first-use allocations)."""
     import psutil
 
     class Meta:
@@ -344,6 +345,9 @@ def test_memory_stays_bounded_on_a_large_file(tmp_path):
         for _ in range(300):
             fh.write(line * 1000)
     size = src.stat().st_size
+    small = tmp_path / "small.jsonl"  # warm-up: first-use imports and allocations are not per-row growth
+    small.write_bytes(line * 600)
+    predict_file("len", small, tmp_path / "small.out.jsonl", model=Model(), batch_size=256)
     proc = psutil.Process()
     before = proc.memory_info().rss
     peak = [before]
@@ -363,7 +367,7 @@ def test_memory_stays_bounded_on_a_large_file(tmp_path):
         sampler.join()
     assert result.rows == 300_000
     growth = peak[0] - before
-    assert growth < 100 << 20, f"RSS grew by {growth >> 20} MiB on a {size >> 20} MiB input"
+    assert growth < 50 << 20, f"RSS grew by {growth >> 20} MiB on a {size >> 20} MiB input"
 
 
 # ------------------------------------------------------------------------------------------ entry points
