@@ -74,8 +74,11 @@ def predict_flow(
         id_field: Input field copied to each output row (when the row has it).
 
     Returns:
-        model_uri, input, output, rows, blank_lines, seconds, rows_per_second.
+        model_uri, input, output, rows, blank_lines, seconds, predict_seconds, rows_per_second.
     """
+    bert_log = logging.getLogger("bert_core")
+    if bert_log.getEffectiveLevel() > logging.INFO:  # Prefect's root logger is at WARNING: show progress
+        bert_log.setLevel(logging.INFO)
     result = predict_file(
         model, _in_repo(input_path), _in_repo(output_path), batch_size=batch_size, id_field=id_field
     )
@@ -125,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         settings = _prefect_settings(args.no_prefect)
         if settings is None:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-            logging.getLogger("bert_core").setLevel(logging.INFO)  # the root may be Prefect's (WARNING)
             result = predict_flow.fn(**kwargs)
         else:
             with settings:

@@ -174,6 +174,7 @@ def test_model_without_a_schema_gets_every_field_but_the_id(tmp_path):
             return pd.Series([sorted(frame.columns)] * len(frame)).to_numpy()
 
     src = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "x": 1, "y": "a"}, {"id": 2, "x": 2, "y": "b"}])
+    src.write_bytes(b"\xef\xbb\xbf" + src.read_bytes())  # a byte-order mark is accepted
     predict_file("echo", src, tmp_path / "out.jsonl", model=Echo())
     assert read_jsonl(tmp_path / "out.jsonl") == [
         {"id": 1, "prediction": ["x", "y"]},
