@@ -25,9 +25,12 @@ import os
 # Must be set before torch loads its OpenMP runtime; OMP_WAIT_POLICY=ACTIVE in the environment overrides it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import contextlib
 import logging
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,20 @@ def _log_check_reports(run: Any, reports: list[Any]) -> None:
             run.log_check_report(report)
         except Exception as err:  # a report that cannot be logged must not fail the stage
             log.warning("could not log data-check report %s: %s", getattr(report, "suite", "?"), err)
+
+
+@contextlib.contextmanager
+def _keep_reports_on_failure(run: Any, report_dir: Path) -> Iterator[None]:
+    """On a failure (a failed data check), log the reports written so far to MLflow too."""
+    try:
+        yield
+    except Exception:
+        if report_dir.exists():
+            try:
+                run.log_artifact(report_dir, artifact_path="data_checks")
+            except Exception as err:  # the stage's own error matters more
+                log.warning("could not log the data-check reports in %s: %s", report_dir, err)
+        raise
 
 
 def _standard_tags(run_id: str) -> dict[str, str]:
@@ -111,6 +128,9 @@ def finetune_flow(
     curves = [curves_dir / "train.csv", curves_dir / "dev.csv"]
     finals = [out, model_dir, metrics_file, *curves]
     check_writable(*finals)  # fail fast, naming the output, before the model is fetched or trained
+    # The data-check reports outlive the run (a failed check's message points at them): one folder per suite.
+    report_dir = REPO_ROOT / "reports" / "data_checks" / "finetune" / spec.name
+    shutil.rmtree(report_dir, ignore_errors=True)
     with (
         stage_run("finetune", run_params, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}",
                   tags=tags) as run,
@@ -121,7 +141,7 @@ def finetune_flow(
         trial_tags = {**_standard_tags(run.run_id), **tags,
                       **{f"pretrained_{k}": str(v) for k, v in resolved.info.items()}}  # fmt: skip
         # Every out (results, model, metrics file, curves) is committed together or not at all.
-        with atomic_outputs(finals, dirs=[out]) as staged:
+        with atomic_outputs(finals, dirs=[out]) as staged, _keep_reports_on_failure(run, report_dir):
             result = finetune_task(
                 spec.name,
                 params,
@@ -132,7 +152,7 @@ def finetune_flow(
                 tracker=MlflowTrialTracker(run.run_id, trial_tags),
                 source_info=resolved.info,
                 on_data=lambda data: _log_check_reports(run, data.check_reports),
-                check_report_dir=REPO_ROOT / "reports" / "data_checks" / "finetune" / spec.name,
+                check_report_dir=report_dir,
                 outputs=staged,
             )
             metrics = result.metrics()

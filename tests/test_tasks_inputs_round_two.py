@@ -104,3 +104,21 @@ def test_stage_failed_line_is_bounded():
     assert line.startswith("finetune stage failed (rte): ValueError: zzz")
     assert len(line) < MAX_REASON_CHARS + 200 and "[truncated: 4000000 characters in all]" in line
     assert failure_line("x stage failed", OSError("short")) == "x stage failed: OSError: short"
+
+
+def test_failed_data_check_points_at_a_report_that_exists(tmp_path):
+    from bert_core.checks import DataCheckError
+    from bert_core.finetune.params import FinetuneParams
+    from bert_core.finetune.run import load_task_data
+    from bert_core.tasks import get_task
+
+    header = "index\tsentence1\tsentence2\tlabel\n"
+    _write(
+        tmp_path, "glue/RTE/train.tsv", header + "0\tA man.\tA person.\tentailment\n1\t \tB.\tentailment\n"
+    )
+    reports = tmp_path / "reports" / "data_checks" / "finetune" / "rte"
+    with pytest.raises(DataCheckError, match=r"task-rte-train.*failed 1 critical") as e:
+        load_task_data(get_task("rte"), FinetuneParams().for_task("rte"), None, data_root=tmp_path,
+                       check_report_dir=reports)  # fmt: skip
+    index = reports / "task-rte-train" / "index.html"
+    assert f"(report: {index})" in str(e.value) and index.is_file()
