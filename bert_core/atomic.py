@@ -320,11 +320,14 @@ def atomic_outputs(
     check_writable(*finals)
     pairs: dict[Path, Path] = {}  # committed by renames
     inner: dict[Path, Path] = {}  # outputs inside a directory output: staged inside its temporary
+    created: list[Path] = []  # parent directories made here, removed again when nothing is committed
     try:
         for final in finals:
             if any(d != final and d in final.parents for d in dir_set):
                 continue
+            missing_parents = [p for p in (final.parent, *final.parent.parents) if not p.exists()]
             final.parent.mkdir(parents=True, exist_ok=True)
+            created.extend(missing_parents)
             prefix = f".{final.name}{TEMP_MARKER}"
             _remove_dead_writers_temps(final.parent, prefix)
             tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{_OWNER}-", dir=final.parent))
@@ -350,6 +353,9 @@ def atomic_outputs(
     except BaseException as err:
         for tmp in pairs.values():
             _remove(tmp)
+        for directory in sorted(created, key=lambda d: len(d.parts), reverse=True):  # deepest first
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only if still empty
         full = next(
             (f for f in pairs if isinstance(err, Exception) and not isinstance(err, DiskFullError)
              and _looks_like_disk_full(err, f.parent)),

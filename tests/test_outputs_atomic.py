@@ -104,3 +104,11 @@ def test_unwritable_output_fails_before_anything(tmp_path):
 def test_same_output_twice_is_refused(tmp_path):
     with pytest.raises(ValueError, match="named twice"), atomic_outputs([tmp_path / "a", tmp_path / "a"]):
         pass
+
+
+def test_a_failure_leaves_no_new_parent_directories(tmp_path):
+    results, plot = tmp_path / "results", tmp_path / "plots" / "task" / "train.csv"
+    with pytest.raises(RuntimeError), atomic_outputs([results, plot], dirs=[results]) as staged:
+        staged[plot].write_text("x")
+        raise RuntimeError("data error")
+    assert list(tmp_path.iterdir()) == []

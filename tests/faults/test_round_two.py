@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import stage_env
+from .conftest import REPO_ROOT, stage_env
 from .test_bad_input import finetune_params, run_stage
 
 pytestmark = pytest.mark.faults
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.faults
 
 @pytest.fixture
 def env(tmp_path, prefect_api) -> dict[str, str]:
-    return stage_env(prefect_api, f"sqlite:///{tmp_path}/mlflow.db")
+    # This checkout's code, whichever checkout the venv's editable install points at.
+    return stage_env(prefect_api, f"sqlite:///{tmp_path}/mlflow.db", PYTHONPATH=str(REPO_ROOT))
 
 
 @pytest.fixture
