@@ -73,6 +73,11 @@ class TrackingStoreRemoved(RuntimeError):
     """The SQLite tracking store was deleted or replaced while a stage was using it."""
 
 
+def _sleep(seconds: float) -> None:
+    """``time.sleep`` (one place for tests to record the pauses of this module)."""
+    time.sleep(seconds)
+
+
 def default_store_uri() -> str:
     """The repository's own SQLite store (used when ``MLFLOW_TRACKING_URI`` is not set)."""
     return f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
@@ -162,6 +167,8 @@ def check_tracking_server(
                 "/api/2.0/mlflow/experiments/search",
                 "GET",
                 params={"max_results": 1},
+                raise_on_status=False,
+                retry_codes=(),
                 max_retries=0,
                 backoff_factor=0,
                 backoff_jitter=0,
@@ -180,7 +187,7 @@ def check_tracking_server(
                 return
             last = f"HTTP {resp.status_code} {resp.reason or ''}".strip()
         if attempt < attempts:
-            time.sleep(pause_s)
+            _sleep(pause_s)
     raise TrackingUnavailable(
         f"the MLflow tracking server {shown} (MLFLOW_TRACKING_URI) does not answer: {attempts} attempt(s) "
         f"in {time.monotonic() - started:.0f} s, last: {last}. {what_to_do}; nothing was run"
@@ -210,6 +217,24 @@ def watch_store(uri: str) -> None:
         return
     with _watched_lock:
         _watched_stores[path] = (st.st_dev, st.st_ino)
+
+
+def forget_store_connections(path: Path) -> None:
+    """Close MLflow's pooled connections to a SQLite store, so the next use opens the file at ``path`` again.
+
+    SQLite connections keep a removed file's inode open ("attempt to write a readonly database"); MLflow
+    caches one engine per URI for the life of the process. Best effort: these are MLflow internals.
+    """
+    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as RegistryStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as TrackingStore
+
+    for store_cls in (TrackingStore, RegistryStore):
+        for uri, engine in list(getattr(store_cls, "_engine_map", {}).items()):
+            if sqlite_store_path(uri) == path:
+                with contextlib.suppress(Exception):
+                    engine.dispose()
+    with _watched_lock:
+        _watched_stores.pop(path, None)
 
 
 def check_store_present(uri: str | None = None) -> None:
@@ -336,7 +361,7 @@ def retry_tracking(
                     attempts - 1,
                     delay,
                 )
-                time.sleep(delay)
+                _sleep(delay)
                 delay = min(delay * 2, 16.0)
         raise AssertionError("unreachable")
 
@@ -446,9 +471,11 @@ def stage_run(
             quiet.setLevel(logging.CRITICAL)
         try:
             with contextlib.suppress(Exception):
-                mlflow.end_run(status="FAILED")
+                mlflow.end_run(status="FAILED")  # ends the run locally even when the store is gone
         finally:
             quiet.setLevel(level)
+        if isinstance(err, TrackingStoreRemoved) and (path := sqlite_store_path(uri)) is not None:
+            forget_store_connections(path)  # after end_run: a fresh connection would create an empty file
         raise
     else:
         retry_tracking(mlflow.end_run)(status="FINISHED")
