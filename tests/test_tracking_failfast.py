@@ -100,7 +100,9 @@ def test_answers_200_pass_5xx_fail_and_401_names_the_credentials():
         check_tracking_server(servers[200][1])
         with pytest.raises(TrackingUnavailable, match="HTTP 503"):
             check_tracking_server(servers[503][1], attempts=2, pause_s=0.1)
-        with pytest.raises(TrackingUnavailable, match="refused this client .HTTP 401.*MLFLOW_TRACKING_USERNAME"):
+        with pytest.raises(
+            TrackingUnavailable, match=r"refused this client \(HTTP 401\).*MLFLOW_TRACKING_USERNAME"
+        ):
             check_tracking_server(servers[401][1])
     finally:
         for server, _ in servers.values():
