@@ -70,10 +70,16 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _intro(summary: EvaluationSummary) -> str:
-    models = {r.model.get("source", "?") for r in summary.results.values()}
+    models = {
+        str(r.model.get("uri") or r.model.get("source", "?"))
+        + (f" (fingerprint {r.model['sha']})" if r.model.get("sha") else "")
+        for r in summary.results.values()
+    }
     size = summary.preset or "custom"
+    tasks = f"Tasks: {summary.selection}, each summary checked against its task and pretrained model. "
     return (
-        f"Fine-tuned from {', '.join(sorted(models))} (size: {size}). Our scores are on the *dev* sets (the "
+        (tasks if summary.selection else "")
+        + f"Fine-tuned from {', '.join(sorted(models))} (size: {size}). Our scores are on the *dev* sets (the "
         "selected learning rate and seed, as the BERT paper selects on dev); published GLUE scores are "
         "mostly *test* scores, so the comparison is indicative. Spread: mean ± std over the seeds of the "
         "selected learning rate."

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bert_core.evaluate.crosscheck import SummaryCheckError, check_provenance, check_summary
 from bert_core.evaluate.references import (
     GLUE_AVERAGE_ROWS,
     Reference,
@@ -51,6 +52,7 @@ class EvaluationSummary:
     rows: list[Row]
     preset: str | None
     reference: Reference | None
+    selection: str = ""
 
     def glue(self) -> dict[str, Any]:
         ours, rows = glue_average({r.name: r.ours for r in self.rows})
@@ -95,7 +97,10 @@ class EvaluationSummary:
 
 
 def load_results(results_dir: str | Path, tasks: list[str] | None = None) -> dict[str, FinetuneResult]:
-    """The ``<task>/summary.json`` files under ``results_dir``, by task name (sorted).
+    """The ``<task>/summary.json`` files under ``results_dir``, by task name (sorted), cross-checked.
+
+    Each summary must be the one of its directory's task, with the registry's kind and main metric, and all
+    of them must come from the same pretrained model (:mod:`bert_core.evaluate.crosscheck`).
 
     Args:
         results_dir: The finetune stages' results directory.
@@ -103,7 +108,8 @@ def load_results(results_dir: str | Path, tasks: list[str] | None = None) -> dic
 
     Raises:
         FileNotFoundError: no summaries, or a listed task without one (naming the stage to run).
-        ValueError: a summary that cannot be read (naming the file).
+        SummaryCheckError: (a ``ValueError``) summaries that cannot be read or do not belong where they
+            lie, each named with the stage to re-run.
     """
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
@@ -115,18 +121,32 @@ def load_results(results_dir: str | Path, tasks: list[str] | None = None) -> dic
         if missing:
             stages = ", ".join(f"'dvc repro finetune@{t}'" for t in missing)
             raise FileNotFoundError(
-                f"no {SUMMARY_NAME} under {results_dir} for task(s) {missing}: run {stages}"
+                f"no {SUMMARY_NAME} under {results_dir} for configured task(s) {missing} (finetune.tasks): "
+                f"run {stages}"
             )
-        paths = [results_dir / t / SUMMARY_NAME for t in sorted(tasks)]
+        names = sorted(tasks)
     else:
-        paths = sorted(results_dir.glob(f"*/{SUMMARY_NAME}"))
-    found = {}
-    for path in paths:
-        result = FinetuneResult.load(path)
-        found[result.task] = result
-    if not found:
+        names = sorted(p.parent.name for p in results_dir.glob(f"*/{SUMMARY_NAME}"))
+    if not names:
         raise FileNotFoundError(f"{results_dir} holds no */{SUMMARY_NAME}: run the finetune stages first")
-    return found
+    problems: list[str] = []
+    checked: dict[str, tuple[Path, FinetuneResult]] = {}
+    for name in names:
+        path = results_dir / name / SUMMARY_NAME
+        try:
+            result = FinetuneResult.load(path)
+        except ValueError as err:
+            problems.append(f"{err} (`dvc repro finetune@{name}`)")
+            continue
+        problem = check_summary(path, name, result)
+        if problem is not None:
+            problems.append(problem)
+        else:
+            checked[name] = (path, result)
+    problems += check_provenance(checked)
+    if problems:
+        raise SummaryCheckError(problems)
+    return {name: result for name, (_, result) in checked.items()}
 
 
 def _rows_of(result: FinetuneResult, reference: Reference | None) -> list[Row]:
@@ -191,4 +211,9 @@ def summarize(
         for i, name in enumerate((*GLUE_AVERAGE_ROWS, "wnli", "squad_v1", "squad_v2", "swag", "conll2003"))
     }
     rows.sort(key=lambda r: order.get(r.name, len(order)))
-    return EvaluationSummary(results, rows, preset, reference)
+    selection = (
+        f"the tasks of finetune.tasks ({', '.join(sorted(tasks))})"
+        if tasks is not None
+        else f"every summary found under {results_dir} ({', '.join(results)}; finetune.tasks lists none)"
+    )
+    return EvaluationSummary(results, rows, preset, reference, selection)
