@@ -7,8 +7,10 @@ import json
 import re
 
 import pytest
+import yaml
 
 from bert_core.evaluate import SummaryCheckError, evaluate_results, summarize
+from bert_core.evaluate.crosscheck import dvc_dir_hash
 from bert_core.evaluate.references import HF_BASE_CASED_DEV, REFERENCES, glue_average
 from bert_core.finetune.results import FinetuneResult, TrialResult
 from bert_core.tasks import get_task
@@ -219,3 +221,50 @@ def test_the_report_says_which_tasks_it_covers(results_dir, tmp_path):
     assert "Tasks: the tasks of finetune.tasks (sst2, wnli)" in paths["markdown"].read_text()
     _, paths = evaluate_results(results_dir, tmp_path / "m.json", tmp_path / "reports")
     assert "finetune.tasks lists none" in paths["markdown"].read_text()
+
+
+def test_dvc_dir_hash_is_the_one_dvc_records(tmp_path):
+    # recorded by `dvc repro` (DVC 3) in dvc.lock for exactly this directory: a nested file, CRLF kept as is
+    (tmp_path / "out" / "sub").mkdir(parents=True)
+    (tmp_path / "out" / "summary.json").write_bytes(b'{"v": 2}')
+    (tmp_path / "out" / "sub" / "x.tsv").write_bytes(b"a\tb\r\n2\n")
+    assert dvc_dir_hash(tmp_path / "out") == "dbfb9bc26cbe19deffb81c8f5d57f89f.dir"
+
+
+def _lock(repo, hashes: dict[str, str], algo: str = "md5") -> None:
+    stages = {f"finetune@{t}": {"cmd": f"python -m flows.finetune {t}",
+                                "outs": [{"path": f"results/finetune/{t}", "hash": algo, "md5": h}]}
+              for t, h in hashes.items()}  # fmt: skip
+    (repo / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": stages}))
+
+
+def test_results_that_differ_from_what_dvc_lock_recorded_are_named(tmp_path):
+    root = tmp_path / "results" / "finetune"
+    for task in ("rte", "sst2"):
+        _write(root, _glue(task))
+    _lock(tmp_path, {t: dvc_dir_hash(root / t) for t in ("rte", "sst2")})
+    lock = tmp_path / "dvc.lock"
+    assert sorted(summarize(root, lock_path=lock).results) == ["rte", "sst2"]  # as committed
+    # the right task, but not the file finetune@rte committed (restored from elsewhere, edited)
+    rte = root / "rte" / "summary.json"
+    rte.write_text(json.dumps({**json.loads(rte.read_text()), "outputs": {"model": "elsewhere"}}))
+    with pytest.raises(SummaryCheckError) as err:
+        summarize(root, lock_path=lock)
+    msg = str(err.value)
+    assert msg.startswith(f"{root}/rte is not what finetune@rte committed ({lock} records ")
+    assert (
+        "re-run `dvc repro finetune@rte`, or `dvc commit finetune@rte`" in msg
+        and len(err.value.problems) == 1
+    )
+    # not compared: no lock, a task the lock does not record, results outside the lock's repository,
+    # a pre-3.0 entry (md5-dos2unix)
+    assert summarize(root, lock_path=tmp_path / "absent.lock").results
+    _lock(tmp_path, {"sst2": dvc_dir_hash(root / "sst2")})
+    assert summarize(root, lock_path=lock).results
+    _lock(tmp_path, {"rte": "0" * 32 + ".dir"}, algo="md5-dos2unix")
+    assert summarize(root, lock_path=lock).results
+    (tmp_path / "elsewhere").mkdir()
+    _lock(tmp_path / "elsewhere", {"rte": "0" * 32 + ".dir"})
+    assert summarize(root, lock_path=tmp_path / "elsewhere" / "dvc.lock").results
+    (tmp_path / "dvc.lock").write_text("stages: [not: a mapping")  # DVC itself reports a broken lock
+    assert summarize(root, lock_path=lock).results

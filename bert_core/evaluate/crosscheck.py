@@ -10,6 +10,12 @@ A ``results/finetune/<task>/summary.json`` is only summarised when it belongs wh
   finetune stage records, :func:`bert_core.tracking.fingerprint.fingerprint`); summaries without one (older
   runs, the library called without provenance) are not compared.
 
+- where ``dvc.lock`` records the finetune stage of a task (``finetune@<task>``) with an output at the same
+  place, the task's results directory is the one that stage committed (its DVC hash, ``md5`` of the
+  directory listing, :func:`dvc_dir_hash`): a file copied in or edited afterwards, or outputs written by
+  ``python -m flows.finetune`` outside DVC, are named. Tasks that ``dvc.lock`` does not record, results
+  outside the lock's repository and pre-3.0 lock entries (``md5-dos2unix``) are not compared.
+
 Every problem names the file, what it holds instead and the stage to re-run; all of them are raised together
 as one :class:`SummaryCheckError` (bounded: at most :data:`MAX_LISTED` problems spelled out), before the
 report is written, so a failed check never leaves a partial report.
@@ -17,13 +23,16 @@ report is written, so a failed check never leaves a partial report.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from bert_core.finetune.results import FinetuneResult
 
 MAX_LISTED = 5
-_MAX_PROBLEM_CHARS = 400
+_MAX_PROBLEM_CHARS = 600
 
 
 class SummaryCheckError(ValueError):
@@ -106,5 +115,76 @@ def check_provenance(results: Mapping[str, tuple[Path, FinetuneResult]]) -> list
                 f"{path} was fine-tuned from pretrained model {_describe(result)}, but "
                 f"{', '.join(others)} from {other_model}: the tasks come from different pretrained models; "
                 f"{rerun(task)} (or the other tasks' stages, if {task}'s model is the current one)"
+            )
+    return problems
+
+
+def _md5(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def dvc_dir_hash(path: str | Path) -> str:
+    """DVC 3's hash of a directory output (``<md5>.dir``, as ``dvc.lock`` records it).
+
+    The md5 of the JSON listing ``[{"md5": <file md5>, "relpath": <posix path>}, ...]`` sorted by path
+    (``dvc_data.hashfile.tree.Tree.as_bytes``), computed without importing DVC.
+    """
+    root = Path(path)
+    entries = [
+        {"md5": _md5(f), "relpath": f.relative_to(root).as_posix()} for f in root.rglob("*") if f.is_file()
+    ]
+    entries.sort(key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"
+
+
+def _locked_out(lock: dict[str, Any], stage: str, rel: str) -> dict[str, Any] | None:
+    entry = (lock.get("stages") or {}).get(stage)
+    if not isinstance(entry, dict):
+        return None
+    for out in entry.get("outs") or []:
+        if isinstance(out, dict) and out.get("path") == rel:
+            return out
+    return None
+
+
+def check_lock(lock_path: str | Path | None, results: Mapping[str, tuple[Path, FinetuneResult]]) -> list[str]:
+    """Problems of task results directories that differ from what ``dvc.lock`` recorded for their stage.
+
+    ``results``: task -> (summary path, result); the task's results directory is the summary's parent.
+    An absent or unreadable ``dvc.lock`` (DVC itself reports a broken one) compares nothing.
+    """
+    if lock_path is None or not Path(lock_path).is_file():
+        return []
+    import yaml
+
+    lock_path = Path(lock_path)
+    try:
+        lock = yaml.safe_load(lock_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return []
+    if not isinstance(lock, dict):
+        return []
+    repo = lock_path.parent.resolve()
+    problems = []
+    for task, (path, _) in sorted(results.items()):
+        out_dir = path.parent
+        try:
+            rel = out_dir.resolve().relative_to(repo).as_posix()
+        except ValueError:
+            continue  # results outside the lock's repository
+        stage = f"finetune@{task}"
+        out = _locked_out(lock, stage, rel)
+        if out is None or out.get("hash") != "md5" or not str(out.get("md5", "")).endswith(".dir"):
+            continue
+        now = dvc_dir_hash(out_dir)
+        if now != out["md5"]:
+            problems.append(
+                f"{out_dir} is not what {stage} committed ({lock_path} records {out['md5']}, now {now}): "
+                f"changed after that stage ran (a file copied in or edited, or `python -m flows.finetune {task}` "
+                f"run outside DVC); {rerun(task)}, or `dvc commit {stage}` to keep outputs you produced yourself"
             )
     return problems

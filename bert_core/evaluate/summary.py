@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bert_core.evaluate.crosscheck import SummaryCheckError, check_provenance, check_summary
+from bert_core.evaluate.crosscheck import SummaryCheckError, check_lock, check_provenance, check_summary
 from bert_core.evaluate.references import (
     GLUE_AVERAGE_ROWS,
     Reference,
@@ -96,15 +96,19 @@ class EvaluationSummary:
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 
-def load_results(results_dir: str | Path, tasks: list[str] | None = None) -> dict[str, FinetuneResult]:
+def load_results(
+    results_dir: str | Path, tasks: list[str] | None = None, *, lock_path: str | Path | None = None
+) -> dict[str, FinetuneResult]:
     """The ``<task>/summary.json`` files under ``results_dir``, by task name (sorted), cross-checked.
 
     Each summary must be the one of its directory's task, with the registry's kind and main metric, and all
-    of them must come from the same pretrained model (:mod:`bert_core.evaluate.crosscheck`).
+    of them must come from the same pretrained model, and be what ``dvc.lock`` recorded for their finetune
+    stage (:mod:`bert_core.evaluate.crosscheck`).
 
     Args:
         results_dir: The finetune stages' results directory.
         tasks: Only these tasks (each must have a summary); ``None`` = every summary found.
+        lock_path: ``dvc.lock`` to compare each task's results directory with (``None``: no comparison).
 
     Raises:
         FileNotFoundError: no summaries, or a listed task without one (naming the stage to run).
@@ -144,6 +148,7 @@ def load_results(results_dir: str | Path, tasks: list[str] | None = None) -> dic
         else:
             checked[name] = (path, result)
     problems += check_provenance(checked)
+    problems += check_lock(lock_path, checked)
     if problems:
         raise SummaryCheckError(problems)
     return {name: result for name, (_, result) in checked.items()}
@@ -182,7 +187,11 @@ def _rows_of(result: FinetuneResult, reference: Reference | None) -> list[Row]:
 
 
 def summarize(
-    results_dir: str | Path, *, tasks: list[str] | None = None, reference_size: str = "auto"
+    results_dir: str | Path,
+    *,
+    tasks: list[str] | None = None,
+    reference_size: str = "auto",
+    lock_path: str | Path | None = None,
 ) -> EvaluationSummary:
     """Collect the tasks' results and match them with the published scores of the same model size.
 
@@ -190,8 +199,9 @@ def summarize(
         results_dir: Directory of ``<task>/summary.json`` files.
         tasks: Only these tasks (``None``: all found).
         reference_size: ``auto`` (the size of the pretrained model), a preset name, or ``none``.
+        lock_path: ``dvc.lock`` to cross-check the results with (:func:`load_results`).
     """
-    results = load_results(results_dir, tasks)
+    results = load_results(results_dir, tasks, lock_path=lock_path)
     presets = {r.model.get("preset") for r in results.values()}
     preset = next(iter(presets)) if len(presets) == 1 else None
     if reference_size == "none":
