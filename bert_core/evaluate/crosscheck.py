@@ -8,8 +8,7 @@ A ``results/finetune/<task>/summary.json`` is only summarised when it belongs wh
   hand-edited file reads its metrics wrongly);
 - every summary was fine-tuned from the same pretrained model (``model.sha``, the content fingerprint the
   finetune stage records, :func:`bert_core.tracking.fingerprint.fingerprint`); summaries without one (older
-  runs, the library called without provenance) are not compared.
-
+  runs, the library called without provenance) are not compared;
 - where ``dvc.lock`` records the finetune stage of a task (``finetune@<task>``) with an output at the same
   place, the task's results directory is the one that stage committed (its DVC hash, ``md5`` of the
   directory listing, :func:`dvc_dir_hash`): a file copied in or edited afterwards, or outputs written by
