@@ -7,6 +7,10 @@ PY := $(VENV)/bin/python
 # machine. Another build: make TORCH_SPEC="torch==2.13.0" PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
 PIP_TORCH_ARGS ?=
+# The exact versions the suites pass with (requirements/lock.txt, pip constraints; torch not in it).
+# `make LOCK=` installs the newest versions inside pyproject.toml's bounds instead; `make lock` refreshes it.
+LOCK_FILE := requirements/lock.txt
+LOCK ?= $(LOCK_FILE)
 export DO_NOT_TRACK := true
 export MLFLOW_DISABLE_TELEMETRY := true
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
@@ -15,16 +19,27 @@ export PYTHONUNBUFFERED := 1
 # DVC stage commands (`python -m flows.<stage>`) must find the project's interpreter.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv test test-slow lint format bench clean
+.PHONY: venv test test-slow lint format bench clean lock
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q $(if $(LOCK),-c $(LOCK)) -e ".[dev]"
 	touch $@
 
 venv: $(VENV)/.installed
+
+# Re-resolve the newest versions inside pyproject.toml's bounds (dev and browser extras) in a throwaway
+# venv and write them to requirements/lock.txt; then `make test` and commit both files.
+lock:
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/python" -m pip install -q --upgrade pip; \
+	"$$tmp/venv/bin/python" -m pip install -q $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"; \
+	"$$tmp/venv/bin/python" -m pip install -q -e ".[dev,browser]"; \
+	"$$tmp/venv/bin/python" -m pip freeze --exclude-editable > "$$tmp/freeze.txt"; \
+	"$$tmp/venv/bin/python" requirements/lock.py write "$$tmp/freeze.txt" "$(TORCH_SPEC)"
 
 test: venv
 	$(PY) -m pytest -q
@@ -68,7 +83,7 @@ test-e2e: venv
 
 test-browser: venv
 	@test -x /usr/bin/chromium || { echo "Debian's Chromium is needed: sudo apt-get install -y chromium"; exit 1; }
-	$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q "playwright>=1.45"
+	$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q $(if $(LOCK),-c $(LOCK)) "playwright>=1.45"
 	$(PY) -m pytest -q -m browser tests/e2e
 
 # ---- Faults and bad input (tests/faults + every test marked `faults`) ----------------------------------

@@ -41,7 +41,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def _features(data_root: Path, tokenizer: Any, train_rows: int, max_len: int) -> tuple[list, list, list]:
-    from bert_core.finetune.features import encode_sequence_pairs
+    from bert_core.kinds.sequence import encode_sequence_pairs
     from bert_core.tasks import get_task, load_task_split
 
     spec = get_task("sst2")
@@ -72,8 +72,8 @@ def run_ours(
     init_dir: Path, train_f: list, dev_f: list, dev_labels: list, args: argparse.Namespace, seed: int
 ) -> dict:
     from bert_core.finetune.collate import make_loader
+    from bert_core.finetune.inference import predict
     from bert_core.finetune.run import FinetuneObjective, _EpochLoader
-    from bert_core.finetune.scoring import predict
     from bert_core.model import BertForSequenceClassification
     from bert_core.training import TrainConfig, Trainer
 

@@ -8,7 +8,6 @@ artifact, data-check report).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import tempfile
@@ -17,18 +16,19 @@ from pathlib import Path
 from prefect import flow
 
 from bert_core.corpus import CorpusParams, build_corpus
-from bert_core.params import load_params
 from bert_core.sources import data_root
+from flows._cli import run_stage
 from flows._stage import finish_stage, stage_run
+from flows.stages import get
 
-PARAMS_MODEL = CorpusParams
+STAGE = get("corpus")
 log = logging.getLogger("bert_core.flows.corpus")
 
 
 @flow(name="corpus", log_prints=True)
 def corpus_flow(
-    params_file: str = "params/corpus.yaml",
-    out_dir: str = "data/corpus",
+    params_file: str = STAGE.default("params_file"),
+    out_dir: str = STAGE.default("out_dir"),
     workers: int | None = None,
     metrics_path: str | None = None,
 ) -> dict:
@@ -40,7 +40,7 @@ def corpus_flow(
         workers: Worker processes; default ``corpus.workers``. The output does not depend on it.
         metrics_path: DVC metrics file; default ``metrics/corpus.json`` in the repository.
     """
-    params = load_params(params_file, "corpus", CorpusParams)
+    params: CorpusParams = STAGE.load_params(params_file)
     root = data_root()
     with stage_run("corpus", params) as run, tempfile.TemporaryDirectory(prefix="corpus-checks-") as tmp:
         report_dir = Path(tmp) / "data_docs"
@@ -60,19 +60,7 @@ def corpus_flow(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.corpus", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--params", default="params/corpus.yaml")
-    parser.add_argument("--out", default="data/corpus")
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/corpus.json)")
-    args = parser.parse_args(argv)
-    try:
-        load_params(args.params, "corpus", CorpusParams)  # fail fast on bad params, before Prefect starts
-        corpus_flow(args.params, args.out, args.workers, args.metrics)
-    except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
-        print(f"corpus stage failed: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_stage("corpus", corpus_flow, argv, doc=__doc__)
 
 
 if __name__ == "__main__":

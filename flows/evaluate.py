@@ -9,7 +9,6 @@ random-init gap), ``reports/evaluate.md`` (+ ``reports/evaluate/*.png``) and the
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
@@ -20,9 +19,11 @@ from bert_core.constants import REPO_ROOT
 from bert_core.evaluate.params import EvaluateParams
 from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
+from flows._cli import run_stage
 from flows._stage import finish_stage, stage_run
+from flows.stages import get
 
-PARAMS_MODEL = EvaluateParams
+STAGE = get("evaluate")
 log = logging.getLogger("bert_core.flows.evaluate")
 
 
@@ -33,8 +34,8 @@ def _in_repo(path: str) -> Path:
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(
-    params_file: str = "params/evaluate.yaml",
-    finetune_params_file: str = "params/finetune.yaml",
+    params_file: str = STAGE.default("params_file"),
+    finetune_params_file: str = STAGE.default("finetune_params_file"),
     metrics_path: str | None = None,
 ) -> dict[str, float]:
     """Summarise every fine-tuned task; return the summary metrics.
@@ -47,10 +48,11 @@ def evaluate_flow(
     """
     from bert_core.evaluate import evaluate_results
 
-    params = load_params(params_file, "evaluate", EvaluateParams)
+    params: EvaluateParams = STAGE.load_params(params_file)
     finetune = load_params(finetune_params_file, "finetune", FinetuneParams)
     tasks = sorted(finetune.tasks) or None
-    metrics_file = Path(metrics_path) if metrics_path else REPO_ROOT / "metrics" / "evaluate.json"
+    (default_metrics,) = STAGE.metrics
+    metrics_file = Path(metrics_path) if metrics_path else REPO_ROOT / default_metrics
     with stage_run("evaluate", {**params.model_dump(mode="json"), "tasks": tasks}) as run:
         metrics, paths = evaluate_results(
             _in_repo(params.results_dir),
@@ -69,17 +71,7 @@ def evaluate_flow(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--params", default="params/evaluate.yaml")
-    parser.add_argument("--finetune-params", default="params/finetune.yaml")
-    parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/evaluate.json)")
-    args = parser.parse_args(argv)
-    try:
-        evaluate_flow(args.params, args.finetune_params, args.metrics)
-    except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
-        print(f"evaluate stage failed: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_stage("evaluate", evaluate_flow, argv, doc=__doc__)
 
 
 if __name__ == "__main__":

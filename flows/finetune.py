@@ -25,7 +25,6 @@ import os
 # Must be set before torch loads its OpenMP runtime; OMP_WAIT_POLICY=ACTIVE in the environment overrides it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import argparse
 import logging
 import sys
 import tempfile
@@ -36,12 +35,13 @@ from prefect import flow
 
 from bert_core.constants import REPO_ROOT
 from bert_core.finetune.params import FinetuneParams
-from bert_core.params import load_params
 from bert_core.sources import data_root
 from bert_core.tracking import FINETUNE_EXPERIMENT
+from flows._cli import run_stage
 from flows._stage import finish_stage, stage_run
+from flows.stages import get
 
-PARAMS_MODEL = FinetuneParams
+STAGE = get("finetune")
 log = logging.getLogger("bert_core.flows.finetune")
 
 
@@ -64,7 +64,7 @@ def _standard_tags(run_id: str) -> dict[str, str]:
 @flow(name="finetune", log_prints=True)
 def finetune_flow(
     task: str,
-    params_file: str = "params/finetune.yaml",
+    params_file: str = STAGE.default("params_file"),
     model_source: str | None = None,
     out_dir: str | None = None,
     model_out: str | None = None,
@@ -86,7 +86,7 @@ def finetune_flow(
     from bert_core.tasks import get_task
     from bert_core.tracking import MlflowTrialTracker, register, resolve_model_source
 
-    params = load_params(params_file, "finetune", FinetuneParams)
+    params: FinetuneParams = STAGE.load_params(params_file)
     spec = get_task(task)
     if params.tasks and spec.name not in params.tasks:
         log.warning(
@@ -94,10 +94,11 @@ def finetune_flow(
         )
     settings = params.for_task(spec.name)
     source = model_source or params.model.source
-    out = Path(out_dir or REPO_ROOT / "results" / "finetune" / spec.name)
-    model_dir = Path(model_out or REPO_ROOT / "models" / "finetuned" / spec.name)
-    metrics_file = Path(metrics_path or REPO_ROOT / "metrics" / "finetune" / f"{spec.name}.json")
-    curves_dir = Path(plots_dir or REPO_ROOT / "plots" / "finetune" / spec.name)
+    (model_default, out_default), (metrics_default,) = STAGE.outs, STAGE.metrics
+    out = Path(out_dir or REPO_ROOT / STAGE.expand(out_default, spec.name))
+    model_dir = Path(model_out or REPO_ROOT / STAGE.expand(model_default, spec.name))
+    metrics_file = Path(metrics_path or REPO_ROOT / STAGE.expand(metrics_default, spec.name))
+    curves_dir = Path(plots_dir or (REPO_ROOT / STAGE.expand(STAGE.plots[0], spec.name)).parent)
     run_params = {
         "task": spec.name,
         "model": params.model.model_dump(mode="json"),
@@ -149,23 +150,7 @@ def finetune_flow(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.finetune", description=__doc__.split("\n\n")[0])
-    parser.add_argument("task", help="task name, e.g. sst2, mnli, squad_v1, conll2003")
-    parser.add_argument("--params", default="params/finetune.yaml")
-    parser.add_argument("--model-source", default=None, help="override finetune.model.source")
-    parser.add_argument("--out", default=None, help="predictions dir (default results/finetune/<task>)")
-    parser.add_argument("--model-out", default=None, help="model dir (default models/finetuned/<task>)")
-    parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/finetune/<task>.json)")
-    parser.add_argument("--plots", default=None, help="learning-curve CSVs (default plots/finetune/<task>)")
-    args = parser.parse_args(argv)
-    try:
-        finetune_flow(
-            args.task, args.params, args.model_source, args.out, args.model_out, args.metrics, args.plots
-        )
-    except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
-        print(f"finetune stage failed ({args.task}): {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_stage("finetune", finetune_flow, argv, doc=__doc__)
 
 
 if __name__ == "__main__":

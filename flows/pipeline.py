@@ -22,6 +22,10 @@ Command line (what ``make pipeline`` runs)::
     python -m flows.pipeline --profile gpu-base       # apply a profile, then dvc repro
     python -m flows.pipeline --experiment -S params/finetune.yaml:finetune.defaults.seeds=[1,2]
 
+Layout: this module is the flow and its command line; :mod:`flows._inputs` maps the form to params
+overrides and builds the stages' environment, :mod:`flows._driver` follows the DVC process as task runs,
+:mod:`flows._dvc` is the DVC plumbing (stage graph, process, workspace lock).
+
 From the command line the flow reports to the Prefect server of ``make serve`` when one serves this
 repository (so the run shows in its UI), else to a temporary local server.
 """
@@ -31,26 +35,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import queue
 import re
 import sys
-import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 # Telemetry off and Prefect's start-up timeout are set by flows/__init__.py, before Prefect is imported.
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed
+from prefect import flow, get_run_logger
 from pydantic import Field
 
 from bert_core.constants import REPO_ROOT
-from bert_core.tracking import tracking_uri
-from flows import TELEMETRY_OFF, _dvc, profiles
-from flows._stage import markdown_table
+from flows import _dvc, profiles
+from flows._driver import PipelineFailed, StageReport, drive, markdown_artifact, summary_markdown
+from flows._inputs import build_overrides, dvc_command, stage_env
+from flows.overrides import ProfileError
 
 FLOW_NAME = "bert-pipeline"
 _PROFILE_NAMES = tuple(profiles.list_profiles(REPO_ROOT))
@@ -64,308 +63,8 @@ try:
 except ImportError:  # pragma: no cover - the task registry is part of the package
     TaskName = str  # type: ignore[misc,assignment]
 
-FORM_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
-    "preset": (("params/pretrain.yaml", "pretrain.model.preset"),),
-    "pretrain_steps": (("params/pretrain.yaml", "pretrain.max_steps"),),
-    "time_budget_minutes": (("params/pretrain.yaml", "pretrain.time_budget_minutes"),),
-    "tasks": (("params/finetune.yaml", "finetune.tasks"),),
-    "learning_rates": (("params/finetune.yaml", "finetune.defaults.learning_rates"),),
-    "seeds": (
-        ("params/finetune.yaml", "finetune.defaults.seeds"),
-        ("params/finetune.yaml", "finetune.small_task_seeds"),
-    ),
-}
-"""Form field -> the params keys it sets (checked against ``params/`` by the tests)."""
-TASKS_KEY = ("params/finetune.yaml", "finetune.tasks")
-"""``finetune.tasks`` maps each task to run to its own overrides (DVC's ``foreach`` makes one stage each)."""
-PER_TASK_FIELDS = ("learning_rates", "seeds")
-"""Form fields that also clear a task's own setting of the same name, so the form value holds for all."""
 
 _EXP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-
-class PipelineFailed(RuntimeError):
-    """DVC exited non-zero; the message names the failed stage and DVC's last lines."""
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"-+", "-", "".join(c if c.isalnum() else "-" for c in text.lower())).strip("-")
-
-
-# ------------------------------------------------------------------------------------ per-stage tasks
-
-
-_END = object()
-
-
-class StageFeed:
-    """The log lines of one running stage, handed from the flow (reading DVC) to the stage's task."""
-
-    def __init__(self) -> None:
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self.outcome: str | None = None
-
-    def put(self, line: str) -> None:
-        self._queue.put(line)
-
-    def close(self, outcome: str) -> None:
-        self.outcome = outcome
-        self._queue.put(_END)
-
-    def __iter__(self) -> Iterator[str]:
-        while (item := self._queue.get()) is not _END:
-            yield item
-
-
-def read_stage_metrics(root: Path, files: tuple[str, ...]) -> dict[str, Any]:
-    """The stage's DVC metrics files merged into one mapping (file stem as prefix when several)."""
-    import json
-
-    import yaml
-
-    out: dict[str, Any] = {}
-    for rel in files:
-        path = root / rel
-        if not path.is_file():
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (ValueError, OSError):
-            continue
-        if isinstance(data, dict):
-            out.update(data if len(files) == 1 else {Path(rel).stem: data})
-    return out
-
-
-def _artifact(key: str, markdown: str, description: str) -> None:
-    """A Markdown artifact in the Prefect UI: a convenience, so a failure to create one is only logged."""
-    try:
-        from prefect.artifacts import create_markdown_artifact
-
-        create_markdown_artifact(key=key, markdown=markdown, description=description)
-    except Exception as err:
-        get_run_logger().warning("could not create the Prefect artifact %s: %s", key, err)
-
-
-@task(name="dvc-stage", task_run_name="{stage}", cache_policy=NO_CACHE, retries=0)
-def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[str, ...]) -> Any:
-    """One DVC stage as seen from the pipeline: its log lines, then its outcome and metrics."""
-    logger = get_run_logger()
-    for line in feed:
-        logger.info(line)
-    metrics = read_stage_metrics(Path(root), metrics_files)
-    if metrics:
-        _artifact(
-            f"pipeline-{_slug(stage)}", markdown_table(metrics, f"{stage} metrics"), f"Metrics of {stage}"
-        )
-    result = {"stage": stage, "outcome": feed.outcome, "metrics": metrics}
-    if feed.outcome == "failed":
-        raise PipelineFailed(f"stage '{stage}' failed; its log above shows why")
-    if feed.outcome == "cached":
-        return Completed(name="Cached", message="unchanged since the last run: DVC skipped it", data=result)
-    return result
-
-
-# ----------------------------------------------------------------------------------------- the driver
-
-
-@dataclass
-class StageReport:
-    stage: str
-    outcome: str  # ran | cached | failed | not run
-    seconds: float = 0.0
-    metrics: dict[str, Any] = field(default_factory=dict)
-
-
-def start_dvc(args: list[str], *, cwd: Path, env: dict[str, str]) -> _dvc.DvcRun:
-    """Start DVC (tests replace this with a scripted fake)."""
-    return _dvc.DvcProcess(args, cwd=cwd, env=env)
-
-
-def drive(args: list[str], *, root: Path, env: dict[str, str]) -> tuple[int, list[StageReport], list[str]]:
-    """Run DVC, follow its stage announcements and hand each stage's lines to a ``follow_stage`` task.
-
-    Returns:
-        DVC's exit code, one report per stage DVC mentioned (in order), and DVC's last 40 lines.
-    """
-    logger = get_run_logger()
-    infos: dict[str, _dvc.StageInfo] | None = None
-    reports: list[StageReport] = []
-    futures: list[Any] = []
-    tail: list[str] = []
-    current: tuple[StageReport, StageFeed, float] | None = None
-
-    def metrics_files(stage: str) -> tuple[str, ...]:
-        nonlocal infos
-        if infos is None or stage not in infos:
-            try:
-                infos = {i.name: i for i in _dvc.stage_infos(root)}
-            except Exception as err:  # the summary still works without metrics
-                logger.warning("could not read the stage list from dvc.yaml: %s", err)
-                infos = {}
-        info = infos.get(stage)
-        return info.metrics if info else ()
-
-    def finish(outcome: str) -> None:
-        nonlocal current
-        if current is not None:
-            report, feed, started = current
-            report.outcome, report.seconds = outcome, time.monotonic() - started
-            feed.close(outcome)
-            current = None
-
-    def submit(stage: str, feed: StageFeed) -> None:
-        futures.append(follow_stage.submit(stage, feed, str(root), metrics_files(stage)))
-
-    proc = start_dvc(args, cwd=root, env=env)
-    try:
-        for line in proc.lines():
-            tail = [*tail[-39:], line]
-            event = _dvc.parse_line(line)
-            if event.kind == "running":
-                finish("ran")
-                report, feed = StageReport(event.stage or "?", "running"), StageFeed()
-                reports.append(report)
-                current = (report, feed, time.monotonic())
-                submit(report.stage, feed)
-                feed.put(line)
-            elif event.kind == "skipped":
-                finish("ran")
-                feed = StageFeed()
-                reports.append(StageReport(event.stage or "?", "cached"))
-                submit(event.stage or "?", feed)
-                feed.close("cached")
-            elif event.kind == "failed" and current is not None and current[0].stage == event.stage:
-                current[1].put(line)
-                finish("failed")
-            elif current is not None:
-                current[1].put(line)
-            else:
-                logger.info(line)
-        returncode = proc.wait()
-    finally:
-        proc.stop()
-        finish("ran" if proc.wait() == 0 else "failed")
-    for future in futures:
-        future.wait()
-    for report in reports:
-        if report.outcome in ("ran", "cached"):
-            report.metrics = read_stage_metrics(root, metrics_files(report.stage))
-    return returncode, reports, tail
-
-
-def summary_markdown(
-    run_id: str, exp_name: str | None, command: list[str], reports: list[StageReport], ok: bool
-) -> str:
-    lines = [f"## Pipeline run `{run_id}`: {'completed' if ok else 'FAILED'}", ""]
-    if exp_name:
-        lines += [f"DVC experiment **`{exp_name}`**: restore it with `dvc exp apply {exp_name}`.", ""]
-    lines += [f"Command: `{' '.join(command)}`", "", "| stage | outcome | seconds |", "|---|---|---|"]
-    lines += [f"| {r.stage} | {r.outcome} | {r.seconds:.1f} |" for r in reports]
-    lines += [
-        "",
-        f"MLflow: every stage run is tagged `pipeline_run_id={run_id}`; compare two runs with "
-        f"`python -m flows.compare {run_id} <other run id>`.",
-    ]
-    return "\n".join(lines)
-
-
-def _current_api_url() -> str | None:
-    """The Prefect API this process reports to (also the temporary one), so stage flows report there too."""
-    with contextlib.suppress(Exception):
-        from prefect.settings import PREFECT_API_URL
-
-        if url := PREFECT_API_URL.value():
-            return url
-        module = sys.modules.get("prefect.server.api.server")  # loaded iff a temporary server was started
-        if module is not None:
-            server = module.SubprocessASGIServer()
-            if server.server_process is not None and server.server_process.poll() is None:
-                return server.api_url
-    return None
-
-
-def stage_env(run_id: str, data_root: str | None, root: Path) -> dict[str, str]:
-    """Environment of the DVC process and the stage commands it runs."""
-    env = dict(os.environ)
-    env["BERT_PIPELINE_RUN_ID"] = run_id
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` = this venv
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("MLFLOW_TRACKING_URI", tracking_uri())
-    for key, value in TELEMETRY_OFF.items():
-        env.setdefault(key, value)
-    if api := _current_api_url():
-        env["PREFECT_API_URL"] = api
-    if data_root is not None:
-        if data_root.strip().lower() == "hub":
-            env.pop("BERT_DATA_ROOT", None)
-        else:
-            path = (root / Path(data_root).expanduser()).resolve()
-            if not path.is_dir():
-                raise ValueError(
-                    f"data_root={data_root!r}: {path} is not a directory. Give a data root laid out like "
-                    "shared/data, 'hub' for the Hugging Face Hub, or leave it empty to keep BERT_DATA_ROOT."
-                )
-            env["BERT_DATA_ROOT"] = str(path)
-    elif env.get("BERT_DATA_ROOT"):
-        env["BERT_DATA_ROOT"] = str((root / env["BERT_DATA_ROOT"]).resolve())
-    return env
-
-
-def form_overrides(fields: dict[str, Any], base: profiles.Overrides, root: Path) -> profiles.Overrides:
-    """The params overrides of the form fields that were set (``None`` keeps the profile's value).
-
-    Args:
-        fields: Form field name -> value.
-        base: The profile's overrides; ``tasks`` keeps each chosen task's settings from it.
-        root: Repository root.
-    """
-    out: profiles.Overrides = {}
-    for name, value in fields.items():
-        if value is None or name == "tasks":
-            continue
-        for file, key in FORM_KEYS[name]:
-            out.setdefault(file, {})[key] = list(value) if isinstance(value, tuple | list) else value
-    cleared = [f for f in PER_TASK_FIELDS if fields.get(f) is not None]
-    if fields.get("tasks") is None and not cleared:
-        return out
-    file, key = TASKS_KEY
-    current = profiles.get_dotted(profiles.effective_params(file, base, root), key)
-    current = current if isinstance(current, dict) else {}
-    chosen = fields.get("tasks")
-    names = list(dict.fromkeys(chosen)) if chosen is not None else list(current)
-    tasks = {t: {k: v for k, v in (current.get(t) or {}).items() if k not in cleared} for t in names}
-    if tasks != current:
-        out.setdefault(file, {})[key] = tasks
-    return out
-
-
-def build_overrides(
-    profile: str | None, fields: dict[str, Any], extra: list[str], root: Path
-) -> profiles.Overrides:
-    """Profile, then form fields, then free ``-S`` overrides; only what differs from the workspace."""
-    base = profiles.resolve(profile, None, root, only_changes=False) if profile else {}
-    layer = profiles.merge(form_overrides(fields, base, root), profiles.parse_set_args(extra))
-    return profiles.resolve(profile, layer, root)
-
-
-def dvc_command(
-    *,
-    as_experiment: bool,
-    exp_name: str | None,
-    overrides: profiles.Overrides,
-    targets: list[str],
-    force: bool,
-) -> list[str]:
-    """The DVC arguments (after ``dvc``) for this run."""
-    if as_experiment:
-        args = ["exp", "run", "--name", exp_name or "", *profiles.set_args(overrides)]
-    else:
-        args = ["repro"]
-    if force:
-        args.append("--force")
-    return args + list(targets)
 
 
 @flow(name=FLOW_NAME, log_prints=True, retries=0, validate_parameters=True)
@@ -458,7 +157,7 @@ def pipeline_flow(
             seen = {r.stage for r in reports}
             reports += [StageReport(i.name, "not run") for i in _dvc.stage_infos(root) if i.name not in seen]
     summary = summary_markdown(run_id, exp_name if ok else None, ["dvc", *args], reports, ok)
-    _artifact("pipeline-summary", summary, f"Pipeline run {run_id}")
+    markdown_artifact("pipeline-summary", summary, f"Pipeline run {run_id}")
     if not ok:
         failed = [r.stage for r in reports if r.outcome == "failed"]
         where = f"stage '{failed[0]}' failed" if failed else "DVC failed before running a stage"
@@ -488,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if not os.environ.get("PREFECT_API_URL"):
-        from flows.serve import served_api_url
+        from flows._served import served_api_url
 
         home = Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")
         if url := served_api_url(home):
@@ -507,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 data_root=args.data_root,
                 force=args.force,
             )
-    except (PipelineFailed, profiles.ProfileError, _dvc.WorkspaceBusy, ValueError) as err:
+    except (PipelineFailed, ProfileError, _dvc.WorkspaceBusy, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     for stage, info in result["stages"].items():

@@ -9,7 +9,6 @@ for DVC, and a Prefect artifact.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import tempfile
@@ -17,21 +16,22 @@ from pathlib import Path
 
 from prefect import flow
 
-from bert_core.params import load_params
 from bert_core.pretrain_data.build import build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
+from flows._cli import run_stage
 from flows._stage import finish_stage, stage_run
+from flows.stages import get
 
-PARAMS_MODEL = PretrainDataParams
+STAGE = get("pretrain_data")
 log = logging.getLogger("bert_core.flows.pretrain_data")
 
 
 @flow(name="pretrain_data", log_prints=True)
 def pretrain_data_flow(
-    params_file: str = "params/pretrain_data.yaml",
-    corpus_dir: str = "data/corpus",
-    vocab_dir: str = "data/vocab",
-    out_dir: str = "data/pretrain_data",
+    params_file: str = STAGE.default("params_file"),
+    corpus_dir: str = STAGE.default("corpus_dir"),
+    vocab_dir: str = STAGE.default("vocab_dir"),
+    out_dir: str = STAGE.default("out_dir"),
     workers: int | None = None,
     metrics_path: str | None = None,
 ) -> dict:
@@ -45,7 +45,7 @@ def pretrain_data_flow(
         workers: Worker processes; default ``pretrain_data.num_workers``. The output does not depend on it.
         metrics_path: DVC metrics file; default ``metrics/pretrain_data.json``.
     """
-    params = load_params(params_file, "pretrain_data", PretrainDataParams)
+    params: PretrainDataParams = STAGE.load_params(params_file)
     if workers is not None:
         params = params.model_copy(update={"num_workers": max(1, int(workers))})
     with stage_run("pretrain_data", params) as run, tempfile.TemporaryDirectory(prefix="ptd-checks-") as tmp:
@@ -81,23 +81,7 @@ def pretrain_data_flow(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m flows.pretrain_data", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--params", default="params/pretrain_data.yaml")
-    parser.add_argument("--corpus", default="data/corpus")
-    parser.add_argument("--vocab", default="data/vocab")
-    parser.add_argument("--out", default="data/pretrain_data")
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/pretrain_data.json)")
-    args = parser.parse_args(argv)
-    try:
-        load_params(args.params, "pretrain_data", PretrainDataParams)  # fail fast, before Prefect starts
-        pretrain_data_flow(args.params, args.corpus, args.vocab, args.out, args.workers, args.metrics)
-    except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
-        print(f"pretrain_data stage failed: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_stage("pretrain_data", pretrain_data_flow, argv, doc=__doc__)
 
 
 if __name__ == "__main__":

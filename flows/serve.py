@@ -5,9 +5,10 @@ repository) unless a Prefect server already answers there, then serves these dep
 (``prefect.serve(..., limit=1)``: one flow run at a time, further runs wait in the queue):
 
 * ``bert-pipeline/local``: the whole pipeline through DVC (:mod:`flows.pipeline`);
-* ``<stage>/local`` for each stage flow that ``dvc.yaml`` runs (``python -m flows.<stage>``): the stage on
-  its own, outside DVC (DVC reruns it on the next ``dvc repro`` if its outputs changed). To run one stage
-  *through* DVC, run ``bert-pipeline/local`` with ``targets: [<stage>]``.
+* ``<stage>/local`` for each stage of the stage table (:mod:`flows.stages`; what ``dvc.yaml`` runs as
+  ``python -m flows.<stage>``): the stage on its own, outside DVC (DVC reruns it on the next
+  ``dvc repro`` if its outputs changed). To run one stage *through* DVC, run ``bert-pipeline/local``
+  with ``targets: [<stage>]``.
 
 Their typed parameters are the UI's run form ("Run" -> "Custom run"). Stop with Ctrl-C: the server this
 command started stops with it. Only one ``flows.serve`` may serve a repository at a time (a second
@@ -19,36 +20,26 @@ runner would defeat ``limit=1``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import importlib
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from flows import TELEMETRY_OFF
+from bert_core.constants import REPO_ROOT
+from flows import TELEMETRY_OFF, stages
+from flows._served import ServeError, is_healthy, serve_lock
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 DEPLOYMENT_NAME = "local"
-ORCHESTRATION_MODULES = {"pipeline", "serve", "profiles", "compare"}
-_STAGE_CMD_RE = re.compile(r"-m\s+flows\.([A-Za-z_][A-Za-z0-9_]*)")
 
 log = logging.getLogger("flows.serve")
-
-
-class ServeError(RuntimeError):
-    """The server could not be started or reached; the message says what to do."""
 
 
 def api_url(host: str, port: int) -> str:
@@ -65,15 +56,6 @@ def prefect_env(home: Path, host: str, port: int, base: dict[str, str] | None = 
     env["PREFECT_SERVER_API_PORT"] = str(port)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-def is_healthy(url: str, timeout: float = 2.0) -> bool:
-    """``True`` when a Prefect API answers ``/health`` at ``url``."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -137,50 +119,33 @@ def stop_process(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> None:
         proc.wait(timeout=10)
 
 
-def stage_modules(root: Path = REPO_ROOT) -> list[str]:
-    """The ``flows.<stage>`` modules that ``dvc.yaml`` runs, in file order, without duplicates."""
-    path = root / "dvc.yaml"
-    if not path.is_file():
-        return []
-    names = [m.group(1) for m in _STAGE_CMD_RE.finditer(path.read_text(encoding="utf-8"))]
-    return [n for n in dict.fromkeys(names) if n not in ORCHESTRATION_MODULES and not n.startswith("_")]
+def stage_modules() -> list[str]:
+    """The ``flows.<stage>`` modules of the stage table (what ``dvc.yaml`` runs), in pipeline order."""
+    return [stage.module_name for stage in stages.STAGES]
 
 
-def stage_flows(root: Path = REPO_ROOT) -> list[Any]:
-    """The Prefect flows of the stage modules: module-level ``Flow`` objects, or ``PREFECT_FLOW`` (a flow, or a
-    function returning one, for modules that build their flow lazily). A module that fails to import or has
-    no flow is skipped with a warning."""
+def stage_flows(table: Iterable[stages.Stage] = stages.STAGES) -> list[Any]:
+    """The Prefect flows of the stage table (``Stage.flow``: a flow, or a function that builds one). A stage
+    whose module fails to import or whose ``flow`` is not a Prefect flow is skipped with a warning."""
     from prefect import Flow
 
     found = []
-    for name in stage_modules(root):
-        module_name = f"flows.{name}"
+    for stage in table:
         try:
-            module = importlib.import_module(module_name)
+            obj = stages.resolve(stage.flow)
+            built = obj if isinstance(obj, Flow) or not callable(obj) else obj()
         except Exception as err:
-            log.warning("not serving %s: it failed to import (%s: %s)", module_name, type(err).__name__, err)
+            log.warning("not serving %s: %s failed (%s: %s)", stage.name, stage.flow, type(err).__name__, err)
             continue
-        flows_here = [
-            obj
-            for obj in vars(module).values()
-            if isinstance(obj, Flow) and getattr(obj.fn, "__module__", None) == module_name
-        ]
-        factory = getattr(module, "PREFECT_FLOW", None)  # a module that builds its flow lazily says how
-        if not flows_here and factory is not None:
-            built = factory() if callable(factory) and not isinstance(factory, Flow) else factory
-            if isinstance(built, Flow):
-                flows_here = [built]
-        if not flows_here:
-            log.warning(
-                "not serving %s: it defines no module-level Prefect flow (nor PREFECT_FLOW, a flow or a "
-                "function returning one)",
-                module_name,
-            )
-        found += flows_here
+        if not isinstance(built, Flow):
+            log.warning("not serving %s: %s is not a Prefect flow (nor a function returning one)", stage.name,
+                        stage.flow)  # fmt: skip
+            continue
+        found.append(built)
     return found
 
 
-def build_deployments(root: Path = REPO_ROOT) -> list[Any]:
+def build_deployments() -> list[Any]:
     """The pipeline deployment first, then one per stage flow (module entrypoints, so any cwd works)."""
     from prefect.deployments.runner import EntrypointType
 
@@ -194,7 +159,7 @@ def build_deployments(root: Path = REPO_ROOT) -> list[Any]:
             entrypoint_type=EntrypointType.MODULE_PATH,
         )
     ]
-    for stage_flow in stage_flows(root):
+    for stage_flow in stage_flows():
         deployments.append(
             stage_flow.to_deployment(
                 name=DEPLOYMENT_NAME,
@@ -207,46 +172,6 @@ def build_deployments(root: Path = REPO_ROOT) -> list[Any]:
             )
         )
     return deployments
-
-
-@contextlib.contextmanager
-def serve_lock(home: Path, api: str):
-    """One ``flows.serve`` per repository: a second runner would run a second flow at the same time."""
-    home.mkdir(parents=True, exist_ok=True)
-    path = home / "serve.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = path.read_text(encoding="utf-8", errors="replace").strip()
-            raise ServeError(
-                f"this repository is already being served ({holder}); stop that one first"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"flows.serve pid {os.getpid()} api {api}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
-
-
-def served_api_url(home: Path) -> str | None:
-    """The API URL of the ``flows.serve`` now serving the repository whose PREFECT_HOME is ``home``, if any."""
-    path = home / "serve.lock"
-    if not path.is_file():
-        return None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:  # held: a flows.serve is running
-            words = path.read_text(encoding="utf-8", errors="replace").split()
-            url = words[words.index("api") + 1] if "api" in words[:-1] else None
-            return url if url and is_healthy(url) else None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

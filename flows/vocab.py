@@ -9,7 +9,6 @@ skipped with a warning when it cannot be fetched — it only feeds a comparison 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import tempfile
@@ -17,12 +16,13 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from bert_core.params import load_params
 from bert_core.sources import data_root
 from bert_core.vocab import VocabParams, train_vocab
+from flows._cli import run_stage
 from flows._stage import finish_stage, stage_run
+from flows.stages import get
 
-PARAMS_MODEL = VocabParams
+STAGE = get("vocab")
 log = logging.getLogger("bert_core.flows.vocab")
 
 
@@ -57,13 +57,13 @@ def reference_vocab(params: VocabParams) -> Path | None:
 
 @flow(name="vocab", log_prints=True)
 def vocab_flow(
-    params_file: str = "params/vocab.yaml",
-    corpus_dir: str = "data/corpus",
-    out_dir: str = "data/vocab",
+    params_file: str = STAGE.default("params_file"),
+    corpus_dir: str = STAGE.default("corpus_dir"),
+    out_dir: str = STAGE.default("out_dir"),
     metrics_path: str | None = None,
 ) -> dict:
     """Train the WordPiece vocab; return its metrics."""
-    params = load_params(params_file, "vocab", VocabParams)
+    params: VocabParams = STAGE.load_params(params_file)
     ref = reference_vocab(params)
     with stage_run("vocab", params) as run, tempfile.TemporaryDirectory(prefix="vocab-checks-") as tmp:
         report_dir = Path(tmp) / "data_docs"
@@ -82,19 +82,7 @@ def vocab_flow(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.vocab", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--params", default="params/vocab.yaml")
-    parser.add_argument("--corpus", default="data/corpus")
-    parser.add_argument("--out", default="data/vocab")
-    parser.add_argument("--metrics", default=None, help="metrics JSON (default metrics/vocab.json)")
-    args = parser.parse_args(argv)
-    try:
-        load_params(args.params, "vocab", VocabParams)  # fail fast on bad params, before Prefect starts
-        vocab_flow(args.params, args.corpus, args.out, args.metrics)
-    except Exception as err:
-        print(f"vocab stage failed: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_stage("vocab", vocab_flow, argv, doc=__doc__)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bert_core.constants import REPO_ROOT
+
 _DEFAULT_SHARED = REPO_ROOT.parent / "shared" / "data"
 
 
@@ -31,7 +32,8 @@ def _isolated_tracking(tmp_path_factory, monkeypatch):
     """Every test gets its own MLflow store; nothing touches the repo's mlflow.db."""
     store = tmp_path_factory.mktemp("mlflow")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
-    if "mlflow" in sys.modules:  # an earlier test's stage_run set the process-wide URI, which wins over the env
+    # An earlier test's stage_run set the process-wide URI, which wins over the environment.
+    if "mlflow" in sys.modules:
         sys.modules["mlflow"].set_tracking_uri(f"sqlite:///{store}/mlflow.db")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

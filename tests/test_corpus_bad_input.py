@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from bert_core.constants import REPO_ROOT
 from bert_core.corpus import (
     CorpusError,
     CorpusParams,
@@ -191,7 +192,7 @@ def test_flow_cli_exits_non_zero_on_bad_params(tmp_path, capsys):
 
 def test_hub_source_offline_is_a_clear_error(tmp_path, prev_out):
     """Without BERT_DATA_ROOT the Hub sources are used; offline (as in tests) that fails clearly."""
-    params = load_params(Path(__file__).resolve().parents[1] / "params/corpus.yaml", "corpus", CorpusParams)
+    params = load_params(REPO_ROOT / "params/corpus.yaml", "corpus", CorpusParams)
     with pytest.raises(
         CorpusError, match=r"cannot load Hugging Face dataset 'Salesforce/wikitext'.*BERT_DATA_ROOT"
     ):

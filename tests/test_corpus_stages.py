@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from bert_core.constants import REPO_ROOT as REPO
 
 
 def _dvc_stages() -> dict:

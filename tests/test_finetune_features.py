@@ -5,15 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bert_core.constants import IGNORE_INDEX
 from bert_core.finetune.collate import LengthGroupedBatchSampler, make_loader, pad_collate
-from bert_core.finetune.features import (
-    IGNORE_INDEX,
-    FeatureError,
-    encode_multiple_choice,
-    encode_sequence_pairs,
-    encode_squad,
-    encode_token_classification,
-)
+from bert_core.kinds import FeatureError
+from bert_core.kinds.multiple_choice import encode_multiple_choice
+from bert_core.kinds.sequence import encode_sequence_pairs
+from bert_core.kinds.span_qa import encode_squad
+from bert_core.kinds.token_classification import encode_token_classification
 
 
 @pytest.fixture(scope="module")

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from bert_core.constants import REPO_ROOT as REPO
 from bert_core.evaluate.params import EvaluateParams
 from bert_core.finetune.params import PAPER_LEARNING_RATES, FinetuneParams
 from bert_core.params import ParamsError, load_params, parse_params
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_params_parse_and_run_offline(shared_data):

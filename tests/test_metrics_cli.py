@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from bert_core.constants import REPO_ROOT as REPO
 from bert_core.metrics.__main__ import main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(capsys, *argv: str) -> tuple[int, dict | None, str]:

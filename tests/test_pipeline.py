@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows import _dvc, pipeline, profiles
+from flows import _driver, _dvc, _inputs, overrides, pipeline
 
 
 def _git(root: Path, *args: str) -> None:
@@ -66,7 +66,7 @@ def test_form_fields_become_overrides(repo):
         "tasks": ["rte", "mrpc"],
         "learning_rates": [3e-5, 2e-5],
     }
-    overrides = pipeline.build_overrides(
+    overrides = _inputs.build_overrides(
         "tiny", fields, ["params/finetune.yaml:finetune.defaults.seeds=[7]"], repo
     )
     assert overrides["params/pretrain.yaml"] == {"pretrain.max_steps": 5, "pretrain.model.preset": "base"}
@@ -76,18 +76,18 @@ def test_form_fields_become_overrides(repo):
     assert fine["finetune.defaults.learning_rates"] == [3e-5, 2e-5]
     assert fine["finetune.defaults.seeds"] == [7]
     # tasks not chosen: the profile's task settings come through unchanged.
-    only_tiny = pipeline.build_overrides("tiny", {}, [], repo)
+    only_tiny = _inputs.build_overrides("tiny", {}, [], repo)
     assert only_tiny == {
         "params/pretrain.yaml": {"pretrain.max_steps": 5},
         "params/finetune.yaml": {"finetune.tasks.sst2.train_limit": 10},
     }
-    assert pipeline.build_overrides(None, {}, [], repo) == {}
+    assert _inputs.build_overrides(None, {}, [], repo) == {}
 
 
 def test_every_form_field_maps_to_a_real_params_key():
     """The form's keys exist in the repository's params files (once the stage's params file exists)."""
     missing_files = []
-    for field, targets in pipeline.FORM_KEYS.items():
+    for field, targets in _inputs.FORM_KEYS.items():
         assert field in pipeline.pipeline_flow.parameters.properties
         for file, key in targets:
             path = pipeline.REPO_ROOT / file
@@ -95,31 +95,31 @@ def test_every_form_field_maps_to_a_real_params_key():
                 missing_files.append(file)
                 continue
             data = yaml.safe_load(path.read_text())
-            assert profiles.has_dotted(data, key), f"form field {field}: {file} has no key {key}"
+            assert overrides.has_dotted(data, key), f"form field {field}: {file} has no key {key}"
     if missing_files:
         pytest.skip(f"params files not written yet: {sorted(set(missing_files))}")
 
 
 def test_dvc_command():
     over = {"params/x.yaml": {"x.a": 1}}
-    assert pipeline.dvc_command(as_experiment=True, exp_name="e1", overrides=over, targets=["vocab"], force=True) == [
+    assert _inputs.dvc_command(as_experiment=True, exp_name="e1", overrides=over, targets=["vocab"], force=True) == [
         "exp", "run", "--name", "e1", "-S", "params/x.yaml:x.a=1", "--force", "vocab",
     ]  # fmt: skip
-    assert pipeline.dvc_command(
+    assert _inputs.dvc_command(
         as_experiment=False, exp_name=None, overrides=over, targets=[], force=False
     ) == ["repro"]
 
 
 def test_stage_env(repo, monkeypatch, tmp_path):
     monkeypatch.setenv("BERT_DATA_ROOT", "relative/data")
-    env = pipeline.stage_env("rid", None, repo)
+    env = _inputs.stage_env("rid", None, repo)
     assert env["BERT_PIPELINE_RUN_ID"] == "rid"
     assert env["BERT_DATA_ROOT"] == str((repo / "relative/data").resolve())
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
-    assert "BERT_DATA_ROOT" not in pipeline.stage_env("rid", "hub", repo)
-    assert pipeline.stage_env("rid", str(tmp_path), repo)["BERT_DATA_ROOT"] == str(tmp_path)
+    assert "BERT_DATA_ROOT" not in _inputs.stage_env("rid", "hub", repo)
+    assert _inputs.stage_env("rid", str(tmp_path), repo)["BERT_DATA_ROOT"] == str(tmp_path)
     with pytest.raises(ValueError, match="is not a directory"):
-        pipeline.stage_env("rid", "/no/such/dir", repo)
+        _inputs.stage_env("rid", "/no/such/dir", repo)
 
 
 HOLD = """
@@ -214,7 +214,7 @@ def scripted(repo, monkeypatch):
             assert env["BERT_PIPELINE_RUN_ID"] and cwd == repo
             return FakeDvc(script, returncode)
 
-        monkeypatch.setattr(pipeline, "start_dvc", start)
+        monkeypatch.setattr(_driver, "start_dvc", start)
 
     scripted.install = install
     return install, calls
@@ -325,7 +325,7 @@ def test_flow_reports_the_failed_stage(harness, scripted, repo):
 def test_flow_rejects_bad_input_before_running_dvc(harness, scripted, repo):
     install, calls = scripted
     install([], 0)
-    with pytest.raises(profiles.ProfileError, match=r"no key 'finetune\.nope'"):
+    with pytest.raises(overrides.ProfileError, match=r"no key 'finetune\.nope'"):
         pipeline.pipeline_flow(extra_overrides=["params/finetune.yaml:finetune.nope=1"])
     with pytest.raises(ValueError, match="experiment_name"):
         pipeline.pipeline_flow(experiment_name="bad name")

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from flows import serve
+from flows import _served, serve, stages
 
 
 def test_deployments_cover_the_pipeline_and_every_stage_flow():
@@ -29,13 +29,9 @@ def test_deployments_cover_the_pipeline_and_every_stage_flow():
     assert {"profile", "preset", "tasks", "pretrain_steps", "learning_rates", "seeds"} <= set(form)
 
 
-def test_stage_modules_come_from_dvc_yaml(tmp_path):
-    (tmp_path / "dvc.yaml").write_text(
-        "stages:\n  a: {cmd: python -m flows.alpha}\n  b:\n    foreach: [x, y]\n    do: {cmd: python -m flows.beta ${item}}\n"
-        "  c: {cmd: python -m flows.pipeline}\n  d: {cmd: python -m flows.alpha --again}\n"
-    )
-    assert serve.stage_modules(tmp_path) == ["alpha", "beta"]
-    assert serve.stage_modules(tmp_path / "nowhere") == []
+def test_stage_modules_come_from_the_stage_table():
+    assert serve.stage_modules() == ["corpus", "vocab", "pretrain_data", "pretrain", "finetune", "evaluate"]
+    assert serve.stage_modules() == [s.module_name for s in stages.STAGES]
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
@@ -61,12 +57,12 @@ def health_server():
 
 
 def test_one_serve_per_repository_and_cli_runs_find_it(tmp_path, health_server):
-    assert serve.served_api_url(tmp_path) is None
+    assert _served.served_api_url(tmp_path) is None
     with serve.serve_lock(tmp_path, health_server):
-        assert serve.served_api_url(tmp_path) == health_server  # a CLI run reports to this server
+        assert _served.served_api_url(tmp_path) == health_server  # a CLI run reports to this server
         with pytest.raises(serve.ServeError, match="already being served"), serve.serve_lock(tmp_path, "x"):
             pass
-    assert serve.served_api_url(tmp_path) is None  # released: nothing serves the repository
+    assert _served.served_api_url(tmp_path) is None  # released: nothing serves the repository
 
 
 def test_a_port_taken_by_something_else_is_refused(health_server):
@@ -82,16 +78,19 @@ def _lazy_fn(x: int = 1) -> int:
     return x
 
 
-def test_a_module_that_builds_its_flow_lazily_is_served(tmp_path, monkeypatch):
+def test_a_module_that_builds_its_flow_lazily_is_served(monkeypatch):
+    import dataclasses
     import types
 
     from prefect import flow
 
     module = types.ModuleType("flows.lazy")
-    module.PREFECT_FLOW = lambda: flow(name="lazy")(_lazy_fn)
-    (tmp_path / "dvc.yaml").write_text("stages:\n  a: {cmd: python -m flows.lazy}\n")
+    module.build = lambda: flow(name="lazy")(_lazy_fn)
     monkeypatch.setitem(sys.modules, "flows.lazy", module)
-    (built,) = serve.stage_flows(tmp_path)
+    table = [dataclasses.replace(stages.get("corpus"), name="lazy", flow="flows.lazy:build")]
+    (built,) = serve.stage_flows(table)
     assert built.name == "lazy"
-    module.PREFECT_FLOW = None
-    assert serve.stage_flows(tmp_path) == []  # skipped with a warning
+    module.build = None
+    assert serve.stage_flows(table) == []  # skipped with a warning
+    missing = dataclasses.replace(table[0], flow="flows.no_such_module:flow")
+    assert serve.stage_flows([missing]) == []

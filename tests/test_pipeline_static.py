@@ -5,14 +5,12 @@ from __future__ import annotations
 import importlib.util
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import yaml
 
-from flows import _dvc, pipeline, profiles, serve
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bert_core.constants import REPO_ROOT
+from flows import _dvc, overrides, pipeline, profiles, serve
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +28,7 @@ def test_every_params_key_exists(stages):
             if not path.is_file():
                 problems.append(f"{stage.name}: params file {file} does not exist")
                 continue
-            if not profiles.has_dotted(yaml.safe_load(path.read_text()) or {}, key):
+            if not overrides.has_dotted(yaml.safe_load(path.read_text()) or {}, key):
                 problems.append(f"{stage.name}: {file} has no key '{key}'")
             if not file.startswith("params/"):
                 problems.append(f"{stage.name}: params file {file} is outside params/ (list keys per file)")
@@ -57,7 +55,7 @@ def test_every_stage_command_resolves(stages):
 
 
 def test_every_stage_is_served(stages):
-    modules = set(serve.stage_modules(REPO_ROOT))
+    modules = set(serve.stage_modules())
     used = {m for s in stages for m in re.findall(r"-m\s+flows\.(\w+)", s.cmd)}
     assert used == modules
 

@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 import torch
 
+from bert_core.constants import REPO_ROOT as REPO
 from bert_core.params import ParamsError, load_params, parse_params
 from bert_core.pretrain import PretrainParams, check_inputs, pretrain, write_curves
 from bert_core.training import TrainingInterrupted
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def small_params(**kw) -> PretrainParams:

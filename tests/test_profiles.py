@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bert_core.constants import REPO_ROOT
+from flows import overrides as ov
 from flows import profiles
-from flows.profiles import REPO_ROOT, ProfileError
+from flows.overrides import ProfileError
+from flows.profiles import cli as _profiles_cli
 
 
 def _git(root: Path, *args: str) -> None:
@@ -50,8 +53,8 @@ VALUES = [None, True, 0, -3, 1e-4, 5e-05, 0.1, 1e20, "base", "a b", "it's", "x:y
 @pytest.mark.parametrize("value", VALUES, ids=repr)
 def test_values_round_trip_through_dvc(value, tmp_path):
     """What we print for -S is what DVC's own -S implementation writes into the params file."""
-    text = profiles.format_value(value)
-    assert profiles.parse_value(text) == value
+    text = ov.format_value(value)
+    assert ov.parse_value(text) == value
     (tmp_path / "params").mkdir()
     (tmp_path / "params" / "p.yaml").write_text(yaml.safe_dump({"p": {"k": "old", "d": {"z": 1}}}))
     key = "p.d" if isinstance(value, dict) else "p.k"
@@ -93,7 +96,7 @@ def test_switching_profiles_restores_defaults(repo):
 def test_mappings_are_replaced_not_merged(repo):
     tasks = {"b": {}, "c": {"seeds": [2]}}
     overrides = profiles.resolve(None, {"params/x.yaml": {"x.tasks": tasks}}, repo)
-    assert profiles.set_args(overrides) == [
+    assert ov.set_args(overrides) == [
         "-S",
         "params/x.yaml:~x.tasks",
         "-S",
@@ -102,7 +105,7 @@ def test_mappings_are_replaced_not_merged(repo):
     profiles.apply(overrides, repo)
     assert _x(repo)["tasks"] == tasks
     # A later key below an earlier mapping applies after it; one above it replaces it.
-    merged = profiles.merge({"f": {"x.tasks.b.seeds": [1], "x.lr": 1}}, {"f": {"x.tasks": {}}})
+    merged = ov.merge({"f": {"x.tasks.b.seeds": [1], "x.lr": 1}}, {"f": {"x.tasks": {}}})
     assert merged == {"f": {"x.lr": 1, "x.tasks": {}}}
 
 
@@ -110,8 +113,8 @@ def test_unknown_keys_and_bad_specs_are_named(repo):
     with pytest.raises(ProfileError, match=r"params/x.yaml: no key 'x.nope'"):
         profiles.resolve(None, {"params/x.yaml": {"x.nope": 1}}, repo)
     with pytest.raises(ProfileError, match="expected FILE:KEY=VALUE"):
-        profiles.parse_set_args(["x.lr=1"])
-    assert profiles.parse_set_args(["params/x.yaml:x.lr=2e-5", "params/x.yaml:x.tasks=[a,b]"]) == {
+        ov.parse_set_args(["x.lr=1"])
+    assert ov.parse_set_args(["params/x.yaml:x.lr=2e-5", "params/x.yaml:x.tasks=[a,b]"]) == {
         "params/x.yaml": {"x.lr": 2e-5, "x.tasks": ["a", "b"]}
     }
     (repo / "params" / "profiles" / "broken.yaml").write_text("params/x.yaml: [1, 2]\n")
@@ -143,7 +146,7 @@ def test_every_profile_of_the_repository_parses():
 
 
 def test_gpu_base_follows_the_paper():
-    gpu = profiles.merge(profiles.load_profile("gpu-base"))
+    gpu = ov.merge(profiles.load_profile("gpu-base"))
     flat = {k: v for keys in gpu.values() for k, v in keys.items()}
     assert flat["corpus.cap.max_bytes"] is None and flat["pretrain_data.dupe_factor"] == 10
     assert flat["pretrain_data.phases"] == ["seq128", "seq512"]
@@ -154,13 +157,13 @@ def test_gpu_base_follows_the_paper():
 
 
 def test_cli(repo, capsys):
-    assert profiles.main(["args", "big", "-S", "params/x.yaml:x.name='it\\'s'"], root=repo) == 0
+    assert _profiles_cli.main(["args", "big", "-S", "params/x.yaml:x.name='it\\'s'"], root=repo) == 0
     args = shlex.split(capsys.readouterr().out)
     assert args[:2] == ["-S", "params/x.yaml:x.lr=0.0001"] and args[-1] == "params/x.yaml:x.name='it\\'s'"
-    assert profiles.main(["apply", "big"], root=repo) == 0
+    assert _profiles_cli.main(["apply", "big"], root=repo) == 0
     assert _x(repo)["steps"] == 1000
-    assert profiles.main(["args", "nope"], root=repo) == 2
+    assert _profiles_cli.main(["args", "nope"], root=repo) == 2
     assert "unknown profile" in capsys.readouterr().err
-    assert profiles.main(["args", "big", "-S", "params/x.yaml:x.name=it's"], root=repo) == 2
+    assert _profiles_cli.main(["args", "big", "-S", "params/x.yaml:x.name=it's"], root=repo) == 2
     assert "not a valid -S value" in capsys.readouterr().err
-    assert profiles.main(["check"], root=repo) == 0
+    assert _profiles_cli.main(["check"], root=repo) == 0

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bert_core.checks import DataCheckError
+from bert_core.kinds.checks import check_task_split, task_checks, task_frame
 from bert_core.tasks import TaskRows, load_task_split
-from bert_core.tasks.checks import check_task_split, task_checks, task_frame
 from bert_core.tasks.registry import get_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"

@@ -5,8 +5,9 @@ Public API:
 - :func:`finetune_task` (``run``): the ``finetune`` stage function for one task -> :class:`FinetuneResult`.
 - :class:`FinetuneParams`, :class:`TaskSettings` (``params``): the stage's typed params.
 - :class:`FinetuneResult`, :class:`TrialResult` (``results``): trials, selection, flat DVC metrics.
-- ``features`` / ``collate`` / ``postprocess`` / ``formats``: tokenisation per task kind, dynamic padding and
-  length-grouped batches, SQuAD/NER/SWAG post-processing, official prediction files.
+- ``collate`` / ``inference``: dynamic padding and length-grouped batches; the tokenizer and the prediction
+  loop. What depends on the task's kind (head, encoding, post-processing, scoring, prediction files) is
+  in :mod:`bert_core.kinds`.
 - MLflow (model source resolution, nested trial runs, registration + alias): :mod:`bert_core.tracking`.
 """
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from bert_core.finetune.features import IGNORE_INDEX
+from bert_core.constants import IGNORE_INDEX
 
 _SEQUENCE_KEYS = ("input_ids", "token_type_ids")
 _SCALAR_LABEL_KEYS = ("start_positions", "end_positions")
@@ -42,7 +42,7 @@ def pad_collate(
     """Stack features into padded tensors (the batch's longest sequence, not ``max_seq_length``).
 
     Args:
-        features: Outputs of :mod:`bert_core.finetune.features`; only the model's inputs and targets are
+        features: Outputs of a kind's ``encode`` (:mod:`bert_core.kinds`); only the model's inputs and targets are
             read (``input_ids``, ``token_type_ids``, ``labels``, ``start_positions``, ``end_positions``).
         pad_token_id: Id used to pad ``input_ids``.
         pad_to_multiple_of: Round the padded length up (e.g. 8 for tensor cores); ``None`` on CPU.

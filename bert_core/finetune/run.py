@@ -32,10 +32,12 @@ from torch import nn
 
 from bert_core.atomic import atomic_path, write_json_atomic
 from bert_core.config import preset_for
-from bert_core.finetune import scoring
 from bert_core.finetune.collate import make_loader
+from bert_core.finetune.inference import MODEL_INPUTS, TARGETS, load_tokenizer, predict
 from bert_core.finetune.params import FinetuneParams, TaskSettings
 from bert_core.finetune.results import FinetuneResult, TrialResult
+from bert_core.kinds import SplitScore, get_kind, max_seq_length
+from bert_core.tasks import TaskSpec
 from bert_core.training import StepOutput, Task, TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ class FinetuneObjective(Task):
     """The loss of a task head on a batch; drops the bookkeeping keys the collator adds."""
 
     def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
-        inputs = {k: batch[k] for k in (*scoring.MODEL_INPUTS, *scoring.TARGETS) if k in batch}
+        inputs = {k: batch[k] for k in (*MODEL_INPUTS, *TARGETS) if k in batch}
         out = model(**inputs)
         n = batch["input_ids"].shape[0]
         return StepOutput(loss=out.loss, stats={"loss_sum": out.loss.detach().float() * n,
@@ -126,7 +128,7 @@ class TaskData:
 
 
 def load_task_data(
-    spec: Any,
+    spec: TaskSpec,
     settings: TaskSettings,
     tokenizer: Any,
     *,
@@ -141,16 +143,18 @@ def load_task_data(
     """
     from bert_core.tasks import TaskDataError, load_task_split
 
+    kind = get_kind(spec)
+
     def load(split: str, limit: int | None) -> SplitData:
         rows = load_task_split(spec, split, data_root=data_root, limit=limit)
         if data_checks and split in ("train", *spec.dev_splits):
-            from bert_core.tasks.checks import check_task_split
+            from bert_core.kinds.checks import check_task_split
 
             report_dir = Path(check_report_dir) / split if check_report_dir else None
             report = check_task_split(rows, spec, split, report_dir=report_dir)
             data.check_reports.append(report)
             report.raise_for_critical()
-        features = scoring.encode(spec, list(rows), tokenizer, settings, training=split == "train")
+        features = kind.encode(spec, list(rows), tokenizer, settings, training=split == "train")
         return SplitData(list(rows), features, rows.source)
 
     data = TaskData(train=SplitData([], []), dev={})
@@ -174,11 +178,11 @@ def load_task_data(
 @dataclass
 class _TrialOutcome:
     result: TrialResult
-    dev_score: scoring.SplitScore
+    dev_score: SplitScore
 
 
 def run_trial(
-    spec: Any,
+    spec: TaskSpec,
     data: TaskData,
     settings: TaskSettings,
     source_dir: Path,
@@ -194,7 +198,8 @@ def run_trial(
     recorder = recorder or _NullRecorder()
     main_split = spec.dev_splits[0]
     dev = data.dev[main_split]
-    model = scoring.build_model(spec, source_dir, init=init, seed=seed)
+    kind = get_kind(spec)
+    model = kind.build_model(spec, source_dir, init=init, seed=seed)
     n_train = len(data.train.features)
     steps_per_epoch = math.ceil(n_train / settings.batch_size)
     max_steps = max(1, math.ceil(settings.epochs * steps_per_epoch))
@@ -215,13 +220,13 @@ def run_trial(
         checkpoint_every=0,
     )
     eval_seconds: list[float] = []
-    last: dict[str, scoring.SplitScore] = {}
+    last: dict[str, SplitScore] = {}
 
     def evaluator(m: nn.Module) -> dict[str, float]:
         t0 = time.perf_counter()
-        outputs = scoring.predict(m, dev.features, batch_size=settings.eval_batch_size,
-                                  device=next(m.parameters()).device, precision=precision)  # fmt: skip
-        result = scoring.score(spec, dev.rows, dev.features, outputs, settings)
+        outputs = predict(m, dev.features, batch_size=settings.eval_batch_size,
+                          device=next(m.parameters()).device, precision=precision)  # fmt: skip
+        result = kind.score(spec, dev.rows, dev.features, outputs, settings)
         last["dev"] = result
         eval_seconds.append(time.perf_counter() - t0)
         return {**{f"dev.{k}": v for k, v in result.metrics.items()},
@@ -324,14 +329,14 @@ def finetune_task(
     source_dir = Path(model_source)
     out_dir, model_out = Path(out_dir), Path(model_out) if model_out is not None else Path(out_dir) / "model"
     info = model_info(source_dir, **dict(source_info or {}))
-    max_len = scoring.max_seq_length(spec, settings)
+    max_len = max_seq_length(spec, settings)
     if max_len > info["max_position_embeddings"]:  # else: an index error only once a long enough batch comes
         raise ValueError(
             f"{spec.name}: max_seq_length={max_len} is longer than the model's position table "
             f"(max_position_embeddings={info['max_position_embeddings']} in {source_dir}/config.json); set "
             f"finetune.tasks.{spec.name}.max_seq_length to at most {info['max_position_embeddings']}"
         )
-    tokenizer = scoring.load_tokenizer(source_dir, info["vocab_size"])
+    tokenizer = load_tokenizer(source_dir, info["vocab_size"])
     with tempfile.TemporaryDirectory(prefix=f"finetune-{spec.name}-") as tmp_name:
         tmp = Path(tmp_name)
         data = load_task_data(spec, settings, tokenizer, data_root=data_root, data_checks=params.data_checks,
@@ -383,7 +388,7 @@ def _rank(value: Any) -> float:
 
 
 def _write_outputs(
-    spec: Any,
+    spec: TaskSpec,
     data: TaskData,
     settings: TaskSettings,
     params: FinetuneParams,
@@ -395,27 +400,28 @@ def _write_outputs(
     model_out: Path,
 ) -> None:
     """Predictions of the selected model (dev, other dev splits, test) + summary + model, atomically."""
-    model = scoring.model_class(spec.kind).from_pretrained(best_dir)
+    kind = get_kind(spec)
+    model = kind.model_class.from_pretrained(best_dir)
     device = torch.device("cuda" if params.device != "cpu" and torch.cuda.is_available() else "cpu")
     model.to(device)
     threshold = selected.dev_score.extra.get("null_threshold")
     with atomic_path(out_dir, is_dir=True) as tmp_out:
-        paths = scoring.write_predictions(spec, spec.dev_splits[0], data.dev[spec.dev_splits[0]].rows,
-                                          selected.dev_score, tmp_out)  # fmt: skip
+        paths = kind.write_predictions(spec, spec.dev_splits[0], data.dev[spec.dev_splits[0]].rows,
+                                       selected.dev_score, tmp_out)  # fmt: skip
         details = {spec.dev_splits[0]: selected.dev_score.details}
         for split in spec.dev_splits[1:]:
             d = data.dev[split]
-            outputs = scoring.predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
-                                      precision=params.precision)  # fmt: skip
-            score = scoring.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
+            outputs = predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
+                              precision=params.precision)  # fmt: skip
+            score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
             result.selected.other_splits[split] = dict(score.metrics)
             details[split] = score.details
-            paths.update(scoring.write_predictions(spec, split, d.rows, score, tmp_out))
+            paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
         for split, d in data.test.items():
-            outputs = scoring.predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
-                                      precision=params.precision)  # fmt: skip
-            score = scoring.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
-            paths.update(scoring.write_predictions(spec, split, d.rows, score, tmp_out))
+            outputs = predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
+                              precision=params.precision)  # fmt: skip
+            score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
+            paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
         rel = {k: str(Path(out_dir) / Path(v).relative_to(tmp_out)) for k, v in paths.items()}
         result.outputs = {"model": str(model_out), **rel}
         summary = result.to_json()

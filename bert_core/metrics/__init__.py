@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bert_core.metrics.glue import MAIN_METRIC as _GLUE_MAIN
 from bert_core.metrics.glue import METRIC_KEYS as GLUE_METRIC_KEYS
 from bert_core.metrics.glue import glue_metrics
+from bert_core.metrics.headline import MAIN_METRIC, main_metric
 from bert_core.metrics.ner import ConllFormatError, conll_file_metrics, ner_metrics, read_conll_eval_file
 from bert_core.metrics.squad import (
     SquadGold,
@@ -35,18 +35,6 @@ from bert_core.metrics.squad import (
     squad_v1_evaluate,
     squad_v2_evaluate,
 )
-
-#: Headline (model-selection) metric key per task name of :mod:`bert_core.tasks`.
-MAIN_METRIC: dict[str, str] = {**_GLUE_MAIN, "squad_v1": "f1", "squad_v2": "f1", "conll2003": "f1"}
-
-
-def main_metric(task: str) -> str:
-    """The key of ``task``'s headline metric (e.g. ``"matthews_corr"`` for ``cola``)."""
-    key = task.lower().replace("-", "_")
-    key = {"mnli_m": "mnli", "mnli_mm": "mnli"}.get(key, key)
-    if key not in MAIN_METRIC:
-        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(MAIN_METRIC))}")
-    return MAIN_METRIC[key]
 
 
 def task_metrics(task: str, predictions: Any, references: Any, **kwargs: Any) -> dict[str, Any]:

@@ -109,14 +109,14 @@ def _read_glue_predictions(path: str) -> list[tuple[str, str, int]]:
 
 def _glue(args: argparse.Namespace) -> dict[str, Any]:
     from bert_core.metrics.glue import glue_metrics
-    from bert_core.tasks import TaskDataError, get_task
-    from bert_core.tasks.glue import load_glue_tsv
+    from bert_core.tasks import GLUE_TASKS, TaskDataError, get_task
+    from bert_core.tasks.glue import is_score_task, load_glue_tsv
 
     try:
         spec = get_task(args.task)
     except KeyError as err:
         raise CliError(str(err.args[0])) from None
-    if spec.kind not in ("classification", "regression"):
+    if spec.name not in GLUE_TASKS:
         raise CliError(f"{spec.name} is not a GLUE task")
     gold_path = Path(args.gold)
     if not gold_path.is_file():
@@ -130,7 +130,7 @@ def _glue(args: argparse.Namespace) -> dict[str, Any]:
     for idx, value, lineno in _read_glue_predictions(args.predictions):
         if idx not in gold:
             raise CliError(f"{args.predictions}:{lineno}: id {idx!r} is not in {args.gold}")
-        if spec.kind == "regression":
+        if is_score_task(spec):
             try:
                 by_id[idx] = float(value)
             except ValueError:

@@ -8,8 +8,7 @@ values are on the 0-100 scale used by the BERT paper's tables and the GLUE leade
 The computations are scikit-learn's ``matthews_corrcoef``/``f1_score``/``accuracy_score`` and SciPy's
 ``pearsonr``/``spearmanr``, the same functions GLUE's own evaluation uses.
 
-:data:`MAIN_METRIC` names the key of each task's headline number (BERT paper, Table 1: F1 for QQP and MRPC,
-Spearman for STS-B, Matthews correlation for CoLA, accuracy elsewhere); fine-tuning selects models on it.
+The headline key of each task (fine-tuning selects models on it) is in :mod:`bert_core.metrics.headline`.
 """
 
 from __future__ import annotations
@@ -36,21 +35,6 @@ METRIC_KEYS: dict[str, tuple[str, ...]] = {
     "swag": ("accuracy",),
 }
 
-#: The headline (model-selection) metric key of each task, as in the BERT paper's Table 1.
-MAIN_METRIC: dict[str, str] = {
-    "cola": "matthews_corr",
-    "sst2": "accuracy",
-    "mrpc": "f1",
-    "stsb": "spearman",
-    "qqp": "f1",
-    "mnli": "accuracy",
-    "qnli": "accuracy",
-    "rte": "accuracy",
-    "wnli": "accuracy",
-    "ax": "matthews_corr",
-    "swag": "accuracy",
-}
-
 # Names people use for the MNLI dev/test halves; they are scored exactly like "mnli".
 _ALIASES = {"mnli_m": "mnli", "mnli_mm": "mnli", "mnli-m": "mnli", "mnli-mm": "mnli", "sts-b": "stsb"}
 
@@ -60,11 +44,6 @@ def _canonical(task: str) -> str:
     if name not in METRIC_KEYS:
         raise ValueError(f"unknown GLUE/SWAG task {task!r}; valid tasks: {', '.join(sorted(METRIC_KEYS))}")
     return name
-
-
-def main_metric(task: str) -> str:
-    """The key of ``task``'s headline metric in the dict :func:`glue_metrics` returns."""
-    return MAIN_METRIC[_canonical(task)]
 
 
 def _as_array(values: Sequence[Any], what: str, task: str, *, regression: bool) -> np.ndarray:

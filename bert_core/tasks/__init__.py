@@ -4,21 +4,20 @@
   local files, GLUE submission file).
 * :func:`load_task_split` -- one split as canonical rows, from local official files (``BERT_DATA_ROOT``)
   or the Hugging Face Hub.
-* :mod:`bert_core.tasks.checks` -- Great Expectations checks on loaded rows.
+* The data checks on loaded rows depend on the task's kind: :mod:`bert_core.kinds.checks`.
 """
 
 from bert_core.tasks.base import TaskDataError, TaskRows
 from bert_core.tasks.conll import iob1_to_iob2
 from bert_core.tasks.glue import glue_submission_text
 from bert_core.tasks.loader import load_task_split
-from bert_core.tasks.registry import CONLL_TAGS, GLUE_TASKS, TASKS, TaskKind, TaskSpec, get_task
+from bert_core.tasks.registry import CONLL_TAGS, GLUE_TASKS, TASKS, TaskSpec, get_task
 
 __all__ = [
     "CONLL_TAGS",
     "GLUE_TASKS",
     "TASKS",
     "TaskDataError",
-    "TaskKind",
     "TaskRows",
     "TaskSpec",
     "get_task",

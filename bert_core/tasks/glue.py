@@ -90,8 +90,13 @@ def _tsv_lines(path: Path) -> Iterator[tuple[int, list[str]]]:
                 yield lineno, line.split("\t")
 
 
+def is_score_task(spec: TaskSpec) -> bool:
+    """Whether the task's label is a real-valued score (STS-B: it has no label names), not a class."""
+    return not spec.labels
+
+
 def _parse_label(spec: TaskSpec, raw: str, path: Path, lineno: int) -> int | float:
-    if spec.kind == "regression":
+    if is_score_task(spec):
         try:
             value = float(raw)
         except ValueError:
@@ -180,17 +185,18 @@ def load_glue_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskR
         config, hub_name = hub_name.split(":", 1)
     ds = hub_split(spec.hub_path, config, hub_name, limit)
     text_a, text_b = _HUB_COLUMNS[config]
-    if spec.kind == "classification":
+    scores = is_score_task(spec)
+    if not scores:
         names = tuple(ds.features["label"].names)
         if names != spec.labels:
             raise TaskDataError(f"{spec.hub_path}/{config}: Hub labels {names} differ from {spec.labels}")
     rows = []
     for ex in ds:
         label = ex["label"]
-        if spec.kind == "classification":
-            label = None if label is None or label < 0 else int(label)
+        if label is None or label < 0:
+            label = None
         else:
-            label = None if label is None or label < 0 else float(label)
+            label = float(label) if scores else int(label)
         rows.append(
             {
                 "id": str(ex["idx"]),
@@ -214,7 +220,7 @@ def glue_submission_text(spec: TaskSpec, ids: Sequence[str], predictions: Sequen
         raise ValueError(f"{spec.name}: {len(ids)} ids but {len(predictions)} predictions")
     lines = ["index\tprediction"]
     for idx, pred in zip(ids, predictions):
-        if spec.kind == "regression":
+        if is_score_task(spec):
             value = f"{min(5.0, max(0.0, float(pred))):.3f}"
         else:
             value = spec.submission_labels[int(pred)]

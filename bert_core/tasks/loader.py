@@ -1,14 +1,40 @@
-"""``load_task_split``: one entry point for every task's data, local or from the Hub."""
+"""``load_task_split``: one entry point for every task's data, local or from the Hub.
+
+Each official distribution format has a reader module (``glue``, ``squad``, ``swag``, ``conll``) that turns
+its files, or its Hub copy, into the canonical rows of the task's kind; :data:`READERS` maps
+``TaskSpec.data_format`` to them.
+"""
 
 from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
-from bert_core.tasks import conll, glue, squad, swag
 from bert_core.tasks.base import TaskDataError, TaskRows, require_file, resolve_data_root
+from bert_core.tasks.conll import load_conll_file, load_conll_hub
+from bert_core.tasks.glue import load_glue_hub, load_glue_tsv
 from bert_core.tasks.registry import CONLL_IOB2_FILES, TaskSpec, get_task
+from bert_core.tasks.squad import load_squad_hub, load_squad_json
+from bert_core.tasks.swag import load_swag_csv, load_swag_hub
+
+
+class Reader(NamedTuple):
+    """How to read one distribution format: ``local(spec, split, path, limit)``, ``hub(spec, split, limit)``."""
+
+    local: Callable[[TaskSpec, str, Path, int | None], TaskRows]
+    hub: Callable[[TaskSpec, str, int | None], TaskRows]
+
+
+#: ``TaskSpec.data_format`` -> its reader.
+READERS: dict[str, Reader] = {
+    "glue": Reader(load_glue_tsv, load_glue_hub),
+    "squad": Reader(load_squad_json, load_squad_hub),
+    "swag": Reader(load_swag_csv, load_swag_hub),
+    "conll": Reader(load_conll_file, load_conll_hub),
+}
 
 
 def load_task_split(
@@ -54,9 +80,10 @@ def load_task_split(
         raise KeyError(f"{spec.name} has no split {split!r}; valid splits: {list(spec.splits)}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of rows, got {limit}")
+    reader = READERS[spec.data_format]
     root = resolve_data_root(data_root)
     if root is None:
-        return _from_hub(spec, split, limit)
+        return reader.hub(spec, split, limit)
 
     relative = spec.local_files[split]
     if (
@@ -67,19 +94,11 @@ def load_task_split(
         relative = CONLL_IOB2_FILES[split]
     path = require_file(root, relative, spec.name, split)
     try:
-        if spec.kind in ("classification", "regression"):
-            return glue.load_glue_tsv(spec, split, path, limit)
-        if spec.kind == "span_qa":
-            return squad.load_squad_json(spec, split, path, limit)
-        if spec.kind == "token_classification":
-            return conll.load_conll_file(spec, split, path, limit)
-        if spec.kind == "multiple_choice":
-            return swag.load_swag_csv(spec, split, path, limit)
+        return reader.local(spec, split, path, limit)
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
     except csv.Error as err:  # e.g. a field over the csv module's 128 KB limit
         raise TaskDataError(f"{path}: not a valid {spec.name} CSV file ({err}); check the file") from None
-    raise TaskDataError(f"no local loader for task kind {spec.kind!r}")  # pragma: no cover
 
 
 def _not_utf8(path: Path) -> TaskDataError:
@@ -95,15 +114,3 @@ def _not_utf8(path: Path) -> TaskDataError:
             "re-encode the file (e.g. iconv -f latin1 -t utf-8) or fetch it again"
         )
     return TaskDataError(f"{path}: not UTF-8; re-encode the file or fetch it again")  # pragma: no cover
-
-
-def _from_hub(spec: TaskSpec, split: str, limit: int | None) -> TaskRows:
-    if spec.kind in ("classification", "regression"):
-        return glue.load_glue_hub(spec, split, limit)
-    if spec.kind == "span_qa":
-        return squad.load_squad_hub(spec, split, limit)
-    if spec.kind == "token_classification":
-        return conll.load_conll_hub(spec, split, limit)
-    if spec.kind == "multiple_choice":
-        return swag.load_swag_hub(spec, split, limit)
-    raise TaskDataError(f"no Hub loader for task kind {spec.kind!r}")  # pragma: no cover

@@ -11,11 +11,8 @@ The label order follows the Hugging Face Hub copies (``nyu-mll/glue`` ``ClassLab
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-from bert_core.metrics import MAIN_METRIC
-
-TaskKind = Literal["classification", "regression", "span_qa", "multiple_choice", "token_classification"]
+from bert_core.metrics import main_metric
 
 CONLL_TAGS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 MNLI_LABELS: tuple[str, ...] = ("entailment", "neutral", "contradiction")
@@ -27,7 +24,8 @@ class TaskSpec:
 
     Attributes:
         name: Registry key (``"mnli"``).
-        kind: How the model reads and answers it (see :data:`TaskKind`).
+        kind: How the model reads and answers it: a key of :data:`bert_core.kinds.KINDS`
+            (``classification``, ``regression``, ``span_qa``, ``multiple_choice``, ``token_classification``).
         labels: Label names; index ``i`` is class ``i`` (empty for regression and span QA; the IOB2 tag set
             for token classification; ``("0", "1", "2", "3")`` for SWAG's endings).
         splits: Split names :func:`~bert_core.tasks.load_task_split` accepts.
@@ -36,6 +34,8 @@ class TaskSpec:
         metric_keys: Keys of the metric dict (:mod:`bert_core.metrics`), headline first.
         main_metric: Headline metric key (BERT paper Table 1), used for model selection.
         max_seq_length: Default maximum sequence length in WordPiece tokens.
+        data_format: The official distribution format, a key of :data:`bert_core.tasks.loader.READERS`
+            (``glue``, ``squad``, ``swag``, ``conll``).
         hub_path, hub_config: ``datasets.load_dataset(hub_path, hub_config)``.
         hub_splits: Our split name -> Hub split name (``"dev" -> "validation"``).
         local_files: Our split name -> path under the data root, official format.
@@ -46,13 +46,14 @@ class TaskSpec:
     """
 
     name: str
-    kind: TaskKind
+    kind: str
     labels: tuple[str, ...]
     splits: tuple[str, ...]
     dev_splits: tuple[str, ...]
     test_splits: tuple[str, ...]
     metric_keys: tuple[str, ...]
     max_seq_length: int
+    data_format: str
     hub_path: str
     hub_config: str | None
     hub_splits: dict[str, str]
@@ -68,12 +69,7 @@ class TaskSpec:
 
     @property
     def main_metric(self) -> str:
-        return MAIN_METRIC[self.name]
-
-    @property
-    def num_labels(self) -> int:
-        """Output size of the task head (1 for regression, 2 start/end logits for span QA)."""
-        return {"regression": 1, "span_qa": 2}.get(self.kind, len(self.labels))
+        return main_metric(self.name)
 
     @property
     def main_dev_split(self) -> str:
@@ -101,7 +97,7 @@ def _glue(
     metric_keys: tuple[str, ...],
     submission: str,
     *,
-    kind: TaskKind = "classification",
+    kind: str = "classification",
     paper: str = "",
 ) -> TaskSpec:
     return TaskSpec(
@@ -113,6 +109,7 @@ def _glue(
         test_splits=("test",),
         metric_keys=metric_keys,
         max_seq_length=128,
+        data_format="glue",
         hub_path=_GLUE,
         hub_config=name,
         hub_splits=dict(_GLUE_SPLITS),
@@ -171,6 +168,7 @@ TASKS: dict[str, TaskSpec] = {
             test_splits=("test_matched", "test_mismatched", "diagnostic"),
             metric_keys=("accuracy",),
             max_seq_length=128,
+            data_format="glue",
             hub_path=_GLUE,
             hub_config="mnli",
             hub_splits={
@@ -207,6 +205,7 @@ TASKS: dict[str, TaskSpec] = {
             test_splits=(),
             metric_keys=("f1", "exact_match"),
             max_seq_length=384,
+            data_format="squad",
             hub_path="rajpurkar/squad",
             hub_config=None,
             hub_splits={"train": "train", "dev": "validation"},
@@ -222,6 +221,7 @@ TASKS: dict[str, TaskSpec] = {
             test_splits=(),
             metric_keys=("f1", "exact"),
             max_seq_length=384,
+            data_format="squad",
             hub_path="rajpurkar/squad_v2",
             hub_config=None,
             hub_splits={"train": "train", "dev": "validation"},
@@ -237,6 +237,7 @@ TASKS: dict[str, TaskSpec] = {
             test_splits=("test",),
             metric_keys=("accuracy",),
             max_seq_length=128,
+            data_format="swag",
             hub_path="allenai/swag",
             hub_config="regular",
             hub_splits={"train": "train", "dev": "validation", "test": "test"},
@@ -252,6 +253,7 @@ TASKS: dict[str, TaskSpec] = {
             test_splits=(),  # the test set is labelled; it is reported, not submitted
             metric_keys=("f1", "precision", "recall"),
             max_seq_length=128,
+            data_format="conll",
             hub_path="lhoestq/conll2003",  # a parquet copy; the canonical script-based one no longer loads
             hub_config=None,
             hub_splits={"train": "train", "dev": "validation", "test": "test"},

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from bert_core.constants import REPO_ROOT
+
 SERVE_TIMEOUT_S = 300
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from bert_core.constants import REPO_ROOT
 
 STAGE_MODULE = '''
 """Stand-in stage (tests only): python -m flows.standin <stage> [task]."""

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from bert_core.constants import REPO_ROOT
+
 PY = sys.executable
 VENV_BIN = Path(PY).parent
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"

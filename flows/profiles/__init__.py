@@ -14,7 +14,8 @@ their committed default (``git show HEAD:<file>``). Switching from ``gpu-base`` 
 therefore restores the defaults instead of leaving GPU values behind. Keys that no profile touches keep
 whatever value the workspace has.
 
-Command line::
+Dotted keys and the ``-S`` value syntax live in :mod:`flows.overrides`; the command line in
+:mod:`flows.profiles.cli`::
 
     python -m flows.profiles list
     python -m flows.profiles args gpu-base [-S params/finetune.yaml:finetune.seeds=[1,2]]
@@ -31,35 +32,32 @@ implementation of ``-S``, so both paths produce the same files.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import importlib
-import importlib.util
-import inspect
-import math
 import re
-import shlex
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from bert_core.constants import REPO_ROOT
+from flows import stages
+from flows.overrides import (
+    MISSING,
+    Overrides,
+    ProfileError,
+    get_dotted,
+    has_dotted,
+    hydra_overrides,
+    merge,
+    same_value,
+    set_dotted,
+)
+
 PROFILES_SUBDIR = Path("params") / "profiles"
 DEFAULT_PROFILE = "cpu-small"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-_PLAIN_STR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
-_HYDRA_KEYWORDS = {"null", "true", "false", "inf", "nan"}
-
-Overrides = dict[str, dict[str, Any]]
-"""``{params file (repo-relative): {dotted key: value}}``."""
-
-
-class ProfileError(ValueError):
-    """A profile or an override is wrong; the message names the file and key and what to do."""
 
 
 # --------------------------------------------------------------------------------------------- reading
@@ -144,130 +142,6 @@ def read_params_file(file: str, root: Path = REPO_ROOT, *, committed: bool = Fal
     return data
 
 
-_MISSING = object()
-
-
-def _child(node: Any, part: str) -> Any:
-    if isinstance(node, dict):
-        return node.get(part, _MISSING)
-    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-        return node[int(part)]
-    return _MISSING
-
-
-def get_dotted(data: dict[str, Any], key: str) -> Any:
-    """``data['a'][0]['b']`` for ``'a.0.b'`` (list items by index, as in ``-S``); a sentinel when absent."""
-    node: Any = data
-    for part in key.split("."):
-        node = _child(node, part)
-        if node is _MISSING:
-            return _MISSING
-    return node
-
-
-def has_dotted(data: dict[str, Any], key: str) -> bool:
-    return get_dotted(data, key) is not _MISSING
-
-
-def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set an existing dotted key (the caller checked :func:`has_dotted`)."""
-    *parents, last = key.split(".")
-    node: Any = data
-    for part in parents:
-        node = _child(node, part)
-    if isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
-
-
-# ------------------------------------------------------------------------------------- -S formatting
-
-
-def format_value(value: Any) -> str:
-    """A Python value in DVC's ``-S`` syntax (Hydra's override grammar), e.g. ``[1e-05,3e-05]``."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        if _PLAIN_STR_RE.match(value) and value.lower() not in _HYDRA_KEYWORDS:
-            return value
-        # Hydra's quoted strings: backslashes need escaping only before a quote or at the end.
-        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
-        return f"'{escaped}'"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(format_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
-    raise ProfileError(f"cannot express {value!r} ({type(value).__name__}) as a params value")
-
-
-def parse_value(text: str) -> Any:
-    """Parse one ``-S`` value the way DVC does (Hydra's grammar): ``1e-4`` is a float, ``[1,2]`` a list."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        override = OverridesParser.create().parse_override(f"key={text}")
-    except Exception as err:
-        raise ProfileError(f"'{text}' is not a valid -S value: {err}") from None
-    return override.value()
-
-
-def parse_set_args(specs: list[str] | tuple[str, ...]) -> Overrides:
-    """Parse ``file:key=value`` strings (the argument of ``dvc exp run -S``) into overrides."""
-    out: Overrides = {}
-    for spec in specs:
-        target, eq, text = spec.partition("=")
-        file, colon, key = target.partition(":")
-        if not (eq and colon and file and key):
-            raise ProfileError(
-                f"'{spec}': expected FILE:KEY=VALUE, e.g. params/finetune.yaml:finetune.seeds=[1,2]"
-            )
-        out.setdefault(file, {})[key] = parse_value(text)
-    return out
-
-
-def merge(*layers: Overrides) -> Overrides:
-    """Later layers win. A later key replaces earlier keys below it (``a.b`` drops ``a.b.c``) and moves to
-    the end, so applying the result in order gives the same params as applying the layers one by one."""
-    out: Overrides = {}
-    for layer in layers:
-        for file, keys in layer.items():
-            dest = out.setdefault(file, {})
-            for key, value in keys.items():
-                for old in [k for k in dest if k == key or k.startswith(key + ".")]:
-                    del dest[old]
-                dest[key] = value
-    return out
-
-
-def hydra_overrides(key: str, value: Any) -> list[str]:
-    """The ``-S`` override(s) for one key. A mapping replaces the old one wholesale (``~key`` then
-    ``+key=...``): a plain ``key={...}`` would *merge* into it and could not drop or add entries."""
-    if isinstance(value, dict):
-        return [f"~{key}", f"+{key}={format_value(value)}"]
-    return [f"{key}={format_value(value)}"]
-
-
-def set_args(overrides: Overrides) -> list[str]:
-    """``["-S", "params/x.yaml:key=value", ...]`` for ``dvc exp run``."""
-    args: list[str] = []
-    for file, keys in overrides.items():
-        for key, value in keys.items():
-            for override in hydra_overrides(key, value):
-                args += ["-S", f"{file}:{override}"]
-    return args
-
-
 # ------------------------------------------------------------------------------------------ resolving
 
 
@@ -303,7 +177,7 @@ def resolve(
             committed = read_params_file(file, root, committed=True)
             for key in sorted(keys):
                 value = get_dotted(committed, key)
-                if value is not _MISSING:
+                if value is not MISSING:
                     defaults.setdefault(file, {})[key] = value
         layers += [defaults, profile]
     layers.append(extra or {})
@@ -318,7 +192,7 @@ def resolve(
                     f"{file}: no key '{key}' (an override can only change an existing key; check its "
                     f"spelling against {file})"
                 )
-            unchanged = _same(get_dotted(effective, key), value)
+            unchanged = same_value(get_dotted(effective, key), value)
             set_dotted(effective, key, copy.deepcopy(value))
             if only_changes and unchanged:
                 continue
@@ -333,18 +207,6 @@ def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) ->
         if has_dotted(data, key):
             set_dotted(data, key, copy.deepcopy(value))
     return data
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return float(a) == float(b)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    return a == b
 
 
 def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
@@ -367,32 +229,10 @@ def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
 # ------------------------------------------------------------------------------------------- checking
 
 
-def params_model(stage: str) -> type | None:
-    """The pydantic params model of stage ``stage`` (from ``flows.<stage>``), or ``None`` if not found.
-
-    Looks for ``PARAMS_MODEL``, then ``<Stage>Params`` (``pretrain_data`` -> ``PretrainDataParams``), then
-    the only pydantic model whose name ends in ``Params``.
-
-    Raises:
-        ModuleNotFoundError: ``flows.<stage>`` does not exist.
-    """
-    from pydantic import BaseModel
-
-    if importlib.util.find_spec(f"flows.{stage}") is None:
-        raise ModuleNotFoundError(f"flows.{stage}")
-    module = importlib.import_module(f"flows.{stage}")
-    explicit = getattr(module, "PARAMS_MODEL", None)
-    if explicit is not None:
-        return explicit
-    camel = "".join(part.capitalize() for part in stage.split("_")) + "Params"
-    if isinstance(getattr(module, camel, None), type):
-        return getattr(module, camel)
-    candidates = {
-        obj
-        for n, obj in vars(module).items()
-        if inspect.isclass(obj) and issubclass(obj, BaseModel) and n.endswith("Params")
-    }
-    return candidates.pop() if len(candidates) == 1 else None
+def params_model(file: str) -> type | None:
+    """The pydantic model of the stage whose params section lives in ``file`` (the stage table), or ``None``."""
+    stage = stages.by_params_file(file)
+    return stage.model() if stage is not None else None
 
 
 @dataclass
@@ -408,8 +248,7 @@ class CheckReport:
 def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> CheckReport:
     """Validate profiles: every key exists in its file and the resulting params parse with the stage model.
 
-    A stage whose ``flows.<stage>`` module does not exist yet (or has no params model) is checked for
-    keys only, with a note.
+    A params file that no stage of :mod:`flows.stages` owns is checked for keys only, with a note.
     """
     from bert_core.params import ParamsError, parse_params
 
@@ -417,7 +256,7 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
     names = list_profiles(root) if names is None else names
     if not names:
         report.problems.append(f"no profiles found in {profiles_dir(root)}")
-    models: dict[str, type | None] = {}
+    models: dict[str, type | None] = {}  # per params file
     for name in names:
         try:
             profile = load_profile(name, root)
@@ -442,76 +281,26 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
                 continue
             for key, value in keys.items():
                 set_dotted(data, key, value)
-            stage = Path(file).stem
-            if stage not in models:
+            owner = stages.by_params_file(file)
+            if file not in models:
                 try:
-                    models[stage] = params_model(stage)
-                    if models[stage] is None:
-                        report.notes.append(f"flows.{stage} has no params model; checked key names only")
-                except ModuleNotFoundError:
-                    models[stage] = None
-                    report.notes.append(f"flows.{stage} does not exist yet; checked key names only")
+                    models[file] = params_model(file)
+                    if models[file] is None:
+                        report.notes.append(f"no stage reads {file}; checked key names only")
                 except Exception as err:
-                    models[stage] = None
-                    report.problems.append(f"flows.{stage} failed to import: {type(err).__name__}: {err}")
-            model = models[stage]
-            if model is None:
+                    models[file] = None
+                    report.problems.append(
+                        f"the params model of {file} failed to import: {type(err).__name__}: {err}"
+                    )
+            model = models[file]
+            if model is None or owner is None:
                 continue
-            if stage not in data:
-                report.problems.append(f"{where}: {file} has no top-level section '{stage}'")
+            section = owner.section
+            if section not in data:
+                report.problems.append(f"{where}: {file} has no top-level section '{section}'")
                 continue
             try:
-                parse_params(data[stage], model, where=f"{file} with {where}", prefix=stage)
+                parse_params(data[section], model, where=f"{file} with {where}", prefix=section)
             except ParamsError as err:
                 report.problems.append(str(err))
     return report
-
-
-# ------------------------------------------------------------------------------------------------ CLI
-
-
-def main(argv: list[str] | None = None, root: Path = REPO_ROOT) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.profiles", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list profiles with their descriptions")
-    for cmd, text in (
-        ("show", "print the overrides a profile makes to the workspace params"),
-        ("args", "print the -S arguments of `dvc exp run` for a profile"),
-        ("apply", "write a profile's values into the params files (for `dvc repro`)"),
-    ):
-        p = sub.add_parser(cmd, help=text)
-        p.add_argument("name", help="profile name (see `list`)")
-        p.add_argument(
-            "-S", "--set-param", dest="sets", action="append", default=[], metavar="FILE:KEY=VALUE"
-        )
-    sub.add_parser("check", help="validate every profile against the params files and stage models")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "list":
-            for name in list_profiles(root):
-                print(f"{name:12s} {describe_profile(name, root)}")
-            return 0
-        if args.command == "check":
-            report = check_profiles(root)
-            for note in report.notes:
-                print(f"note: {note}")
-            for problem in report.problems:
-                print(f"error: {problem}", file=sys.stderr)
-            print(f"{len(list_profiles(root))} profiles checked: {'ok' if report.ok else 'FAILED'}")
-            return 0 if report.ok else 1
-        overrides = resolve(args.name, parse_set_args(args.sets), root)
-        if args.command == "args":
-            print(" ".join(shlex.quote(a) for a in set_args(overrides)))
-        elif args.command == "show":
-            print(yaml.safe_dump(overrides, sort_keys=False).rstrip() if overrides else "# no changes")
-        else:
-            for path in apply(overrides, root):
-                print(f"updated {path.relative_to(root)}")
-        return 0
-    except ProfileError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

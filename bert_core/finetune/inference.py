@@ -1,0 +1,96 @@
+"""What every task kind shares at run time: the model's inputs, the tokenizer, the prediction loop.
+
+- :func:`load_tokenizer` loads the fast WordPiece tokenizer saved with a model.
+- :func:`predict` runs a model over features in length-sorted, dynamically padded batches and returns one
+  unpadded output array per feature, in feature order; the task's kind
+  (:meth:`bert_core.kinds.base.TaskKind.score`) turns them into predictions and scores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bert_core.constants import TOKENIZER_VOCAB_FILES
+from bert_core.finetune.collate import make_loader
+
+#: The model's inputs in a batch, and the training targets (what the collator adds besides is bookkeeping).
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+TARGETS = ("labels", "start_positions", "end_positions")
+
+
+def load_tokenizer(model_dir: str | Path, vocab_size: int | None = None) -> Any:
+    """The fast WordPiece tokenizer saved with a model (``tokenizer.json`` or ``vocab.txt``).
+
+    Raises:
+        FileNotFoundError: the directory has no tokenizer files (transformers would silently build an
+            empty tokenizer that maps everything to ``[UNK]``).
+        ValueError: the vocabulary is larger than the model's embedding table.
+    """
+    from transformers import BertTokenizerFast
+
+    model_dir = Path(model_dir)
+    if not any((model_dir / name).is_file() for name in TOKENIZER_VOCAB_FILES):
+        raise FileNotFoundError(
+            f"{model_dir} has no tokenizer files ({' or '.join(TOKENIZER_VOCAB_FILES)}); the pretrain stage "
+            f"copies them into its model directory - copy the vocab.txt the model was trained with there"
+        )
+    tokenizer = BertTokenizerFast.from_pretrained(str(model_dir))
+    if vocab_size is not None and len(tokenizer) > vocab_size:
+        raise ValueError(
+            f"{model_dir}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}; "
+            "use the vocab the model was pretrained with"
+        )
+    return tokenizer
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on a CUDA device that has it (``precision`` auto/bf16), else nothing."""
+    if device.type == "cuda" and precision in ("auto", "bf16") and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    features: Sequence[dict[str, Any]],
+    *,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    precision: str = "auto",
+) -> list[np.ndarray]:
+    """Run the model over features; one float32 output per feature, in feature order, padding cut off.
+
+    Returns:
+        Per feature: (num_labels,) for sequence classification/regression, (num_choices,) for multiple
+        choice, (L, num_labels) for token classification, (L, 2) start/end logits for span QA.
+    """
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    out: list[np.ndarray | None] = [None] * len(features)
+    try:
+        for batch in make_loader(features, batch_size, shuffle=False):
+            index = batch.pop("feature_index").tolist()
+            inputs = {k: batch[k].to(device) for k in MODEL_INPUTS}
+            with autocast(device, precision):
+                result = model(**inputs)
+            if hasattr(result, "start_logits"):
+                logits = torch.stack([result.start_logits, result.end_logits], dim=-1)  # (B, T, 2)
+            else:
+                logits = result.logits  # (B, C) or (B, T, C)
+            logits = logits.float().cpu().numpy()
+            per_token = logits.ndim == 3
+            lengths = batch["attention_mask"].sum(-1).tolist()
+            for j, i in enumerate(index):
+                out[i] = logits[j][: lengths[j]] if per_token else logits[j]
+    finally:
+        model.train(was_training)
+    return out  # type: ignore[return-value]

@@ -1,0 +1,202 @@
+"""Multiple choice (SWAG): pick the ending that continues a sentence (BERT paper §4.4).
+
+Encoding: four ``[CLS] context [SEP] start + ending [SEP]`` rows per example; ``input_ids`` and
+``token_type_ids`` are (num_choices, L) nested lists. The head scores each row with one output; a soft-max
+over the four scores gives the choice. Scored by accuracy; predictions are an ``id,pred,prob0,...`` CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bert_core.checks import Check
+from bert_core.kinds.base import (
+    Feature,
+    FeatureError,
+    KindSettings,
+    Row,
+    SplitScore,
+    TaskKind,
+    expectations,
+    label_checks,
+    max_seq_length,
+    nonempty,
+    numeric_metrics,
+    strip_len,
+)
+from bert_core.tasks.registry import TaskSpec
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from bert_core.config import BertConfig
+
+NUM_CHOICES = 4
+
+
+def encode_multiple_choice(
+    examples: Sequence[Mapping[str, Any]],
+    tokenizer: Any,
+    *,
+    max_seq_length: int,
+) -> list[Feature]:
+    """Encode SWAG-style examples as four ``(context, start + ending)`` pairs each.
+
+    Args:
+        examples: ``{"id", "context", "start", "endings": [4 strings], "label"}``.
+
+    Returns:
+        One feature per example: ``input_ids`` and ``token_type_ids`` as (num_choices, L_c) nested lists
+        (rows may differ in length), ``labels`` the gold choice (when labelled).
+    """
+    if not examples:
+        return []
+    first, second = [], []
+    num_choices = len(examples[0]["endings"])
+    for ex in examples:
+        if len(ex["endings"]) != num_choices:
+            raise FeatureError(
+                f"example {ex.get('id')!r} has {len(ex['endings'])} endings, the others {num_choices}"
+            )
+        start = str(ex.get("start") or "").strip()
+        for ending in ex["endings"]:
+            first.append(str(ex["context"]))
+            second.append(f"{start} {ending}".strip())
+    enc = tokenizer(
+        first,
+        second,
+        truncation="longest_first",
+        max_length=max_seq_length,
+        padding=False,
+        return_attention_mask=False,
+        return_token_type_ids=True,
+    )
+    features = []
+    for i, ex in enumerate(examples):
+        rows = slice(i * num_choices, (i + 1) * num_choices)
+        feat: Feature = {"input_ids": enc["input_ids"][rows], "token_type_ids": enc["token_type_ids"][rows]}
+        label = ex.get("label")
+        if label is not None and label != "" and int(label) >= 0:
+            if not 0 <= int(label) < num_choices:
+                raise FeatureError(
+                    f"example {ex.get('id')!r}: label {label!r} is not in 0..{num_choices - 1}"
+                )
+            feat["labels"] = int(label)
+        features.append(feat)
+    return features
+
+
+def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = np.exp(z - z.max(axis=axis, keepdims=True))
+    return z / z.sum(axis=axis, keepdims=True)
+
+
+def multiple_choice_predictions(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """SWAG: soft-max over the choices' scores (BERT paper §4.4).
+
+    Args:
+        logits: (N, C) one score per (context, ending) pair.
+
+    Returns:
+        ``(choice, probabilities)``: (N,) argmax and (N, C) probabilities.
+    """
+    probs = softmax(logits, axis=-1)
+    return probs.argmax(-1), probs
+
+
+def write_multiple_choice_predictions(
+    path: str | Path, ids: Sequence[str], choices: Sequence[int], probabilities: np.ndarray
+) -> Path:
+    """Write SWAG predictions: ``id,pred,prob0,...`` CSV."""
+    from bert_core.atomic import write_text_atomic
+
+    probabilities = np.asarray(probabilities)
+    n = probabilities.shape[1] if probabilities.ndim == 2 else 0
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["id", "pred", *(f"prob{i}" for i in range(n))])
+    for qid, choice, probs in zip(ids, choices, probabilities):
+        writer.writerow([str(qid), int(choice), *(f"{p:.6f}" for p in probs)])
+    return write_text_atomic(path, buf.getvalue())
+
+
+class MultipleChoice(TaskKind):
+    """``multiple_choice``: one score per (context, ending) pair, soft-max over the endings (SWAG)."""
+
+    name = "multiple_choice"
+
+    @property
+    def model_class(self) -> type[nn.Module]:
+        from bert_core.model import BertForMultipleChoice
+
+        return BertForMultipleChoice
+
+    def head_config(self, spec: TaskSpec, config: BertConfig) -> BertConfig:
+        # The head has one output per choice row whatever num_labels says; 2 is transformers' default.
+        return config.replace(num_labels=2, id2label=None, problem_type=None)
+
+    def encode(
+        self,
+        spec: TaskSpec,
+        rows: Sequence[Row],
+        tokenizer: Any,
+        settings: KindSettings,
+        *,
+        training: bool = False,
+    ) -> list[Feature]:
+        return encode_multiple_choice(rows, tokenizer, max_seq_length=max_seq_length(spec, settings))
+
+    def score(
+        self,
+        spec: TaskSpec,
+        rows: Sequence[Row],
+        features: Sequence[Feature],
+        outputs: Sequence[np.ndarray],
+        settings: KindSettings,
+        *,
+        null_threshold: float | None = None,
+    ) -> SplitScore:
+        from bert_core.metrics import glue_metrics
+
+        stacked = np.stack(outputs) if outputs else np.zeros((0, max(self.num_labels(spec), 1)))
+        preds, probs = multiple_choice_predictions(stacked)
+        metrics = {}
+        if self.labelled(rows):
+            metrics = glue_metrics(spec.name, preds.tolist(), [r["label"] for r in rows])
+        return SplitScore(numeric_metrics(metrics), predictions={"preds": preds, "probs": probs})
+
+    def write_predictions(
+        self, spec: TaskSpec, split: str, rows: Sequence[Row], result: SplitScore, out_dir: str | Path
+    ) -> dict[str, str]:
+        path = write_multiple_choice_predictions(
+            Path(out_dir) / f"{split}_predictions.csv",
+            [r["id"] for r in rows],
+            result.predictions["preds"].tolist(),
+            result.predictions["probs"],
+        )
+        return {f"{split}.predictions": str(path)}
+
+    def frame_columns(self, spec: TaskSpec, row: Row) -> dict[str, Any]:
+        return {
+            "context_len": strip_len(row["context"]),
+            "n_endings": len(row["endings"]),
+            "min_ending_len": min((strip_len(e) for e in row["endings"]), default=0),
+            "label": row["label"],
+        }
+
+    def checks(self, spec: TaskSpec, labelled: bool) -> list[Check]:
+        n = NUM_CHOICES
+        return [
+            nonempty("context_len"),
+            Check(expectations().ExpectColumnValuesToBeBetween(column="n_endings", min_value=n, max_value=n)),
+            nonempty("min_ending_len"),
+            *label_checks(labelled, range(n)),
+        ]

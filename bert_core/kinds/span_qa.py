@@ -1,0 +1,483 @@
+"""Span question answering (SQuAD v1.1 / v2.0): the answer is a span of the context (BERT paper §4.2-4.3).
+
+Encoding follows Google's ``run_squad.py``: ``[CLS] question [SEP] context-window [SEP]`` with sliding
+windows: the question is cut to ``max_query_length`` tokens, a window starts every ``doc_stride`` context
+tokens, and each token remembers whether this window gives it the most context (``token_is_max_context``).
+``offsets`` (L,) maps context tokens to ``(char_start, char_end)`` of the original context (``None``
+elsewhere), so answers are sliced from the original text, not re-detokenised. Training targets
+``start_positions`` / ``end_positions`` point at the answer's tokens, or at ``[CLS]`` (index 0) when the
+window does not contain the whole answer or the question is unanswerable.
+
+Post-processing follows ``write_predictions`` of the same script: for every window of an example, the
+``n_best_size`` highest start and end logits are paired; a pair is kept when both ends are context tokens,
+the start token has its maximal context in that window, ``end >= start`` and the span has at most
+``max_answer_length`` tokens. For SQuAD v2.0 the null score is the smallest ``start[CLS] + end[CLS]`` over
+the windows, and the answer is empty when ``null_score - best_span_score`` (the *null odds*) exceeds a
+threshold tuned on dev (:func:`tune_null_threshold`, the official ``find_best_thresh``) and recorded with
+the metrics: a fixed threshold gives wrong scores.
+
+Scores are the official SQuAD scripts'; predictions are ``predictions.json`` (what ``evaluate-v1.1.py`` /
+``evaluate-v2.0.py`` read) and, for v2.0, ``null_odds.json`` (their ``--na-prob-file``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bert_core.checks import Check
+from bert_core.kinds.base import (
+    Feature,
+    FeatureError,
+    KindSettings,
+    Row,
+    SplitScore,
+    TaskKind,
+    all_true,
+    max_seq_length,
+    nonempty,
+    numeric_metrics,
+    strip_len,
+)
+from bert_core.tasks.registry import TaskSpec
+
+if TYPE_CHECKING:
+    from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------- encoding
+def _windows(num_tokens: int, max_tokens: int, doc_stride: int) -> list[tuple[int, int]]:
+    """Google's ``doc_spans``: (start, length) windows, a new one every ``doc_stride`` tokens."""
+    spans, start = [], 0
+    while start < num_tokens:
+        length = min(num_tokens - start, max_tokens)
+        spans.append((start, length))
+        if start + length == num_tokens:
+            break
+        start += min(length, doc_stride)
+    return spans or [(0, 0)]
+
+
+def _is_max_context(spans: list[tuple[int, int]], index: int, position: int) -> bool:
+    """Whether window ``index`` gives token ``position`` the most context (min of left/right + 0.01 len)."""
+    best_score, best_index = None, None
+    for i, (start, length) in enumerate(spans):
+        end = start + length - 1
+        if position < start or position > end:
+            continue
+        score = min(position - start, end - position) + 0.01 * length
+        if best_score is None or score > best_score:
+            best_score, best_index = score, i
+    return best_index == index
+
+
+def encode_squad(
+    examples: Sequence[Mapping[str, Any]],
+    tokenizer: Any,
+    *,
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    with_offsets: bool = True,
+) -> list[Feature]:
+    """Encode SQuAD examples into sliding-window features (Google's ``convert_examples_to_features``).
+
+    Args:
+        examples: ``{"id", "context", "question", "answers": {"text", "answer_start"}, "is_impossible"}``.
+            The first answer is the training target.
+        max_seq_length: Window length including ``[CLS]``, the question, and two ``[SEP]``.
+        doc_stride: Context tokens between the starts of two windows.
+        max_query_length: The question is cut to this many tokens.
+        with_offsets: Keep ``offsets`` and ``max_context`` (needed to post-process predictions; training
+            features leave them out, which saves several GB on the full SQuAD train set).
+
+    Returns:
+        Features (one or more per example): ``input_ids`` (L,), ``token_type_ids`` (L,), ``example_index``,
+        ``offsets`` (L,) (``(start_char, end_char)`` for context tokens, else ``None``), ``max_context``
+        (L,) bools, ``start_positions`` / ``end_positions`` (token indices; 0 = no answer in window).
+    """
+    if not examples:
+        return []
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    questions = [str(e["question"]).lstrip() for e in examples]
+    contexts = [str(e["context"]) for e in examples]
+    q_enc = tokenizer(questions, add_special_tokens=False, return_attention_mask=False,
+                      return_token_type_ids=False)["input_ids"]  # fmt: skip
+    # Many questions share a paragraph: tokenise each distinct context once.
+    unique = list(dict.fromkeys(contexts))
+    c_enc = tokenizer(unique, add_special_tokens=False, return_offsets_mapping=True,
+                      return_attention_mask=False, return_token_type_ids=False)  # fmt: skip
+    by_context = {c: (ids, offs) for c, ids, offs in zip(unique, c_enc["input_ids"], c_enc["offset_mapping"])}
+    features: list[Feature] = []
+    for ei, ex in enumerate(examples):
+        q_ids = q_enc[ei][:max_query_length]
+        c_ids, c_offs = by_context[contexts[ei]]
+        max_tokens = max_seq_length - len(q_ids) - 3
+        if max_tokens < 1:
+            raise FeatureError(
+                f"max_seq_length={max_seq_length} leaves no room for the context after a question of "
+                f"{len(q_ids)} tokens (max_query_length={max_query_length}): raise max_seq_length"
+            )
+        answer_tokens = _answer_token_span(ex, c_offs)
+        spans = _windows(len(c_ids), max_tokens, doc_stride)
+        for si, (start, length) in enumerate(spans):
+            head = [cls_id, *q_ids, sep_id]
+            window = list(range(start, start + length))
+            input_ids = head + [c_ids[t] for t in window] + [sep_id]
+            start_pos = end_pos = 0
+            if answer_tokens is not None:
+                a_start, a_end = answer_tokens
+                if start <= a_start and a_end <= start + length - 1:
+                    start_pos = a_start - start + len(head)
+                    end_pos = a_end - start + len(head)
+            feature: Feature = {
+                "input_ids": input_ids,
+                "token_type_ids": [0] * len(head) + [1] * (length + 1),
+                "example_index": ei,
+                "start_positions": start_pos,
+                "end_positions": end_pos,
+            }
+            if with_offsets:
+                feature["offsets"] = [None] * len(head) + [tuple(c_offs[t]) for t in window] + [None]
+                feature["max_context"] = (
+                    [False] * len(head) + [_is_max_context(spans, si, t) for t in window] + [False]
+                )
+            features.append(feature)
+    return features
+
+
+def _answer_token_span(
+    example: Mapping[str, Any], offsets: Sequence[Sequence[int]]
+) -> tuple[int, int] | None:
+    """Token indices (first, last) of the example's first answer in its context; None if unanswerable."""
+    answers = example.get("answers") or {}
+    texts, starts = list(answers.get("text") or []), list(answers.get("answer_start") or [])
+    if example.get("is_impossible") or not texts:
+        return None
+    char_start = int(starts[0])
+    char_end = char_start + len(texts[0])  # exclusive
+    first = last = None
+    for t, (s, e) in enumerate(offsets):
+        if first is None and e > char_start:
+            first = t
+        if s < char_end:
+            last = t
+    if first is None or last is None or last < first:
+        log.warning("example %r: answer %r not found in its context tokens; trained as no-answer",
+                    example.get("id"), texts[0])  # fmt: skip
+        return None
+    return first, last
+
+
+# ---------------------------------------------------------------------- post-processing
+@dataclass
+class SquadPredictions:
+    """Post-processed SQuAD outputs, keyed by question id.
+
+    Attributes:
+        predictions: Final answer text ("" = no answer, after the null threshold for v2.0).
+        best_non_null: Best non-empty answer, whatever the null score (what the threshold is tuned on).
+        null_odds: ``null_score - best_span_score`` (v2.0; larger = more likely unanswerable).
+        nbest: The n best candidates with ``text``, ``start_logit``, ``end_logit``, ``probability``.
+        null_threshold: The threshold applied (v2.0), ``None`` for v1.1.
+    """
+
+    predictions: dict[str, str]
+    best_non_null: dict[str, str]
+    null_odds: dict[str, float] = field(default_factory=dict)
+    nbest: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    null_threshold: float | None = None
+
+    def with_threshold(self, threshold: float) -> SquadPredictions:
+        """The same candidates with a new null threshold applied (answer "" when odds > threshold)."""
+        preds = {
+            qid: ("" if self.null_odds.get(qid, -math.inf) > threshold else text)
+            for qid, text in self.best_non_null.items()
+        }
+        return SquadPredictions(preds, self.best_non_null, self.null_odds, self.nbest, threshold)
+
+
+def _top_indices(logits: np.ndarray, n: int) -> np.ndarray:
+    n = min(n, logits.shape[0])
+    idx = np.argpartition(-logits, n - 1)[:n]
+    return idx[np.argsort(-logits[idx], kind="stable")]
+
+
+def squad_predictions(
+    examples: Sequence[Mapping[str, Any]],
+    features: Sequence[Mapping[str, Any]],
+    start_logits: Sequence[np.ndarray],
+    end_logits: Sequence[np.ndarray],
+    *,
+    n_best_size: int = 20,
+    max_answer_length: int = 30,
+    version_2: bool = False,
+    null_threshold: float = 0.0,
+) -> SquadPredictions:
+    """Answer every example from the start/end logits of its windows.
+
+    Args:
+        examples: SQuAD examples (``id``, ``context``).
+        features: Windows from :func:`encode_squad` (``example_index``,
+            ``offsets``, ``max_context``).
+        start_logits: Per feature, a (L_f,) array (or longer: positions past L_f are ignored).
+        end_logits: Per feature, a (L_f,) array.
+        n_best_size: Start/end candidates per window and answers kept per question.
+        max_answer_length: Longest answer in tokens.
+        version_2: Allow "no answer" (SQuAD v2.0).
+        null_threshold: Answer "" when ``null_odds`` exceeds it (v2.0).
+
+    Returns:
+        :class:`SquadPredictions` for every example (an example whose windows give no valid span gets "").
+    """
+    by_example: dict[int, list[int]] = defaultdict(list)
+    for fi, feat in enumerate(features):
+        by_example[int(feat["example_index"])].append(fi)
+    best_non_null, null_odds, nbest_out = {}, {}, {}
+    for ei, ex in enumerate(examples):
+        qid, context = str(ex["id"]), str(ex["context"])
+        candidates, null_score = [], math.inf
+        for fi in by_example.get(ei, []):
+            feat = features[fi]
+            length = len(feat["input_ids"])
+            s_log = np.asarray(start_logits[fi], dtype=np.float64)[:length]
+            e_log = np.asarray(end_logits[fi], dtype=np.float64)[:length]
+            offsets, max_context = feat["offsets"], feat["max_context"]
+            null_score = min(null_score, float(s_log[0] + e_log[0]))
+            for s in _top_indices(s_log, n_best_size):
+                if offsets[s] is None or not max_context[s]:
+                    continue
+                for e in _top_indices(e_log, n_best_size):
+                    if offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                        continue
+                    candidates.append((float(s_log[s] + e_log[e]), float(s_log[s]), float(e_log[e]),
+                                       offsets[s][0], offsets[e][1]))  # fmt: skip
+        candidates.sort(key=lambda c: -c[0])
+        nbest, seen = [], set()
+        for _, s_l, e_l, c0, c1 in candidates:
+            text = context[c0:c1]
+            if text in seen:
+                continue
+            seen.add(text)
+            nbest.append({"text": text, "start_logit": s_l, "end_logit": e_l})
+            if len(nbest) >= n_best_size:
+                break
+        best_text = nbest[0]["text"] if nbest else ""
+        best_score = nbest[0]["start_logit"] + nbest[0]["end_logit"] if nbest else -math.inf
+        if version_2 and math.isfinite(null_score):
+            nbest.append({"text": "", "start_logit": null_score / 2, "end_logit": null_score / 2})
+            nbest.sort(key=lambda c: -(c["start_logit"] + c["end_logit"]))
+            nbest = nbest[:n_best_size]
+            null_odds[qid] = null_score - best_score if nbest and best_text else math.inf
+        if nbest:
+            scores = np.array([c["start_logit"] + c["end_logit"] for c in nbest])
+            probs = np.exp(scores - scores.max())
+            probs /= probs.sum()
+            for c, p in zip(nbest, probs):
+                c["probability"] = float(p)
+        best_non_null[qid] = best_text
+        nbest_out[qid] = nbest
+    result = SquadPredictions(dict(best_non_null), best_non_null, null_odds, nbest_out, None)
+    return result.with_threshold(null_threshold) if version_2 else result
+
+
+def tune_null_threshold(
+    null_odds: Mapping[str, float],
+    answered_scores: Mapping[str, float],
+    has_answer: Mapping[str, bool],
+) -> tuple[float, float]:
+    """The null threshold that maximises a dev score (the official v2.0 ``find_best_thresh``).
+
+    A question is answered with its best span when its null odds are <= the threshold, else left empty.
+    An empty answer scores 1 on an unanswerable question and 0 otherwise; a span scores
+    ``answered_scores[qid]`` on an answerable question and 0 on an unanswerable one. Questions with equal
+    odds move together (the official script splits ties arbitrarily).
+
+    Args:
+        null_odds: ``null_score - best_span_score`` per question id.
+        answered_scores: Exact match or F1 (0..1) of the best span per answerable question id.
+        has_answer: Whether each question id has a gold answer.
+
+    Returns:
+        ``(threshold, score)``: the threshold and the score it reaches, in percent (0..100).
+    """
+    qids = [q for q in has_answer if q in null_odds]
+    if not qids:
+        return 0.0, 0.0
+    current = float(sum(1 for q in qids if not has_answer[q]))  # everything left empty
+    best, best_threshold = current, None
+    ordered = sorted(qids, key=lambda q: null_odds[q])
+    i = 0
+    while i < len(ordered):
+        odds = null_odds[ordered[i]]
+        while i < len(ordered) and null_odds[ordered[i]] == odds:
+            q = ordered[i]
+            current += float(answered_scores.get(q, 0.0)) if has_answer[q] else -1.0
+            i += 1
+        if current > best and math.isfinite(odds):
+            best, best_threshold = current, odds
+    if best_threshold is None:  # answering nothing is best: a threshold below every finite odds value
+        finite = [null_odds[q] for q in qids if math.isfinite(null_odds[q])]
+        best_threshold = (min(finite) if finite else 0.0) - 1.0
+    return float(best_threshold), 100.0 * best / len(qids)
+
+
+def answer_f1(prediction: str, gold_answers: Sequence[str]) -> float:
+    """Official SQuAD token F1 (0..1) of ``prediction`` against its best-matching gold answer.
+
+    Uses the official answer normalisation (:func:`bert_core.metrics.normalize_answer`); an empty gold
+    list (an unanswerable question) scores 1 for an empty prediction and 0 otherwise.
+    """
+    from bert_core.metrics import normalize_answer
+
+    pred = normalize_answer(prediction).split()
+    best = 0.0
+    for gold in [g for g in gold_answers if normalize_answer(g)] or [""]:
+        ref = normalize_answer(gold).split()
+        if not ref or not pred:
+            best = max(best, float(ref == pred))
+            continue
+        same = sum((Counter(ref) & Counter(pred)).values())
+        if same:
+            precision, recall = same / len(pred), same / len(ref)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+# ---------------------------------------------------------------------- prediction files
+def write_squad_predictions(
+    out_dir: str | Path,
+    predictions: Mapping[str, str],
+    *,
+    null_odds: Mapping[str, float] | None = None,
+    nbest: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
+    """Write ``predictions.json`` (+ ``null_odds.json``, ``nbest_predictions.json``) into ``out_dir``."""
+    from bert_core.atomic import write_json_atomic
+
+    out_dir = Path(out_dir)
+    paths = {"predictions": write_json_atomic(out_dir / "predictions.json", dict(predictions))}
+    if null_odds is not None:
+        # JSON has no infinity: a question without any valid span gets a large finite odds value.
+        finite = {k: (v if np.isfinite(v) else 1e9) for k, v in null_odds.items()}
+        paths["null_odds"] = write_json_atomic(out_dir / "null_odds.json", finite)
+    if nbest is not None:
+        paths["nbest"] = write_json_atomic(out_dir / "nbest_predictions.json", dict(nbest))
+    return paths
+
+
+# ---------------------------------------------------------------------- the kind
+class SpanQA(TaskKind):
+    """``span_qa``: start/end logits per token; the answer is the best-scoring context span (SQuAD)."""
+
+    name = "span_qa"
+
+    @property
+    def model_class(self) -> type[nn.Module]:
+        from bert_core.model import BertForQuestionAnswering
+
+        return BertForQuestionAnswering
+
+    def num_labels(self, spec: TaskSpec) -> int:
+        return 2  # start and end logits
+
+    def encode(
+        self,
+        spec: TaskSpec,
+        rows: Sequence[Row],
+        tokenizer: Any,
+        settings: KindSettings,
+        *,
+        training: bool = False,
+    ) -> list[Feature]:
+        return encode_squad(rows, tokenizer, max_seq_length=max_seq_length(spec, settings),
+                            doc_stride=settings.doc_stride, max_query_length=settings.max_query_length,
+                            with_offsets=not training)  # fmt: skip
+
+    def labelled(self, rows: Sequence[Row]) -> bool:
+        return bool(rows)  # every SQuAD split we read is labelled
+
+    @staticmethod
+    def version_2(spec: TaskSpec) -> bool:
+        """Whether the task allows unanswerable questions (SQuAD v2.0)."""
+        return spec.name == "squad_v2"
+
+    def score(
+        self,
+        spec: TaskSpec,
+        rows: Sequence[Row],
+        features: Sequence[Feature],
+        outputs: Sequence[np.ndarray],
+        settings: KindSettings,
+        *,
+        null_threshold: float | None = None,
+    ) -> SplitScore:
+        """Answers and official scores; for v2.0, ``null_threshold=None`` tunes it on these rows (dev)."""
+        from bert_core.metrics import squad_metrics
+
+        version_2 = self.version_2(spec)
+        squad = squad_predictions(
+            rows,
+            features,
+            [o[:, 0] for o in outputs],
+            [o[:, 1] for o in outputs],
+            n_best_size=settings.n_best_size,
+            max_answer_length=settings.max_answer_length,
+            version_2=version_2,
+            null_threshold=null_threshold if null_threshold is not None else 0.0,
+        )
+        extra = {}
+        if version_2:
+            if null_threshold is None:
+                f1 = {str(r["id"]): answer_f1(squad.best_non_null[str(r["id"])], r["answers"]["text"])
+                      for r in rows if r["answers"]["text"]}  # fmt: skip
+                has = {str(r["id"]): bool(r["answers"]["text"]) for r in rows}
+                null_threshold, _ = tune_null_threshold(squad.null_odds, f1, has)
+                squad = squad.with_threshold(null_threshold)
+            extra["null_threshold"] = float(null_threshold)
+            odds = {k: (v if math.isfinite(v) else 1e9) for k, v in squad.null_odds.items()}
+            result = squad_metrics(rows, squad.predictions, version="squad_v2", na_probs=odds)
+        else:
+            result = squad_metrics(rows, squad.predictions, version="squad_v1")
+        # best_* (the official threshold sweep) equal the tuned scores here: the threshold is tuned on dev.
+        metrics = numeric_metrics({k: v for k, v in result.items() if not k.startswith("best_")})
+        return SplitScore(metrics, predictions=squad, extra=extra)
+
+    def write_predictions(
+        self, spec: TaskSpec, split: str, rows: Sequence[Row], result: SplitScore, out_dir: str | Path
+    ) -> dict[str, str]:
+        squad = result.predictions
+        odds = squad.null_odds if self.version_2(spec) else None
+        written = write_squad_predictions(Path(out_dir) / split, squad.predictions, null_odds=odds)
+        return {f"{split}.{k}": str(v) for k, v in written.items()}
+
+    def frame_columns(self, spec: TaskSpec, row: Row) -> dict[str, Any]:
+        ctx, ans = row["context"], row["answers"]
+        return {
+            "context_len": strip_len(ctx),
+            "question_len": strip_len(row["question"]),
+            "answers_at_offsets": len(ans["text"]) == len(ans["answer_start"])
+            and all(
+                isinstance(s, int) and s >= 0 and ctx[s : s + len(t)] == t
+                for t, s in zip(ans["text"], ans["answer_start"])
+            ),
+            # An answerable question has answers, an impossible one has none.
+            "answers_match_is_impossible": bool(ans["text"]) != bool(row["is_impossible"]),
+        }
+
+    def checks(self, spec: TaskSpec, labelled: bool) -> list[Check]:
+        return [
+            nonempty("context_len"),
+            nonempty("question_len"),
+            all_true("answers_at_offsets"),
+            all_true("answers_match_is_impossible"),
+        ]

@@ -1,0 +1,211 @@
+"""Following one DVC process from the pipeline flow: each stage DVC announces becomes a Prefect task run.
+
+:func:`drive` runs DVC (``start_dvc``; the tests script a fake), parses its output with
+:func:`flows._dvc.parse_line`, and hands each stage's log lines to a :func:`follow_stage` task run named
+after the stage, whose state is ``Completed``, ``Cached`` (DVC skipped it) or ``Failed``, and whose
+artifact shows the stage's metrics (its ``metrics:`` files in ``dvc.yaml``).
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
+
+from flows import _dvc
+from flows._stage import markdown_table
+
+
+class PipelineFailed(RuntimeError):
+    """DVC exited non-zero; the message names the failed stage and DVC's last lines."""
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"-+", "-", "".join(c if c.isalnum() else "-" for c in text.lower())).strip("-")
+
+
+# ------------------------------------------------------------------------------------ per-stage tasks
+
+
+_END = object()
+
+
+class StageFeed:
+    """The log lines of one running stage, handed from the flow (reading DVC) to the stage's task."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self.outcome: str | None = None
+
+    def put(self, line: str) -> None:
+        self._queue.put(line)
+
+    def close(self, outcome: str) -> None:
+        self.outcome = outcome
+        self._queue.put(_END)
+
+    def __iter__(self) -> Iterator[str]:
+        while (item := self._queue.get()) is not _END:
+            yield item
+
+
+def read_stage_metrics(root: Path, files: tuple[str, ...]) -> dict[str, Any]:
+    """The stage's DVC metrics files merged into one mapping (file stem as prefix when several)."""
+    import json
+
+    import yaml
+
+    out: dict[str, Any] = {}
+    for rel in files:
+        path = root / rel
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, OSError):
+            continue
+        if isinstance(data, dict):
+            out.update(data if len(files) == 1 else {Path(rel).stem: data})
+    return out
+
+
+def markdown_artifact(key: str, markdown: str, description: str) -> None:
+    """A Markdown artifact in the Prefect UI: a convenience, so a failure to create one is only logged."""
+    try:
+        from prefect.artifacts import create_markdown_artifact
+
+        create_markdown_artifact(key=key, markdown=markdown, description=description)
+    except Exception as err:
+        get_run_logger().warning("could not create the Prefect artifact %s: %s", key, err)
+
+
+@task(name="dvc-stage", task_run_name="{stage}", cache_policy=NO_CACHE, retries=0)
+def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[str, ...]) -> Any:
+    """One DVC stage as seen from the pipeline: its log lines, then its outcome and metrics."""
+    logger = get_run_logger()
+    for line in feed:
+        logger.info(line)
+    metrics = read_stage_metrics(Path(root), metrics_files)
+    if metrics:
+        markdown_artifact(
+            f"pipeline-{_slug(stage)}", markdown_table(metrics, f"{stage} metrics"), f"Metrics of {stage}"
+        )
+    result = {"stage": stage, "outcome": feed.outcome, "metrics": metrics}
+    if feed.outcome == "failed":
+        raise PipelineFailed(f"stage '{stage}' failed; its log above shows why")
+    if feed.outcome == "cached":
+        return Completed(name="Cached", message="unchanged since the last run: DVC skipped it", data=result)
+    return result
+
+
+# ----------------------------------------------------------------------------------------- the driver
+
+
+@dataclass
+class StageReport:
+    stage: str
+    outcome: str  # ran | cached | failed | not run
+    seconds: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def start_dvc(args: list[str], *, cwd: Path, env: dict[str, str]) -> _dvc.DvcRun:
+    """Start DVC (tests replace this with a scripted fake)."""
+    return _dvc.DvcProcess(args, cwd=cwd, env=env)
+
+
+def drive(args: list[str], *, root: Path, env: dict[str, str]) -> tuple[int, list[StageReport], list[str]]:
+    """Run DVC, follow its stage announcements and hand each stage's lines to a ``follow_stage`` task.
+
+    Returns:
+        DVC's exit code, one report per stage DVC mentioned (in order), and DVC's last 40 lines.
+    """
+    logger = get_run_logger()
+    infos: dict[str, _dvc.StageInfo] | None = None
+    reports: list[StageReport] = []
+    futures: list[Any] = []
+    tail: list[str] = []
+    current: tuple[StageReport, StageFeed, float] | None = None
+
+    def metrics_files(stage: str) -> tuple[str, ...]:
+        nonlocal infos
+        if infos is None or stage not in infos:
+            try:
+                infos = {i.name: i for i in _dvc.stage_infos(root)}
+            except Exception as err:  # the summary still works without metrics
+                logger.warning("could not read the stage list from dvc.yaml: %s", err)
+                infos = {}
+        info = infos.get(stage)
+        return info.metrics if info else ()
+
+    def finish(outcome: str) -> None:
+        nonlocal current
+        if current is not None:
+            report, feed, started = current
+            report.outcome, report.seconds = outcome, time.monotonic() - started
+            feed.close(outcome)
+            current = None
+
+    def submit(stage: str, feed: StageFeed) -> None:
+        futures.append(follow_stage.submit(stage, feed, str(root), metrics_files(stage)))
+
+    proc = start_dvc(args, cwd=root, env=env)
+    try:
+        for line in proc.lines():
+            tail = [*tail[-39:], line]
+            event = _dvc.parse_line(line)
+            if event.kind == "running":
+                finish("ran")
+                report, feed = StageReport(event.stage or "?", "running"), StageFeed()
+                reports.append(report)
+                current = (report, feed, time.monotonic())
+                submit(report.stage, feed)
+                feed.put(line)
+            elif event.kind == "skipped":
+                finish("ran")
+                feed = StageFeed()
+                reports.append(StageReport(event.stage or "?", "cached"))
+                submit(event.stage or "?", feed)
+                feed.close("cached")
+            elif event.kind == "failed" and current is not None and current[0].stage == event.stage:
+                current[1].put(line)
+                finish("failed")
+            elif current is not None:
+                current[1].put(line)
+            else:
+                logger.info(line)
+        returncode = proc.wait()
+    finally:
+        proc.stop()
+        finish("ran" if proc.wait() == 0 else "failed")
+    for future in futures:
+        future.wait()
+    for report in reports:
+        if report.outcome in ("ran", "cached"):
+            report.metrics = read_stage_metrics(root, metrics_files(report.stage))
+    return returncode, reports, tail
+
+
+def summary_markdown(
+    run_id: str, exp_name: str | None, command: list[str], reports: list[StageReport], ok: bool
+) -> str:
+    lines = [f"## Pipeline run `{run_id}`: {'completed' if ok else 'FAILED'}", ""]
+    if exp_name:
+        lines += [f"DVC experiment **`{exp_name}`**: restore it with `dvc exp apply {exp_name}`.", ""]
+    lines += [f"Command: `{' '.join(command)}`", "", "| stage | outcome | seconds |", "|---|---|---|"]
+    lines += [f"| {r.stage} | {r.outcome} | {r.seconds:.1f} |" for r in reports]
+    lines += [
+        "",
+        f"MLflow: every stage run is tagged `pipeline_run_id={run_id}`; compare two runs with "
+        f"`python -m flows.compare {run_id} <other run id>`.",
+    ]
+    return "\n".join(lines)

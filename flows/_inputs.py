@@ -1,0 +1,130 @@
+"""The pipeline flow's inputs: form fields to params overrides, the DVC command, the stages' environment.
+
+The run form of ``bert-pipeline`` (typed fields: preset, tasks, steps, learning rates, seeds, time budget)
+maps to params keys through :data:`FORM_KEYS`; :func:`build_overrides` layers a profile, the form fields and
+free ``-S`` overrides (:mod:`flows.profiles`), keeping only what differs from the workspace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from bert_core.tracking import tracking_uri
+from flows import TELEMETRY_OFF, profiles
+from flows.overrides import Overrides, get_dotted, merge, parse_set_args, set_args
+
+FORM_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
+    "preset": (("params/pretrain.yaml", "pretrain.model.preset"),),
+    "pretrain_steps": (("params/pretrain.yaml", "pretrain.max_steps"),),
+    "time_budget_minutes": (("params/pretrain.yaml", "pretrain.time_budget_minutes"),),
+    "tasks": (("params/finetune.yaml", "finetune.tasks"),),
+    "learning_rates": (("params/finetune.yaml", "finetune.defaults.learning_rates"),),
+    "seeds": (
+        ("params/finetune.yaml", "finetune.defaults.seeds"),
+        ("params/finetune.yaml", "finetune.small_task_seeds"),
+    ),
+}
+"""Form field -> the params keys it sets (checked against ``params/`` by the tests)."""
+TASKS_KEY = ("params/finetune.yaml", "finetune.tasks")
+"""``finetune.tasks`` maps each task to run to its own overrides (DVC's ``foreach`` makes one stage each)."""
+PER_TASK_FIELDS = ("learning_rates", "seeds")
+"""Form fields that also clear a task's own setting of the same name, so the form value holds for all."""
+
+
+def form_overrides(fields: dict[str, Any], base: Overrides, root: Path) -> Overrides:
+    """The params overrides of the form fields that were set (``None`` keeps the profile's value).
+
+    Args:
+        fields: Form field name -> value.
+        base: The profile's overrides; ``tasks`` keeps each chosen task's settings from it.
+        root: Repository root.
+    """
+    out: Overrides = {}
+    for name, value in fields.items():
+        if value is None or name == "tasks":
+            continue
+        for file, key in FORM_KEYS[name]:
+            out.setdefault(file, {})[key] = list(value) if isinstance(value, tuple | list) else value
+    cleared = [f for f in PER_TASK_FIELDS if fields.get(f) is not None]
+    if fields.get("tasks") is None and not cleared:
+        return out
+    file, key = TASKS_KEY
+    current = get_dotted(profiles.effective_params(file, base, root), key)
+    current = current if isinstance(current, dict) else {}
+    chosen = fields.get("tasks")
+    names = list(dict.fromkeys(chosen)) if chosen is not None else list(current)
+    tasks = {t: {k: v for k, v in (current.get(t) or {}).items() if k not in cleared} for t in names}
+    if tasks != current:
+        out.setdefault(file, {})[key] = tasks
+    return out
+
+
+def build_overrides(profile: str | None, fields: dict[str, Any], extra: list[str], root: Path) -> Overrides:
+    """Profile, then form fields, then free ``-S`` overrides; only what differs from the workspace."""
+    base = profiles.resolve(profile, None, root, only_changes=False) if profile else {}
+    layer = merge(form_overrides(fields, base, root), parse_set_args(extra))
+    return profiles.resolve(profile, layer, root)
+
+
+def dvc_command(
+    *,
+    as_experiment: bool,
+    exp_name: str | None,
+    overrides: Overrides,
+    targets: list[str],
+    force: bool,
+) -> list[str]:
+    """The DVC arguments (after ``dvc``) for this run."""
+    if as_experiment:
+        args = ["exp", "run", "--name", exp_name or "", *set_args(overrides)]
+    else:
+        args = ["repro"]
+    if force:
+        args.append("--force")
+    return args + list(targets)
+
+
+def _current_api_url() -> str | None:
+    """The Prefect API this process reports to (also the temporary one), so stage flows report there too."""
+    with contextlib.suppress(Exception):
+        from prefect.settings import PREFECT_API_URL
+
+        if url := PREFECT_API_URL.value():
+            return url
+        module = sys.modules.get("prefect.server.api.server")  # loaded iff a temporary server was started
+        if module is not None:
+            server = module.SubprocessASGIServer()
+            if server.server_process is not None and server.server_process.poll() is None:
+                return server.api_url
+    return None
+
+
+def stage_env(run_id: str, data_root: str | None, root: Path) -> dict[str, str]:
+    """Environment of the DVC process and the stage commands it runs."""
+    env = dict(os.environ)
+    env["BERT_PIPELINE_RUN_ID"] = run_id
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` = this venv
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("MLFLOW_TRACKING_URI", tracking_uri())
+    for key, value in TELEMETRY_OFF.items():
+        env.setdefault(key, value)
+    if api := _current_api_url():
+        env["PREFECT_API_URL"] = api
+    if data_root is not None:
+        if data_root.strip().lower() == "hub":
+            env.pop("BERT_DATA_ROOT", None)
+        else:
+            path = (root / Path(data_root).expanduser()).resolve()
+            if not path.is_dir():
+                raise ValueError(
+                    f"data_root={data_root!r}: {path} is not a directory. Give a data root laid out like "
+                    "shared/data, 'hub' for the Hugging Face Hub, or leave it empty to keep BERT_DATA_ROOT."
+                )
+            env["BERT_DATA_ROOT"] = str(path)
+    elif env.get("BERT_DATA_ROOT"):
+        env["BERT_DATA_ROOT"] = str((root / env["BERT_DATA_ROOT"]).resolve())
+    return env

@@ -1,0 +1,67 @@
+"""Which Prefect server serves this repository: the ``flows.serve`` lock file and the health check.
+
+Shared by :mod:`flows.serve` (which holds the lock while it serves) and :mod:`flows.pipeline` (whose
+command line reports to that server when one is running), so neither imports the other's module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class ServeError(RuntimeError):
+    """The server could not be started or reached; the message says what to do."""
+
+
+def is_healthy(url: str, timeout: float = 2.0) -> bool:
+    """``True`` when a Prefect API answers ``/health`` at ``url``."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def serve_lock(home: Path, api: str):
+    """One ``flows.serve`` per repository: a second runner would run a second flow at the same time."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "serve.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = path.read_text(encoding="utf-8", errors="replace").strip()
+            raise ServeError(
+                f"this repository is already being served ({holder}); stop that one first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"flows.serve pid {os.getpid()} api {api}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def served_api_url(home: Path) -> str | None:
+    """The API URL of the ``flows.serve`` now serving the repository whose PREFECT_HOME is ``home``, if any."""
+    path = home / "serve.lock"
+    if not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: a flows.serve is running
+            words = path.read_text(encoding="utf-8", errors="replace").split()
+            url = words[words.index("api") + 1] if "api" in words[:-1] else None
+            return url if url and is_healthy(url) else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

@@ -1,0 +1,237 @@
+"""The declared stage table: every pipeline stage, in the order DVC runs them, and what it is made of.
+
+One row per stage: its name, the params file and section it reads (and the pydantic model that parses
+it), the library function that does the work, the flow module DVC runs (``python -m flows.<stage>``), its
+command-line options with their default paths, its DVC outputs, metrics and plots, and the data it takes
+from upstream stages. :mod:`flows.serve`, :mod:`flows.profiles`, the stage flows' shared runner
+(:mod:`flows._cli`) and the tests read this table; ``tests/test_stages.py`` checks it against
+``dvc.yaml``.
+
+The code deps of each stage in ``dvc.yaml`` are derived from the real imports of its flow module
+(:mod:`flows.stages.deps`, run by ``flows/stages/__main__.py``)::
+
+    python -m flows.stages sync-deps           # rewrite the deps of every stage in dvc.yaml
+    python -m flows.stages sync-deps --check   # exit 1 and name the stage and path when out of sync
+
+This module stays import-light (no ``bert_core``, no Prefect): every stage flow imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option of a stage flow, mapped to a parameter of the flow function."""
+
+    flag: str  # "--out", or a name without dashes for a positional argument
+    dest: str  # the flow function's parameter
+    default: Any = None
+    type: Any = str
+    help: str | None = None
+
+    @property
+    def positional(self) -> bool:
+        return not self.flag.startswith("-")
+
+
+def resolve(path: str) -> Any:
+    """The object named ``"module:attribute"`` (imports the module)."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage. Paths are relative to the repository root; ``${key}`` is the foreach item."""
+
+    name: str
+    params_file: str
+    section: str
+    params_model: str  # "module:Class", imported on demand
+    entry: str  # the library function doing the stage's work, "module:function"
+    flow: str  # "module:attribute": a Prefect flow, or a function that builds one (lazy Prefect import)
+    options: tuple[Option, ...]
+    outs: tuple[str, ...]
+    metrics: tuple[str, ...]
+    plots: tuple[str, ...] = ()
+    data_deps: tuple[str, ...] = ()  # outputs of upstream stages
+    extra_params: tuple[tuple[str, str], ...] = ()  # (params file, dotted key) read besides the section
+    foreach: str | None = None  # dotted params key whose entries each get one stage (``finetune@<key>``)
+
+    @property
+    def flow_module(self) -> str:
+        return self.flow.partition(":")[0]
+
+    @property
+    def module_name(self) -> str:
+        """The ``<stage>`` of ``python -m flows.<stage>``."""
+        return self.flow_module.rsplit(".", 1)[-1]
+
+    def default(self, dest: str) -> Any:
+        """The default of the option that sets flow parameter ``dest``."""
+        for option in self.options:
+            if option.dest == dest:
+                return option.default
+        raise KeyError(f"stage {self.name} has no option for {dest!r}")
+
+    def expand(self, template: str, key: str) -> str:
+        """A path of the table for one foreach instance: ``${key}`` replaced by ``key``."""
+        return template.replace("${key}", key)
+
+    def model(self) -> type:
+        """The params model class (imports its module)."""
+        return resolve(self.params_model)
+
+    def entry_function(self) -> Any:
+        return resolve(self.entry)
+
+    def load_params(self, params_file: str | None = None) -> Any:
+        """Read and validate this stage's params section (default file: the stage's own)."""
+        from bert_core.params import load_params
+
+        return load_params(params_file or self.params_file, self.section, self.model())
+
+
+def _common(stage: str) -> tuple[Option, ...]:
+    return (Option("--params", "params_file", f"params/{stage}.yaml"),)
+
+
+def _metrics_option(path: str) -> Option:
+    return Option("--metrics", "metrics_path", None, help=f"metrics JSON (default {path})")
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        name="corpus",
+        params_file="params/corpus.yaml",
+        section="corpus",
+        params_model="bert_core.corpus:CorpusParams",
+        entry="bert_core.corpus:build_corpus",
+        flow="flows.corpus:corpus_flow",
+        options=(
+            *_common("corpus"),
+            Option("--out", "out_dir", "data/corpus"),
+            Option("--workers", "workers", None, int),
+            _metrics_option("metrics/corpus.json"),
+        ),
+        outs=("data/corpus",),
+        metrics=("metrics/corpus.json",),
+    ),
+    Stage(
+        name="vocab",
+        params_file="params/vocab.yaml",
+        section="vocab",
+        params_model="bert_core.vocab:VocabParams",
+        entry="bert_core.vocab:train_vocab",
+        flow="flows.vocab:vocab_flow",
+        options=(
+            *_common("vocab"),
+            Option("--corpus", "corpus_dir", "data/corpus"),
+            Option("--out", "out_dir", "data/vocab"),
+            _metrics_option("metrics/vocab.json"),
+        ),
+        outs=("data/vocab",),
+        metrics=("metrics/vocab.json",),
+        data_deps=("data/corpus",),
+    ),
+    Stage(
+        name="pretrain_data",
+        params_file="params/pretrain_data.yaml",
+        section="pretrain_data",
+        params_model="bert_core.pretrain_data.params:PretrainDataParams",
+        entry="bert_core.pretrain_data.build:build_pretrain_data",
+        flow="flows.pretrain_data:pretrain_data_flow",
+        options=(
+            *_common("pretrain_data"),
+            Option("--corpus", "corpus_dir", "data/corpus"),
+            Option("--vocab", "vocab_dir", "data/vocab"),
+            Option("--out", "out_dir", "data/pretrain_data"),
+            Option("--workers", "workers", None, int),
+            _metrics_option("metrics/pretrain_data.json"),
+        ),
+        outs=("data/pretrain_data",),
+        metrics=("metrics/pretrain_data.json",),
+        data_deps=("data/corpus", "data/vocab"),
+    ),
+    Stage(
+        name="pretrain",
+        params_file="params/pretrain.yaml",
+        section="pretrain",
+        params_model="bert_core.pretrain:PretrainParams",
+        entry="bert_core.pretrain:pretrain",
+        flow="flows.pretrain:prefect_flow",  # built lazily: torchrun's worker ranks never import Prefect
+        options=(
+            *_common("pretrain"),
+            Option("--data", "data_dir", "data/pretrain_data"),
+            Option("--vocab", "vocab_dir", "data/vocab"),
+            Option("--out", "out_dir", "models/pretrained"),
+            Option("--checkpoints", "checkpoint_root", "data/pretrain/checkpoints"),
+            Option("--loss-plot", "loss_plot", "plots/pretrain_loss.csv"),
+            Option("--heldout-plot", "heldout_plot", "plots/pretrain_heldout.csv"),
+            _metrics_option("metrics/pretrain.json"),
+        ),
+        outs=("models/pretrained",),
+        metrics=("metrics/pretrain.json",),
+        plots=("plots/pretrain_loss.csv", "plots/pretrain_heldout.csv"),
+        data_deps=("data/pretrain_data", "data/vocab"),
+    ),
+    Stage(
+        name="finetune",
+        params_file="params/finetune.yaml",
+        section="finetune",
+        params_model="bert_core.finetune.params:FinetuneParams",
+        entry="bert_core.finetune.run:finetune_task",
+        flow="flows.finetune:finetune_flow",
+        options=(
+            Option("task", "task", help="task name, e.g. sst2, mnli, squad_v1, conll2003"),
+            *_common("finetune"),
+            Option("--model-source", "model_source", None, help="override finetune.model.source"),
+            Option("--out", "out_dir", None, help="predictions dir (default results/finetune/<task>)"),
+            Option("--model-out", "model_out", None, help="model dir (default models/finetuned/<task>)"),
+            _metrics_option("metrics/finetune/<task>.json"),
+            Option("--plots", "plots_dir", None, help="learning-curve CSVs (default plots/finetune/<task>)"),
+        ),
+        outs=("models/finetuned/${key}", "results/finetune/${key}"),
+        metrics=("metrics/finetune/${key}.json",),
+        plots=("plots/finetune/${key}/train.csv", "plots/finetune/${key}/dev.csv"),
+        data_deps=("models/pretrained",),
+        foreach="finetune.tasks",
+    ),
+    Stage(
+        name="evaluate",
+        params_file="params/evaluate.yaml",
+        section="evaluate",
+        params_model="bert_core.evaluate.params:EvaluateParams",
+        entry="bert_core.evaluate.report:evaluate_results",
+        flow="flows.evaluate:evaluate_flow",
+        options=(
+            *_common("evaluate"),
+            Option("--finetune-params", "finetune_params_file", "params/finetune.yaml"),
+            _metrics_option("metrics/evaluate.json"),
+        ),
+        outs=("reports/evaluate.md", "reports/evaluate.html", "reports/evaluate"),
+        metrics=("metrics/evaluate.json",),
+        data_deps=("results/finetune",),
+        extra_params=(("params/finetune.yaml", "finetune.tasks"),),
+    ),
+)
+
+BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
+
+
+def get(name: str) -> Stage:
+    """The stage ``name``; ``finetune@sst2`` (a foreach instance) gives ``finetune``."""
+    base = name.split("@", 1)[0]
+    try:
+        return BY_NAME[base]
+    except KeyError:
+        raise KeyError(f"no stage {name!r}; stages: {', '.join(BY_NAME)}") from None
+
+
+def by_params_file(file: str) -> Stage | None:
+    """The stage whose own params section lives in ``file`` (``params/<stage>.yaml``), if any."""
+    return next((s for s in STAGES if s.params_file == file), None)

@@ -1,0 +1,184 @@
+"""The declared stage table against dvc.yaml, and the code deps derived from the stages' real imports."""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from bert_core.constants import REPO_ROOT
+from flows import stages
+from flows.stages import STAGES
+from flows.stages import deps as _deps
+
+
+def _dvc_stages() -> dict:
+    return yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+
+
+def _names(entries) -> list[str]:
+    return [e if isinstance(e, str) else next(iter(e)) for e in entries or []]
+
+
+def test_the_table_and_dvc_yaml_agree():
+    dvc = _dvc_stages()
+    assert list(dvc) == [s.name for s in STAGES], "stages (and their order) differ between table and dvc.yaml"
+    for stage in STAGES:
+        body = dvc[stage.name]
+        if stage.foreach:
+            assert body["foreach"] == "${" + stage.foreach + "}", stage.name
+            body = body["do"]
+        else:
+            assert "foreach" not in body, stage.name
+        cmd = body["cmd"].split()
+        assert cmd[:3] == ["python", "-m", stage.flow_module], f"{stage.name}: cmd {body['cmd']!r}"
+        params = {}
+        for entry in body["params"]:
+            (file, keys), *_ = entry.items()
+            params[file] = keys
+        assert set(params) == {stage.params_file, *(f for f, _ in stage.extra_params)}, stage.name
+        own = params[stage.params_file]
+        bad = [k for k in own if k != stage.section and not k.startswith(stage.section + ".")]
+        assert not bad, f"{stage.name}: keys outside section {stage.section}: {bad}"
+        for file, key in stage.extra_params:
+            assert key in params[file], f"{stage.name}: {file} does not list {key}"
+        assert _names(body.get("outs")) == list(stage.outs), f"{stage.name}: outs"
+        assert _names(body.get("metrics")) == list(stage.metrics), f"{stage.name}: metrics"
+        assert _names(body.get("plots")) == list(stage.plots), f"{stage.name}: plots"
+        deps = _names(body.get("deps"))
+        data = [d for d in deps if not d.startswith(_deps.CODE_PACKAGES)]
+        assert data == list(stage.data_deps), f"{stage.name}: data deps"
+
+
+def test_every_stage_resolves_to_its_model_entry_and_flow():
+    from prefect import Flow
+
+    for stage in STAGES:
+        model = stage.model()
+        assert model.__name__.endswith("Params"), stage.name
+        assert callable(stage.entry_function()), stage.name
+        flow = stages.resolve(stage.flow)
+        flow = flow if isinstance(flow, Flow) else flow()
+        assert isinstance(flow, Flow) and flow.name == stage.name
+        # The flow's defaults are the table's: default paths are spelled in one place.
+        signature = inspect.signature(flow.fn)
+        for option in stage.options:
+            if not option.positional:
+                assert signature.parameters[option.dest].default == option.default, (stage.name, option)
+        assert stages.get(f"{stage.name}@x") is stage
+        assert stages.by_params_file(stage.params_file) is stage
+
+
+def test_dvc_yaml_code_deps_are_in_sync():
+    result = _deps.sync(REPO_ROOT)
+    assert not result.problems, (
+        "dvc.yaml deps differ from the stages' imports; run `python -m flows.stages sync-deps`:\n"
+        + "\n".join(result.problems)
+    )
+
+
+def test_a_removed_dep_is_caught():
+    text = (REPO_ROOT / "dvc.yaml").read_text(encoding="utf-8")
+    evaluate = text.index("  evaluate:")
+    line = "      - bert_core/config.py\n"
+    at = text.index(line, evaluate)
+    broken = text[:at] + text[at + len(line) :] + ""
+    result = _deps.sync(REPO_ROOT, text=broken)
+    assert result.problems == ["stage evaluate: missing dep bert_core/config.py"]
+    assert result.wrong_stages == ["evaluate"]
+    assert result.text == text  # the rewrite puts it back, nothing else changes
+    extra = text.replace("      - flows/evaluate.py\n", "      - flows/evaluate.py\n      - flows/serve.py\n")
+    assert _deps.sync(REPO_ROOT, text=extra).problems == ["stage evaluate: superfluous dep flows/serve.py"]
+
+
+def test_the_check_command_names_stage_and_path(tmp_path, capsys):
+    for name in ("bert_core", "flows"):
+        (tmp_path / name).symlink_to(REPO_ROOT / name)
+    text = (REPO_ROOT / "dvc.yaml").read_text(encoding="utf-8")
+    (tmp_path / "dvc.yaml").write_text(text.replace("      - flows/vocab.py\n", ""))
+    assert _deps.main(["sync-deps", "--check"], root=tmp_path) == 1
+    assert "stage vocab: missing dep flows/vocab.py" in capsys.readouterr().err
+    assert _deps.main(["sync-deps"], root=tmp_path) == 0
+    assert (tmp_path / "dvc.yaml").read_text() == text
+    assert _deps.main(["sync-deps", "--check"], root=tmp_path) == 0
+
+
+def test_the_walk_follows_every_kind_of_import(tmp_path):
+    pkg = tmp_path / "bert_core"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "bert_core/__init__.py": "",
+        "bert_core/a.py": "import os\n\ndef f():\n    from bert_core.sub import c\n",
+        "bert_core/b.py": "from . import a\n",
+        "bert_core/sub/__init__.py": (
+            "_EXPORTS = {'Thing': 'lazy'}\n\ndef __getattr__(name):\n    import importlib\n"
+        ),
+        "bert_core/sub/c.py": "from ..b import x\n",
+        "bert_core/sub/lazy.py": "",
+        "bert_core/sub/unused.py": "import bert_core.never\n",
+        "bert_core/never.py": "",
+        "flows/__init__.py": "",
+        "flows/s.py": (
+            "from bert_core.sub import Thing\nimport bert_core.a\n"
+            "if __name__ == '__main__':\n    import bert_core.never\n"
+        ),
+        "flows/helper.py": "import flows.s\n",
+    }
+    for rel, body in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(body)
+    graph = _deps.ImportGraph(tmp_path)
+    found = graph.closure("flows.helper")  # flows.s imported, not run: its __main__ block does not count
+    assert found == {
+        "flows", "flows.helper", "flows.s", "bert_core", "bert_core.a", "bert_core.b", "bert_core.sub",
+        "bert_core.sub.c", "bert_core.sub.lazy",
+    }  # fmt: skip
+    assert graph.closure("flows.s") == found - {"flows.helper"} | {"bert_core.never"}  # run: it counts
+    found -= {"flows.helper"}
+    files_found = {_deps.module_file(m, tmp_path) for m in found}
+    assert _deps.collapse(files_found, tmp_path) == [
+        "bert_core/__init__.py", "bert_core/a.py", "bert_core/b.py", "bert_core/sub/__init__.py",
+        "bert_core/sub/c.py", "bert_core/sub/lazy.py", "flows/__init__.py", "flows/s.py",
+    ]  # fmt: skip
+    (pkg / "sub" / "unused.py").unlink()
+    assert "bert_core/sub" in _deps.collapse(files_found, tmp_path)
+
+
+def _run(cmd: list[str], cwd: Path) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{' '.join(cmd)}: {proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_editing_an_imported_file_makes_dvc_report_the_stage(tmp_path):
+    """On a scratch copy of the repository: a comment appended to bert_core/config.py (imported by evaluate
+    through the finetune package) makes `dvc status` report the evaluate stage."""
+    repo = tmp_path / "repo"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("bert_core", "flows", "params"):
+        shutil.copytree(REPO_ROOT / name, repo / name, ignore=ignore)
+    shutil.copy(REPO_ROOT / "dvc.yaml", repo / "dvc.yaml")
+    dvc = [sys.executable, "-m", "dvc"]
+    _run([*dvc, "init", "--no-scm", "-q"], repo)
+    stage = stages.get("evaluate")
+    for dep in stage.data_deps:
+        (repo / dep).mkdir(parents=True)
+        (repo / dep / "summary.json").write_text("{}")
+    for out in (*stage.outs, *stage.metrics):
+        path = repo / out
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix:
+            path.write_text("{}" if path.suffix == ".json" else "fake")
+        else:
+            path.mkdir()
+            (path / "scores.png").write_text("fake")
+    _run([*dvc, "commit", "-f", "-q", "evaluate"], repo)
+    assert "evaluate" not in _run([*dvc, "status", "evaluate"], repo)
+    with (repo / "bert_core" / "config.py").open("a") as fh:
+        fh.write("# touched\n")
+    status = _run([*dvc, "status", "evaluate"], repo)
+    assert "evaluate:" in status and "bert_core/config.py" in status, status
