@@ -208,3 +208,164 @@ def clean_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:
                 _remove(child)
                 removed.append(child)
     return removed
+
+
+class OutputNotWritableError(OSError):
+    """An output location cannot be written; raised before any work starts (the message names it)."""
+
+
+def _nearest_existing(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path("/")
+
+
+def check_writable(*finals: str | os.PathLike[str]) -> None:
+    """Fail fast, before any work, unless every output in ``finals`` can be written and replaced.
+
+    For each output, the directory its temporary sibling goes to (the nearest existing ancestor when the
+    parent does not exist yet) must accept a new file (probed for real: a read-only mount refuses even
+    root), and an existing output directory must be writable (it is removed once replaced).
+
+    Raises:
+        OutputNotWritableError: naming the output and the location that refused, and what to do.
+    """
+    for final in map(Path, finals):
+        where = _nearest_existing(final.parent)
+        reason = None
+        if not where.is_dir():
+            reason = f"{where} is not a directory"
+        else:
+            try:
+                fd, probe = tempfile.mkstemp(prefix=f".{final.name}{TEMP_MARKER}probe-", dir=where)
+                os.close(fd)
+                os.unlink(probe)
+            except OSError as err:
+                reason = f"{where} is not writable ({err.strerror or err})"
+        if reason is None and final.is_dir() and not os.access(final, os.W_OK | os.X_OK):
+            reason = f"the existing output directory {final} is not writable"
+        if reason is not None:
+            raise OutputNotWritableError(
+                f"cannot write output {final}: {reason}; nothing was written. Make it writable or choose "
+                "another location for this output, then run again"
+            )
+
+
+class OutputSet:
+    """The temporaries of several outputs that are committed together (see :func:`atomic_outputs`)."""
+
+    def __init__(self, pairs: dict[Path, Path]) -> None:
+        self._pairs = pairs
+
+    def __getitem__(self, final: str | os.PathLike[str]) -> Path:
+        """The temporary path to write the output ``final`` to."""
+        return self._pairs[Path(final)]
+
+    def __contains__(self, final: object) -> bool:
+        return isinstance(final, (str, os.PathLike)) and Path(final) in self._pairs
+
+    @property
+    def finals(self) -> list[Path]:
+        return list(self._pairs)
+
+
+def _commit(pairs: dict[Path, Path]) -> None:
+    """Move every temporary into place, or (on an error) none: the previous outputs are restored."""
+    olds: dict[Path, Path] = {}
+    placed: list[Path] = []
+    try:
+        for final in pairs:  # 1. the previous outputs aside (same directory: cheap renames)
+            if final.exists() or final.is_symlink():
+                old = final.with_name(f".{final.name}{TEMP_MARKER}old-{_OWNER}")
+                _remove(old)
+                os.replace(final, old)
+                olds[final] = old
+        for final, tmp in pairs.items():  # 2. the new outputs in
+            os.replace(tmp, final)
+            placed.append(final)
+    except BaseException:
+        for final in reversed(placed):  # roll back: the new ones out, the previous ones back
+            with contextlib.suppress(OSError):
+                os.replace(final, pairs[final])
+        for final, old in olds.items():
+            with contextlib.suppress(OSError):
+                os.replace(old, final)
+        raise
+    for final in pairs:
+        _fsync_dir(final.parent)
+    for old in olds.values():
+        _remove(old)
+
+
+@contextlib.contextmanager
+def atomic_outputs(
+    finals: Iterable[str | os.PathLike[str]], *, dirs: Iterable[str | os.PathLike[str]] = ()
+) -> Iterator[OutputSet]:
+    """Stage several outputs in temporaries next to them; commit them all together, or none.
+
+    Every output is checked first (:func:`check_writable`: fail fast, naming the output), then gets a
+    temporary sibling (``outputs[final]``; created as an empty directory for those in ``dirs``; an output
+    inside a directory output is staged inside that one's temporary). When the
+    block succeeds, every temporary must exist; the previous outputs are renamed aside, the new ones
+    renamed in, and the previous ones removed. An error anywhere (in the block or while committing)
+    removes the temporaries and leaves every previous output as it was: no new output appears next to a
+    stale one. Only a crash (``SIGKILL``) in the middle of the final renames can leave some outputs
+    missing (never half-written); their previous versions stay as ``.<name>.tmp-old-*`` siblings.
+    """
+    finals = [Path(f) for f in finals]
+    dir_set = {Path(d) for d in dirs}
+    if len(set(finals)) != len(finals):
+        raise ValueError(f"atomic_outputs: an output is named twice in {[str(f) for f in finals]}")
+    check_writable(*finals)
+    pairs: dict[Path, Path] = {}  # committed by renames
+    inner: dict[Path, Path] = {}  # outputs inside a directory output: staged inside its temporary
+    created: list[Path] = []  # parent directories made here, removed again when nothing is committed
+    try:
+        for final in finals:
+            if any(d != final and d in final.parents for d in dir_set):
+                continue
+            missing_parents = [p for p in (final.parent, *final.parent.parents) if not p.exists()]
+            final.parent.mkdir(parents=True, exist_ok=True)
+            created.extend(missing_parents)
+            prefix = f".{final.name}{TEMP_MARKER}"
+            _remove_dead_writers_temps(final.parent, prefix)
+            tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{_OWNER}-", dir=final.parent))
+            if final not in dir_set:
+                tmp.rmdir()
+            pairs[final] = tmp
+        for final in finals:
+            if final not in pairs:
+                outer = next(d for d in pairs if d in final.parents)
+                inner[final] = pairs[outer] / final.relative_to(outer)
+                inner[final].parent.mkdir(parents=True, exist_ok=True)
+                if final in dir_set:
+                    inner[final].mkdir()
+        yield OutputSet({f: pairs.get(f) or inner[f] for f in finals})
+        missing = [str(f) for f, t in (*pairs.items(), *inner.items()) if not t.exists()]
+        if missing:
+            raise FileNotFoundError(f"atomic_outputs: nothing was written for {missing}")
+        for tmp in pairs.values():
+            if tmp.is_file():
+                with open(tmp, "rb+") as fh:
+                    os.fsync(fh.fileno())
+        _commit(pairs)
+    except BaseException as err:
+        for tmp in pairs.values():
+            _remove(tmp)
+        for directory in sorted(created, key=lambda d: len(d.parts), reverse=True):  # deepest first
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only if still empty
+        full = next(
+            (f for f in pairs if isinstance(err, Exception) and not isinstance(err, DiskFullError)
+             and _looks_like_disk_full(err, f.parent)),
+            None,
+        )  # fmt: skip
+        if full is not None:
+            raise DiskFullError(
+                errno.ENOSPC,
+                f"no space left on the device while writing {full} ({type(err).__name__}: {err}); no "
+                f"output of this run was committed ({', '.join(map(str, pairs))}). Free space there, or "
+                "write the outputs to another disk, and run again",
+            ) from err
+        raise

@@ -43,6 +43,22 @@ def configure_logging() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+#: The longest "stage failed" reason printed (characters); the full message stays in the Prefect log.
+MAX_REASON_CHARS = 2000
+
+
+def failure_line(prefix: str, err: BaseException, limit: int = MAX_REASON_CHARS) -> str:
+    """``<prefix>: <Type>: <message>``, the message cut to ``limit`` characters (saying so).
+
+    A safety net: errors quote at most short excerpts of their input, but one that does not (a library's
+    message that embeds a whole file) must not become a megabyte-long line on the terminal or in DVC's log.
+    """
+    message = str(err)
+    if len(message) > limit:
+        message = f"{message[:limit]} ... [truncated: {len(message)} characters in all]"
+    return f"{prefix}: {type(err).__name__}: {message}"
+
+
 def run_stage(
     name: str,
     flow: Callable[..., Any],
@@ -76,6 +92,6 @@ def run_stage(
         print(f"{stage.name} stage interrupted: {err}", file=sys.stderr)
         return int(getattr(err, "exit_code", 1))
     except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
-        print(f"{stage.name} stage failed{where}: {type(err).__name__}: {err}", file=sys.stderr)
+        print(failure_line(f"{stage.name} stage failed{where}", err), file=sys.stderr)
         return 1
     return 0

@@ -9,16 +9,18 @@ artifact, data-check report).
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from prefect import flow
 
+from bert_core.atomic import check_writable
+from bert_core.constants import REPO_ROOT
 from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.sources import data_root
 from flows._cli import run_stage
-from flows._stage import finish_stage, stage_run
+from flows._stage import METRICS_DIR, finish_stage, stage_run
 from flows.stages import get
 
 STAGE = get("corpus")
@@ -42,8 +44,11 @@ def corpus_flow(
     """
     params: CorpusParams = STAGE.load_params(params_file)
     root = data_root()
-    with stage_run("corpus", params) as run, tempfile.TemporaryDirectory(prefix="corpus-checks-") as tmp:
-        report_dir = Path(tmp) / "data_docs"
+    check_writable(out_dir, metrics_path or METRICS_DIR / "corpus.json")  # fail fast
+    # The data-check report outlives the run (a failed check's message points at it): one folder per suite.
+    shutil.rmtree(REPO_ROOT / "reports" / "data_checks" / "corpus", ignore_errors=True)
+    report_dir = REPO_ROOT / "reports" / "data_checks" / "corpus" / "corpus"
+    with stage_run("corpus", params) as run:
         try:
             stats = build_corpus(
                 params, Path(out_dir), data_root=root, workers=workers, report_dir=report_dir

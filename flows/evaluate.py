@@ -61,6 +61,7 @@ def evaluate_flow(
             tasks=tasks,
             reference_size=params.reference_size,
             dpi=params.dpi,
+            lock_path=REPO_ROOT / "dvc.lock",
         )
         run.log_artifact(paths["html"], artifact_path="report")
         run.log_artifact(paths["markdown"], artifact_path="report")

@@ -25,20 +25,24 @@ import os
 # Must be set before torch loads its OpenMP runtime; OMP_WAIT_POLICY=ACTIVE in the environment overrides it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import contextlib
 import logging
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
+from bert_core.atomic import atomic_outputs, check_writable, write_json_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.finetune.params import FinetuneParams
 from bert_core.sources import data_root
 from bert_core.tracking import FINETUNE_EXPERIMENT
 from flows._cli import run_stage
-from flows._stage import finish_stage, stage_run
+from flows._stage import publish_artifact, stage_run
 from flows.stages import get
 
 STAGE = get("finetune")
@@ -51,6 +55,20 @@ def _log_check_reports(run: Any, reports: list[Any]) -> None:
             run.log_check_report(report)
         except Exception as err:  # a report that cannot be logged must not fail the stage
             log.warning("could not log data-check report %s: %s", getattr(report, "suite", "?"), err)
+
+
+@contextlib.contextmanager
+def _keep_reports_on_failure(run: Any, report_dir: Path) -> Iterator[None]:
+    """On a failure (a failed data check), log the reports written so far to MLflow too."""
+    try:
+        yield
+    except Exception:
+        if report_dir.exists():
+            try:
+                run.log_artifact(report_dir, artifact_path="data_checks")
+            except Exception as err:  # the stage's own error matters more
+                log.warning("could not log the data-check reports in %s: %s", report_dir, err)
+        raise
 
 
 def _standard_tags(run_id: str) -> dict[str, str]:
@@ -108,6 +126,12 @@ def finetune_flow(
         "precision": params.precision,
     }
     tags = {"task": spec.name, "init": params.model.init, "pretrained_source": source}
+    curves = [curves_dir / "train.csv", curves_dir / "dev.csv"]
+    finals = [out, model_dir, metrics_file, *curves]
+    check_writable(*finals)  # fail fast, naming the output, before the model is fetched or trained
+    # The data-check reports outlive the run (a failed check's message points at them): one folder per suite.
+    report_dir = REPO_ROOT / "reports" / "data_checks" / "finetune" / spec.name
+    shutil.rmtree(report_dir, ignore_errors=True)
     with (
         stage_run("finetune", run_params, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}",
                   tags=tags) as run,
@@ -117,20 +141,28 @@ def finetune_flow(
         run.set_tags({f"pretrained_{k}": v for k, v in resolved.info.items()})
         trial_tags = {**_standard_tags(run.run_id), **tags,
                       **{f"pretrained_{k}": str(v) for k, v in resolved.info.items()}}  # fmt: skip
-        result = finetune_task(
-            spec.name,
-            params,
-            resolved.path,
-            out,
-            model_out=model_dir,
-            data_root=data_root(),
-            tracker=MlflowTrialTracker(run.run_id, trial_tags),
-            source_info=resolved.info,
-            on_data=lambda data: _log_check_reports(run, data.check_reports),
-        )
-        metrics = result.metrics()
+        # Every out (results, model, metrics file, curves) is committed together or not at all.
+        with atomic_outputs(finals, dirs=[out]) as staged, _keep_reports_on_failure(run, report_dir):
+            result = finetune_task(
+                spec.name,
+                params,
+                resolved.path,
+                out,
+                model_out=model_dir,
+                data_root=data_root(),
+                tracker=MlflowTrialTracker(run.run_id, trial_tags),
+                source_info=resolved.info,
+                on_data=lambda data: _log_check_reports(run, data.check_reports),
+                check_report_dir=report_dir,
+                outputs=staged,
+            )
+            metrics = result.metrics()
+            write_json_atomic(staged[metrics_file], metrics)
+            with tempfile.TemporaryDirectory(prefix="curves-", dir=staged[out]) as scratch:
+                for curve, written in zip(curves, result.write_curves(scratch)):
+                    os.replace(written, staged[curve])
         run.log_artifact(out, artifact_path="results")
-        for curve in result.write_curves(curves_dir):
+        for curve in curves:
             run.log_artifact(curve, artifact_path="plots")
         if params.registry.enabled:
             name = f"{params.registry.name_prefix}{spec.name}"
@@ -149,7 +181,8 @@ def finetune_flow(
             )
             run.set_tags(registration.as_tags())
             run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
-        finish_stage(f"finetune-{spec.name}", metrics, run, metrics_file)
+        run.log_metrics(metrics)  # the metrics file was committed with the other outs
+        publish_artifact(f"finetune-{spec.name}", metrics)
     return metrics
 
 

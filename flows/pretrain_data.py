@@ -10,16 +10,18 @@ for DVC, and a Prefect artifact.
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from prefect import flow
 
+from bert_core.atomic import check_writable
+from bert_core.constants import REPO_ROOT
 from bert_core.pretrain_data.build import build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
 from flows._cli import run_stage
-from flows._stage import finish_stage, stage_run
+from flows._stage import METRICS_DIR, finish_stage, stage_run
 from flows.stages import get
 
 STAGE = get("pretrain_data")
@@ -48,8 +50,12 @@ def pretrain_data_flow(
     params: PretrainDataParams = STAGE.load_params(params_file)
     if workers is not None:
         params = params.model_copy(update={"num_workers": max(1, int(workers))})
-    with stage_run("pretrain_data", params) as run, tempfile.TemporaryDirectory(prefix="ptd-checks-") as tmp:
-        report_dir = Path(tmp) / "data_docs"
+    check_writable(out_dir, metrics_path or METRICS_DIR / "pretrain_data.json")  # fail fast
+    # The data-check reports outlive the run (a failed check's message points at them): one folder per
+    # phase and split (suite pretrain_data.<phase>.<split>).
+    report_dir = REPO_ROOT / "reports" / "data_checks" / "pretrain_data"
+    shutil.rmtree(report_dir, ignore_errors=True)
+    with stage_run("pretrain_data", params) as run:
         try:
             result = build_pretrain_data(
                 params, corpus_dir=corpus_dir, vocab_dir=vocab_dir, output_dir=out_dir, report_dir=report_dir

@@ -8,7 +8,8 @@ repository) unless a Prefect server already answers there, then serves these dep
 * ``<stage>/local`` for each stage of the stage table (:mod:`flows.stages`; what ``dvc.yaml`` runs as
   ``python -m flows.<stage>``): the stage on its own, outside DVC (DVC reruns it on the next
   ``dvc repro`` if its outputs changed). To run one stage *through* DVC, run ``bert-pipeline/local``
-  with ``targets: [<stage>]``.
+  with ``targets: [<stage>]``;
+* ``predict/local``: batch prediction of a JSON Lines file with a registered model (:mod:`flows.predict`).
 
 Their typed parameters are the UI's run form ("Run" -> "Custom run"). Stop with Ctrl-C: the server this
 command started stops with it. Only one ``flows.serve`` may serve a repository at a time (a second
@@ -145,8 +146,15 @@ def stage_flows(table: Iterable[stages.Stage] = stages.STAGES) -> list[Any]:
     return found
 
 
+# Prefect flows served besides the pipeline and the stages: ("module:attribute", description).
+EXTRA_FLOWS = (
+    ("flows.predict:predict_flow", "Batch prediction of a JSON Lines file with a registered model."),
+)
+
+
 def build_deployments() -> list[Any]:
-    """The pipeline deployment first, then one per stage flow (module entrypoints, so any cwd works)."""
+    """The pipeline deployment first, then one per stage flow, then :data:`EXTRA_FLOWS` (module
+    entrypoints, so any cwd works)."""
     from prefect.deployments.runner import EntrypointType
 
     from flows.pipeline import pipeline_flow
@@ -168,6 +176,15 @@ def build_deployments() -> list[Any]:
                     f"bert-pipeline/{DEPLOYMENT_NAME} with targets=[{stage_flow.name!r}]."
                 ),
                 tags=["bert", "stage"],
+                entrypoint_type=EntrypointType.MODULE_PATH,
+            )
+        )
+    for path, description in EXTRA_FLOWS:
+        deployments.append(
+            stages.resolve(path).to_deployment(
+                name=DEPLOYMENT_NAME,
+                description=description,
+                tags=["bert"],
                 entrypoint_type=EntrypointType.MODULE_PATH,
             )
         )

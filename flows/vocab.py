@@ -10,16 +10,18 @@ skipped with a warning when it cannot be fetched — it only feeds a comparison 
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from prefect import flow, task
 
+from bert_core.atomic import check_writable
+from bert_core.constants import REPO_ROOT
 from bert_core.sources import data_root
 from bert_core.vocab import VocabParams, train_vocab
 from flows._cli import run_stage
-from flows._stage import finish_stage, stage_run
+from flows._stage import METRICS_DIR, finish_stage, stage_run
 from flows.stages import get
 
 STAGE = get("vocab")
@@ -64,9 +66,12 @@ def vocab_flow(
 ) -> dict:
     """Train the WordPiece vocab; return its metrics."""
     params: VocabParams = STAGE.load_params(params_file)
+    check_writable(out_dir, metrics_path or METRICS_DIR / "vocab.json")  # fail fast
     ref = reference_vocab(params)
-    with stage_run("vocab", params) as run, tempfile.TemporaryDirectory(prefix="vocab-checks-") as tmp:
-        report_dir = Path(tmp) / "data_docs"
+    # The data-check report outlives the run (a failed check's message points at it): one folder per suite.
+    shutil.rmtree(REPO_ROOT / "reports" / "data_checks" / "vocab", ignore_errors=True)
+    report_dir = REPO_ROOT / "reports" / "data_checks" / "vocab" / "vocab"
+    with stage_run("vocab", params) as run:
         try:
             stats = train_vocab(
                 params, Path(corpus_dir), Path(out_dir), reference_vocab=ref, report_dir=report_dir

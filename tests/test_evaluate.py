@@ -7,10 +7,13 @@ import json
 import re
 
 import pytest
+import yaml
 
-from bert_core.evaluate import evaluate_results, summarize
+from bert_core.evaluate import SummaryCheckError, evaluate_results, summarize
+from bert_core.evaluate.crosscheck import dvc_dir_hash
 from bert_core.evaluate.references import HF_BASE_CASED_DEV, REFERENCES, glue_average
 from bert_core.finetune.results import FinetuneResult, TrialResult
+from bert_core.tasks import get_task
 
 TINY = {"source": "models/pretrained", "num_hidden_layers": 2, "hidden_size": 128, "preset": "tiny"}
 
@@ -112,3 +115,156 @@ def test_task_filter_reference_choice_and_errors(results_dir, tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match=r"qqp/summary\.json"):
         summarize(results_dir)
+
+
+# ------------------------------------------------------------------ cross-checks of the summaries
+
+
+def _with_sha(result: FinetuneResult, sha: str, uri: str = "models/pretrained") -> FinetuneResult:
+    result.model = {**result.model, "sha": sha, "uri": uri}
+    return result
+
+
+def _glue(task: str, sha: str = "aaaa1111", uri: str = "models/pretrained") -> FinetuneResult:
+    spec = get_task(task)  # the registry's kind and main metric
+    trials = [_trial("pretrained", 1e-4, 1, {spec.main_metric: 70.0})]
+    return _with_sha(FinetuneResult(task, spec.kind, spec.main_metric, dict(TINY), trials), sha, uri)
+
+
+@pytest.fixture
+def five_tasks(tmp_path):
+    root = tmp_path / "results"
+    for task in ("cola", "mrpc", "rte", "sst2", "stsb"):
+        _write(root, _glue(task))
+    return root
+
+
+def _copy_summary(root, src: str, dst: str) -> None:
+    (root / dst / "summary.json").write_bytes((root / src / "summary.json").read_bytes())
+
+
+def test_another_tasks_summary_copied_in_is_refused_by_name(five_tasks, tmp_path):
+    _copy_summary(five_tasks, "mrpc", "rte")
+    reports = tmp_path / "reports"
+    for tasks in (["cola", "mrpc", "rte", "sst2", "stsb"], None):  # configured, or every summary found
+        with pytest.raises(SummaryCheckError) as err:
+            evaluate_results(five_tasks, tmp_path / "metrics.json", reports, tasks=tasks)
+        msg = str(err.value)
+        assert f"{five_tasks}/rte/summary.json is the summary of task 'mrpc', not 'rte'" in msg
+        assert "re-run `dvc repro finetune@rte`" in msg and len(err.value.problems) == 1
+    assert not reports.exists() and not (tmp_path / "metrics.json").exists()  # never a partial report
+
+
+def test_kind_or_main_metric_that_disagrees_with_the_registry(five_tasks):
+    path = five_tasks / "rte" / "summary.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "kind": "span_qa"}))
+    with pytest.raises(SummaryCheckError, match=r"rte/summary\.json records kind 'span_qa' for task 'rte', but "
+                       r"the task registry \(bert_core.tasks\) says 'classification'.*finetune@rte"):  # fmt: skip
+        summarize(five_tasks)
+    path.write_text(json.dumps({**data, "main_metric": "f1"}))
+    with pytest.raises(SummaryCheckError, match=r"records main_metric 'f1' for task 'rte'.*'accuracy'"):
+        summarize(five_tasks)
+
+
+def test_unknown_task_directory_and_incomplete_summaries(five_tasks):
+    _write(five_tasks, _glue("qqp"))
+    (five_tasks / "qqp").rename(five_tasks / "foo")
+    with pytest.raises(SummaryCheckError, match=r"foo/summary\.json lies in a directory named 'foo', which is "
+                       "no task of the registry"):  # fmt: skip
+        summarize(five_tasks)
+    (five_tasks / "foo" / "summary.json").unlink()
+    path = five_tasks / "rte" / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "trials": []}))
+    with pytest.raises(SummaryCheckError, match=r"rte/summary\.json: not a complete fine-tuning summary \(no "
+                       r"trials\); re-run `dvc repro finetune@rte`"):  # fmt: skip
+        summarize(five_tasks, tasks=["rte", "sst2"])
+
+
+def test_summaries_from_different_pretrained_models_are_named(five_tasks):
+    _write_over = five_tasks / "rte" / "summary.json"
+    _write_over.write_text(
+        json.dumps(_glue("rte", sha="bbbb2222", uri="models:/bert-pretrained@newest").to_json())
+    )
+    with pytest.raises(SummaryCheckError) as err:
+        summarize(five_tasks)
+    msg = str(err.value)
+    assert len(err.value.problems) == 1 and msg.startswith(f"{five_tasks}/rte/summary.json was fine-tuned from "
+                                                            "pretrained model bbbb2222 (models:/bert-pretrained@newest)")  # fmt: skip
+    assert "but cola, mrpc, sst2, stsb from aaaa1111 (models/pretrained)" in msg and "finetune@rte" in msg
+    # a tie names every side; summaries without a fingerprint (older runs) are not compared
+    with pytest.raises(SummaryCheckError) as err:
+        summarize(five_tasks, tasks=["rte", "sst2"])
+    assert len(err.value.problems) == 2
+    data = json.loads(_write_over.read_text())
+    del data["model"]["sha"]
+    _write_over.write_text(json.dumps(data))
+    assert sorted(summarize(five_tasks).results) == ["cola", "mrpc", "rte", "sst2", "stsb"]
+
+
+def test_every_problem_is_named_and_the_message_is_bounded(five_tasks):
+    for task in ("cola", "mrpc", "rte", "sst2", "stsb"):
+        other = "sst2" if task != "sst2" else "cola"
+        (five_tasks / task / "summary.json").write_text(json.dumps(_glue(other).to_json()))
+    (five_tasks / "wnli").mkdir()
+    (five_tasks / "wnli" / "summary.json").write_text("{" + "x" * 100_000)
+    with pytest.raises(SummaryCheckError) as err:
+        summarize(five_tasks)
+    assert len(err.value.problems) == 6 and "and 1 more problem(s)" in str(err.value)
+    assert len(str(err.value)) < 3000
+
+
+def test_the_report_says_which_tasks_it_covers(results_dir, tmp_path):
+    _, paths = evaluate_results(
+        results_dir, tmp_path / "m.json", tmp_path / "reports", tasks=["sst2", "wnli"]
+    )
+    assert "Tasks: the tasks of finetune.tasks (sst2, wnli)" in paths["markdown"].read_text()
+    _, paths = evaluate_results(results_dir, tmp_path / "m.json", tmp_path / "reports")
+    assert "finetune.tasks lists none" in paths["markdown"].read_text()
+
+
+def test_dvc_dir_hash_is_the_one_dvc_records(tmp_path):
+    # recorded by `dvc repro` (DVC 3) in dvc.lock for exactly this directory: a nested file, CRLF kept as is
+    (tmp_path / "out" / "sub").mkdir(parents=True)
+    (tmp_path / "out" / "summary.json").write_bytes(b'{"v": 2}')
+    (tmp_path / "out" / "sub" / "x.tsv").write_bytes(b"a\tb\r\n2\n")
+    assert dvc_dir_hash(tmp_path / "out") == "dbfb9bc26cbe19deffb81c8f5d57f89f.dir"
+
+
+def _lock(repo, hashes: dict[str, str], algo: str = "md5") -> None:
+    stages = {f"finetune@{t}": {"cmd": f"python -m flows.finetune {t}",
+                                "outs": [{"path": f"results/finetune/{t}", "hash": algo, "md5": h}]}
+              for t, h in hashes.items()}  # fmt: skip
+    (repo / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": stages}))
+
+
+def test_results_that_differ_from_what_dvc_lock_recorded_are_named(tmp_path):
+    root = tmp_path / "results" / "finetune"
+    for task in ("rte", "sst2"):
+        _write(root, _glue(task))
+    _lock(tmp_path, {t: dvc_dir_hash(root / t) for t in ("rte", "sst2")})
+    lock = tmp_path / "dvc.lock"
+    assert sorted(summarize(root, lock_path=lock).results) == ["rte", "sst2"]  # as committed
+    # the right task, but not the file finetune@rte committed (restored from elsewhere, edited)
+    rte = root / "rte" / "summary.json"
+    rte.write_text(json.dumps({**json.loads(rte.read_text()), "outputs": {"model": "elsewhere"}}))
+    with pytest.raises(SummaryCheckError) as err:
+        summarize(root, lock_path=lock)
+    msg = str(err.value)
+    assert msg.startswith(f"{root}/rte is not what finetune@rte committed ({lock} records ")
+    assert (
+        "re-run `dvc repro finetune@rte`, or `dvc commit finetune@rte`" in msg
+        and len(err.value.problems) == 1
+    )
+    # not compared: no lock, a task the lock does not record, results outside the lock's repository,
+    # a pre-3.0 entry (md5-dos2unix)
+    assert summarize(root, lock_path=tmp_path / "absent.lock").results
+    _lock(tmp_path, {"sst2": dvc_dir_hash(root / "sst2")})
+    assert summarize(root, lock_path=lock).results
+    _lock(tmp_path, {"rte": "0" * 32 + ".dir"}, algo="md5-dos2unix")
+    assert summarize(root, lock_path=lock).results
+    (tmp_path / "elsewhere").mkdir()
+    _lock(tmp_path / "elsewhere", {"rte": "0" * 32 + ".dir"})
+    assert summarize(root, lock_path=tmp_path / "elsewhere" / "dvc.lock").results
+    (tmp_path / "dvc.lock").write_text("stages: [not: a mapping")  # DVC itself reports a broken lock
+    assert summarize(root, lock_path=lock).results

@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from bert_core.constants import REPO_ROOT
-from flows import _profiles_cli, profiles
 from flows import overrides as ov
+from flows import profiles
 from flows.overrides import ProfileError
+from flows.profiles import cli as _profiles_cli
 
 
 def _git(root: Path, *args: str) -> None:

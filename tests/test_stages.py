@@ -11,8 +11,9 @@ from pathlib import Path
 import yaml
 
 from bert_core.constants import REPO_ROOT
-from flows import _deps, stages
+from flows import stages
 from flows.stages import STAGES
+from flows.stages import deps as _deps
 
 
 def _dvc_stages() -> dict:

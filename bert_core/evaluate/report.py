@@ -70,10 +70,16 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _intro(summary: EvaluationSummary) -> str:
-    models = {r.model.get("source", "?") for r in summary.results.values()}
+    models = {
+        str(r.model.get("uri") or r.model.get("source", "?"))
+        + (f" (fingerprint {r.model['sha']})" if r.model.get("sha") else "")
+        for r in summary.results.values()
+    }
     size = summary.preset or "custom"
+    tasks = f"Tasks: {summary.selection}, each summary checked against its task and pretrained model. "
     return (
-        f"Fine-tuned from {', '.join(sorted(models))} (size: {size}). Our scores are on the *dev* sets (the "
+        (tasks if summary.selection else "")
+        + f"Fine-tuned from {', '.join(sorted(models))} (size: {size}). Our scores are on the *dev* sets (the "
         "selected learning rate and seed, as the BERT paper selects on dev); published GLUE scores are "
         "mostly *test* scores, so the comparison is indicative. Spread: mean ± std over the seeds of the "
         "selected learning rate."
@@ -141,6 +147,7 @@ def evaluate_results(
     tasks: list[str] | None = None,
     reference_size: str = "auto",
     dpi: int = 110,
+    lock_path: str | Path | None = None,
 ) -> tuple[dict[str, float], dict[str, Path]]:
     """The ``evaluate`` stage function: summary metrics JSON + Markdown/HTML report with plots.
 
@@ -151,11 +158,14 @@ def evaluate_results(
         tasks: Only these tasks (the finetune stages of the pipeline); ``None``: every summary found.
         reference_size: ``auto`` (the pretrained model's size), a preset name, or ``none``.
         dpi: Plot resolution.
+        lock_path: ``dvc.lock`` whose ``finetune@<task>`` outputs the results must match (``None``: not
+            compared; see :mod:`bert_core.evaluate.crosscheck`).
 
     Returns:
         ``(metrics, written paths)``.
     """
-    summary = summarize(results_dir, tasks=tasks, reference_size=reference_size)
+    summary = summarize(results_dir, tasks=tasks, reference_size=reference_size, lock_path=lock_path)
+    # nothing is written before every check passed: a refused summary never leaves a partial report
     report_dir = Path(report_dir)
     paths = render_report(summary, report_dir / "evaluate.md", report_dir / "evaluate.html", dpi=dpi)
     metrics = summary.metrics()

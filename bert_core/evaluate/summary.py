@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bert_core.evaluate.crosscheck import SummaryCheckError, check_lock, check_provenance, check_summary
 from bert_core.evaluate.references import (
     GLUE_AVERAGE_ROWS,
     Reference,
@@ -51,6 +52,7 @@ class EvaluationSummary:
     rows: list[Row]
     preset: str | None
     reference: Reference | None
+    selection: str = ""
 
     def glue(self) -> dict[str, Any]:
         ours, rows = glue_average({r.name: r.ours for r in self.rows})
@@ -94,16 +96,24 @@ class EvaluationSummary:
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 
-def load_results(results_dir: str | Path, tasks: list[str] | None = None) -> dict[str, FinetuneResult]:
-    """The ``<task>/summary.json`` files under ``results_dir``, by task name (sorted).
+def load_results(
+    results_dir: str | Path, tasks: list[str] | None = None, *, lock_path: str | Path | None = None
+) -> dict[str, FinetuneResult]:
+    """The ``<task>/summary.json`` files under ``results_dir``, by task name (sorted), cross-checked.
+
+    Each summary must be the one of its directory's task, with the registry's kind and main metric, and all
+    of them must come from the same pretrained model, and be what ``dvc.lock`` recorded for their finetune
+    stage (:mod:`bert_core.evaluate.crosscheck`).
 
     Args:
         results_dir: The finetune stages' results directory.
         tasks: Only these tasks (each must have a summary); ``None`` = every summary found.
+        lock_path: ``dvc.lock`` to compare each task's results directory with (``None``: no comparison).
 
     Raises:
         FileNotFoundError: no summaries, or a listed task without one (naming the stage to run).
-        ValueError: a summary that cannot be read (naming the file).
+        SummaryCheckError: (a ``ValueError``) summaries that cannot be read or do not belong where they
+            lie, each named with the stage to re-run.
     """
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
@@ -115,18 +125,33 @@ def load_results(results_dir: str | Path, tasks: list[str] | None = None) -> dic
         if missing:
             stages = ", ".join(f"'dvc repro finetune@{t}'" for t in missing)
             raise FileNotFoundError(
-                f"no {SUMMARY_NAME} under {results_dir} for task(s) {missing}: run {stages}"
+                f"no {SUMMARY_NAME} under {results_dir} for configured task(s) {missing} (finetune.tasks): "
+                f"run {stages}"
             )
-        paths = [results_dir / t / SUMMARY_NAME for t in sorted(tasks)]
+        names = sorted(tasks)
     else:
-        paths = sorted(results_dir.glob(f"*/{SUMMARY_NAME}"))
-    found = {}
-    for path in paths:
-        result = FinetuneResult.load(path)
-        found[result.task] = result
-    if not found:
+        names = sorted(p.parent.name for p in results_dir.glob(f"*/{SUMMARY_NAME}"))
+    if not names:
         raise FileNotFoundError(f"{results_dir} holds no */{SUMMARY_NAME}: run the finetune stages first")
-    return found
+    problems: list[str] = []
+    checked: dict[str, tuple[Path, FinetuneResult]] = {}
+    for name in names:
+        path = results_dir / name / SUMMARY_NAME
+        try:
+            result = FinetuneResult.load(path)
+        except ValueError as err:
+            problems.append(f"{err} (`dvc repro finetune@{name}`)")
+            continue
+        problem = check_summary(path, name, result)
+        if problem is not None:
+            problems.append(problem)
+        else:
+            checked[name] = (path, result)
+    problems += check_provenance(checked)
+    problems += check_lock(lock_path, checked)
+    if problems:
+        raise SummaryCheckError(problems)
+    return {name: result for name, (_, result) in checked.items()}
 
 
 def _rows_of(result: FinetuneResult, reference: Reference | None) -> list[Row]:
@@ -162,7 +187,11 @@ def _rows_of(result: FinetuneResult, reference: Reference | None) -> list[Row]:
 
 
 def summarize(
-    results_dir: str | Path, *, tasks: list[str] | None = None, reference_size: str = "auto"
+    results_dir: str | Path,
+    *,
+    tasks: list[str] | None = None,
+    reference_size: str = "auto",
+    lock_path: str | Path | None = None,
 ) -> EvaluationSummary:
     """Collect the tasks' results and match them with the published scores of the same model size.
 
@@ -170,8 +199,9 @@ def summarize(
         results_dir: Directory of ``<task>/summary.json`` files.
         tasks: Only these tasks (``None``: all found).
         reference_size: ``auto`` (the size of the pretrained model), a preset name, or ``none``.
+        lock_path: ``dvc.lock`` to cross-check the results with (:func:`load_results`).
     """
-    results = load_results(results_dir, tasks)
+    results = load_results(results_dir, tasks, lock_path=lock_path)
     presets = {r.model.get("preset") for r in results.values()}
     preset = next(iter(presets)) if len(presets) == 1 else None
     if reference_size == "none":
@@ -191,4 +221,9 @@ def summarize(
         for i, name in enumerate((*GLUE_AVERAGE_ROWS, "wnli", "squad_v1", "squad_v2", "swag", "conll2003"))
     }
     rows.sort(key=lambda r: order.get(r.name, len(order)))
-    return EvaluationSummary(results, rows, preset, reference)
+    selection = (
+        f"the tasks of finetune.tasks ({', '.join(sorted(tasks))})"
+        if tasks is not None
+        else f"every summary found under {results_dir} ({', '.join(results)}; finetune.tasks lists none)"
+    )
+    return EvaluationSummary(results, rows, preset, reference, selection)

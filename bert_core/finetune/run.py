@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from bert_core.atomic import atomic_path, write_json_atomic
+from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_json_atomic
 from bert_core.config import preset_for
 from bert_core.finetune.collate import make_loader
 from bert_core.finetune.inference import MODEL_INPUTS, TARGETS, load_tokenizer, predict
@@ -150,7 +150,8 @@ def load_task_data(
         if data_checks and split in ("train", *spec.dev_splits):
             from bert_core.kinds.checks import check_task_split
 
-            report_dir = Path(check_report_dir) / split if check_report_dir else None
+            suite_dir = f"task-{spec.name}-{split}"  # the suite's name (one report folder per suite)
+            report_dir = Path(check_report_dir) / suite_dir if check_report_dir else None
             report = check_task_split(rows, spec, split, report_dir=report_dir)
             data.check_reports.append(report)
             report.raise_for_critical()
@@ -304,6 +305,8 @@ def finetune_task(
     tracker: TrialTracker | None = None,
     source_info: Mapping[str, Any] | None = None,
     on_data: Callable[[TaskData], None] | None = None,
+    check_report_dir: str | Path | None = None,
+    outputs: OutputSet | None = None,
 ) -> FinetuneResult:
     """Fine-tune ``task`` from the HF model in ``model_source`` and write its outputs.
 
@@ -318,6 +321,12 @@ def finetune_task(
         tracker: Opens a recorder per trial (nested MLflow runs in the flow).
         source_info: Provenance of the pretrained model to record (registry name/version, URI).
         on_data: Called with the loaded :class:`TaskData` (the flow logs the data-check reports).
+        check_report_dir: Where the data checks' HTML reports go (one folder per suite), kept after the
+            run so that a failed check's message points at a report that exists; default: a temporary
+            directory (no lasting report).
+        outputs: Stage ``out_dir`` and ``model_out`` in this :class:`~bert_core.atomic.OutputSet` (the
+            flow adds its metrics and plots files, so that all are committed together); default: a set of
+            their own, committed when this function returns.
 
     Returns:
         The :class:`FinetuneResult` (also written as ``out_dir/summary.json``).
@@ -336,11 +345,13 @@ def finetune_task(
             f"(max_position_embeddings={info['max_position_embeddings']} in {source_dir}/config.json); set "
             f"finetune.tasks.{spec.name}.max_seq_length to at most {info['max_position_embeddings']}"
         )
+    check_writable(out_dir, model_out)  # fail fast, before hours of training
     tokenizer = load_tokenizer(source_dir, info["vocab_size"])
     with tempfile.TemporaryDirectory(prefix=f"finetune-{spec.name}-") as tmp_name:
         tmp = Path(tmp_name)
+        reports = Path(check_report_dir) if check_report_dir is not None else tmp / "data_checks"
         data = load_task_data(spec, settings, tokenizer, data_root=data_root, data_checks=params.data_checks,
-                              check_report_dir=tmp / "data_checks")  # fmt: skip
+                              check_report_dir=reports)  # fmt: skip
         if on_data is not None:
             on_data(data)
         log.info("%s: %d train features, dev %s", spec.name, len(data.train.features),
@@ -377,8 +388,11 @@ def finetune_task(
         result = FinetuneResult(spec.name, spec.kind, spec.main_metric, info, trials)
         selected_init = result.selected.init
         best_dir = tmp / f"best-{selected_init}"
-        _write_outputs(spec, data, settings, params, result, best[selected_init], best_dir, tokenizer,
-                       out_dir, model_out)  # fmt: skip
+        with contextlib.ExitStack() as stack:
+            if outputs is None:
+                outputs = stack.enter_context(atomic_outputs([out_dir, model_out], dirs=[out_dir]))
+            _write_outputs(spec, data, settings, params, result, best[selected_init], best_dir, tokenizer,
+                           out_dir, model_out, outputs)  # fmt: skip
     return result
 
 
@@ -398,41 +412,43 @@ def _write_outputs(
     tokenizer: Any,
     out_dir: Path,
     model_out: Path,
+    staged: OutputSet,
 ) -> None:
-    """Predictions of the selected model (dev, other dev splits, test) + summary + model, atomically."""
+    """Predictions of the selected model (dev, other dev splits, test) + summary + model, staged in
+    ``staged`` (committed together by its owner)."""
     kind = get_kind(spec)
     model = kind.model_class.from_pretrained(best_dir)
     device = torch.device("cuda" if params.device != "cpu" and torch.cuda.is_available() else "cpu")
     model.to(device)
     threshold = selected.dev_score.extra.get("null_threshold")
-    with atomic_path(out_dir, is_dir=True) as tmp_out:
-        paths = kind.write_predictions(spec, spec.dev_splits[0], data.dev[spec.dev_splits[0]].rows,
-                                       selected.dev_score, tmp_out)  # fmt: skip
-        details = {spec.dev_splits[0]: selected.dev_score.details}
-        for split in spec.dev_splits[1:]:
-            d = data.dev[split]
-            outputs = predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
-                              precision=params.precision)  # fmt: skip
-            score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
-            result.selected.other_splits[split] = dict(score.metrics)
-            details[split] = score.details
-            paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
-        for split, d in data.test.items():
-            outputs = predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
-                              precision=params.precision)  # fmt: skip
-            score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
-            paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
-        rel = {k: str(Path(out_dir) / Path(v).relative_to(tmp_out)) for k, v in paths.items()}
-        result.outputs = {"model": str(model_out), **rel}
-        summary = result.to_json()
-        summary["details"] = details
-        summary["data"] = {
-            "train": {"rows": len(data.train.rows), "features": len(data.train.features), "source": data.train.source},
-            **{s: {"rows": len(d.rows), "features": len(d.features), "source": d.source} for s, d in data.dev.items()},
-            **{s: {"rows": len(d.rows), "source": d.source} for s, d in data.test.items()},
-        }  # fmt: skip
-        summary["notes"] = data.notes
-        write_json_atomic(tmp_out / "summary.json", summary)
-    with atomic_path(model_out) as tmp_model:
-        shutil.copytree(best_dir, tmp_model)
-        tokenizer.save_pretrained(str(tmp_model))
+    tmp_out = staged[out_dir]
+    paths = kind.write_predictions(spec, spec.dev_splits[0], data.dev[spec.dev_splits[0]].rows,
+                                   selected.dev_score, tmp_out)  # fmt: skip
+    details = {spec.dev_splits[0]: selected.dev_score.details}
+    for split in spec.dev_splits[1:]:
+        d = data.dev[split]
+        outputs = predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
+                          precision=params.precision)  # fmt: skip
+        score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
+        result.selected.other_splits[split] = dict(score.metrics)
+        details[split] = score.details
+        paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
+    for split, d in data.test.items():
+        outputs = predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
+                          precision=params.precision)  # fmt: skip
+        score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
+        paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
+    rel = {k: str(Path(out_dir) / Path(v).relative_to(tmp_out)) for k, v in paths.items()}
+    result.outputs = {"model": str(model_out), **rel}
+    summary = result.to_json()
+    summary["details"] = details
+    summary["data"] = {
+        "train": {"rows": len(data.train.rows), "features": len(data.train.features), "source": data.train.source},
+        **{s: {"rows": len(d.rows), "features": len(d.features), "source": d.source} for s, d in data.dev.items()},
+        **{s: {"rows": len(d.rows), "source": d.source} for s, d in data.test.items()},
+    }  # fmt: skip
+    summary["notes"] = data.notes
+    write_json_atomic(tmp_out / "summary.json", summary)
+    tmp_model = staged[model_out]
+    shutil.copytree(best_dir, tmp_model)
+    tokenizer.save_pretrained(str(tmp_model))

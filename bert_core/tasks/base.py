@@ -6,9 +6,50 @@ import os
 from pathlib import Path
 from typing import Any
 
+#: The longest quote of file content in an error message (characters).
+EXCERPT_CHARS = 200
+#: The longest message of a :class:`TaskDataError` (a safety net behind the excerpts).
+MAX_MESSAGE_CHARS = 2000
+
+
+def excerpt(value: Any, limit: int = EXCERPT_CHARS) -> str:
+    """``repr(value)``, cut to ``limit`` characters with a note of the full length (quotes in messages)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters in all)"
+
+
+def bound_message(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``message`` cut to ``limit`` characters, saying so."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]} ... [message truncated: {len(message)} characters in all]"
+
 
 class TaskDataError(ValueError):
-    """Task data that cannot be used as it is; the message names the file (and line or id) and the fix."""
+    """Task data that cannot be used as it is; the message names the file (and line or id) and the fix.
+
+    The message is bounded (:data:`MAX_MESSAGE_CHARS`): a loader quotes at most a short excerpt of the
+    file, and a longer message is cut, so a bad file never becomes a megabyte-long error line or log.
+    """
+
+    def __init__(self, message: str = "", *args: Any) -> None:
+        super().__init__(bound_message(str(message)), *args)
+
+
+def check_line_endings(path: Path, sample_bytes: int = 1 << 16) -> None:
+    """Raise :class:`TaskDataError` when ``path`` uses CR-only (old Mac) line endings.
+
+    Such a file reads as one huge line: the loader would otherwise report a malformed (whole-file) row.
+    """
+    with path.open("rb") as f:
+        head = f.read(sample_bytes)
+    if b"\r" in head and b"\n" not in head:
+        raise TaskDataError(
+            f"{path}: file uses CR-only line endings; convert to LF (e.g. `tr '\\r' '\\n' < "
+            f"{path.name} > fixed && mv fixed {path.name}`, or save it with Unix line endings) and run again"
+        )
 
 
 class TaskRows(list):

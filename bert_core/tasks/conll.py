@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from bert_core.tasks.base import TaskDataError, TaskRows, hub_source, hub_split
+from bert_core.tasks.base import TaskDataError, TaskRows, check_line_endings, excerpt, hub_source, hub_split
 from bert_core.tasks.registry import CONLL_TAGS, TaskSpec
 
 
@@ -56,7 +56,9 @@ def load_conll_file(spec: TaskSpec, split: str, path: Path, limit: int | None = 
             tokens, tags = [], []
         return limit is not None and len(rows) >= limit
 
-    with path.open(encoding="utf-8", newline="\n") as f:
+    check_line_endings(path)
+    # utf-8-sig: a byte-order mark would otherwise glue itself to the first token ("\ufeff-DOCSTART-").
+    with path.open(encoding="utf-8-sig", newline="\n") as f:
         for lineno, line in enumerate(f, start=1):
             line = line.rstrip("\r\n")
             if not line.strip():
@@ -67,7 +69,7 @@ def load_conll_file(spec: TaskSpec, split: str, path: Path, limit: int | None = 
             if len(fields) != 4:
                 raise TaskDataError(
                     f"{path}:{lineno}: expected 4 space-separated columns (token POS chunk NER), got "
-                    f"{len(fields)}: {line!r}"
+                    f"{len(fields)}: {excerpt(line)}"
                 )
             if fields[0] == "-DOCSTART-":
                 if flush():
@@ -75,7 +77,7 @@ def load_conll_file(spec: TaskSpec, split: str, path: Path, limit: int | None = 
                 continue
             if fields[3] not in valid:
                 raise TaskDataError(
-                    f"{path}:{lineno}: unknown NER tag {fields[3]!r}; valid tags: {sorted(valid)}"
+                    f"{path}:{lineno}: unknown NER tag {excerpt(fields[3])}; valid tags: {sorted(valid)}"
                 )
             tokens.append(fields[0])
             tags.append(fields[3])

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bert_core.tasks.base import TaskDataError, TaskRows, hub_source, hub_split
+from bert_core.tasks.base import TaskDataError, TaskRows, check_line_endings, excerpt, hub_source, hub_split
 from bert_core.tasks.registry import TaskSpec
 
 
@@ -83,6 +83,7 @@ _SKIP_MALFORMED = {"qqp"}
 
 def _tsv_lines(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) of every non-empty line; quoting disabled, only ``\\n`` ends a line."""
+    check_line_endings(path)
     with path.open(encoding="utf-8-sig", newline="\n") as f:
         for lineno, line in enumerate(f, start=1):
             line = line.rstrip("\n").rstrip("\r")
@@ -102,13 +103,13 @@ def _parse_label(spec: TaskSpec, raw: str, path: Path, lineno: int) -> int | flo
         except ValueError:
             value = math.nan
         if not math.isfinite(value):
-            raise TaskDataError(f"{path}:{lineno}: {spec.name} score {raw!r} is not a number")
+            raise TaskDataError(f"{path}:{lineno}: {spec.name} score {excerpt(raw)} is not a number")
         return value
     # The TSV spells labels the way the leaderboard does ("0"/"1", "entailment", ...).
     if raw in spec.submission_labels:
         return spec.submission_labels.index(raw)
     raise TaskDataError(
-        f"{path}:{lineno}: unknown {spec.name} label {raw!r}; valid labels: {list(spec.submission_labels)}"
+        f"{path}:{lineno}: unknown {spec.name} label {excerpt(raw)}; valid labels: {list(spec.submission_labels)}"
     )
 
 
@@ -127,14 +128,14 @@ def load_glue_tsv(spec: TaskSpec, split: str, path: Path, limit: int | None = No
         layout = labelled_layout if has_label else test_layout
         if split not in spec.test_splits and not has_label:
             raise TaskDataError(
-                f"{path}:1: header has no {labelled_layout.label!r} column (found {header}); a {split} file "
+                f"{path}:1: header has no {labelled_layout.label!r} column (found {excerpt(header)}); a {split} file "
                 f"must be labelled"
             )
     needed = [c for c in (layout.text_a, layout.text_b, layout.label, layout.id) if c is not None]
     absent = [c for c in needed if c not in header]
     if absent:
         raise TaskDataError(
-            f"{path}:1: missing column(s) {absent} in header {header}; is this the {spec.name} file?"
+            f"{path}:1: missing column(s) {absent} in header {excerpt(header)}; is this the {spec.name} file?"
         )
     col = {name: header.index(name) for name in needed}
     skipped = {}
@@ -146,7 +147,7 @@ def load_glue_tsv(spec: TaskSpec, split: str, path: Path, limit: int | None = No
                 continue
             raise TaskDataError(
                 f"{path}:{lineno}: {len(fields)} tab-separated fields, the header has {len(header)} "
-                f"({header}); fix or remove the row"
+                f"({excerpt(header)}); fix or remove the row"
             )
         rows.append(
             {

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bert_core.tasks.base import TaskDataError, TaskRows, hub_source, hub_split
+from bert_core.tasks.base import TaskDataError, TaskRows, excerpt, hub_source, hub_split
 from bert_core.tasks.registry import TaskSpec
 
 
@@ -37,11 +37,16 @@ def check_answer_offsets(row: Mapping[str, Any], where: str) -> None:
         raise TaskDataError(f"{where}: question {row['id']} has no answer and is not marked is_impossible")
     context = row["context"]
     for text, start in zip(answers["text"], answers["answer_start"]):
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise TaskDataError(
+                f"{where}: question {row['id']}: answer_start must be an integer (a character offset into "
+                f"the context), got {excerpt(start)} ({type(start).__name__}); fix the file"
+            )
         found = context[start : start + len(text)] if isinstance(start, int) and start >= 0 else None
         if found != text:
             raise TaskDataError(
-                f"{where}: question {row['id']}: answer {text!r} is not at answer_start={start} of its "
-                f"context (found {found!r}); fix the offset"
+                f"{where}: question {row['id']}: answer {excerpt(text)} is not at answer_start={start} of "
+                f"its context (found {excerpt(found)}); fix the offset"
             )
 
 
@@ -63,6 +68,7 @@ def load_squad_json(spec: TaskSpec, split: str, path: Path, limit: int | None = 
     if version and not _version_ok(spec, version):
         raise TaskDataError(f"{path}: file says version {version!r}, which is not a {spec.name} file")
     rows: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}  # question id -> where it first appeared
     for a, article in enumerate(doc["data"]):
         for p, paragraph in enumerate(article.get("paragraphs", [])):
             for q, qa in enumerate(paragraph.get("qas", [])):
@@ -81,6 +87,18 @@ def load_squad_json(spec: TaskSpec, split: str, path: Path, limit: int | None = 
                     }
                 except (KeyError, TypeError) as err:
                     raise TaskDataError(f"{where}: missing or malformed field {err}") from None
+                if row["id"] in seen:  # predictions and scores are keyed by id: one would overwrite the other
+                    raise TaskDataError(
+                        f"{where}: duplicate question id {excerpt(row['id'])} (first at {seen[row['id']]}); "
+                        "question ids must be unique: fix or remove one of them"
+                    )
+                seen[row["id"]] = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                if row["is_impossible"] and spec.name != "squad_v2":
+                    raise TaskDataError(
+                        f"{where}: question {excerpt(row['id'])} is marked is_impossible, which a "
+                        f"{spec.name} (SQuAD v1.1) file cannot have; use the squad_v2 task for SQuAD 2.0 "
+                        "data, or remove the question"
+                    )
                 check_answer_offsets(row, str(path))
                 rows.append(row)
                 if limit is not None and len(rows) >= limit:

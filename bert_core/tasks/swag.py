@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from bert_core.tasks.base import TaskDataError, TaskRows, hub_source, hub_split
+from bert_core.tasks.base import TaskDataError, TaskRows, excerpt, hub_source, hub_split
 from bert_core.tasks.registry import TaskSpec
 
 ENDINGS = ("ending0", "ending1", "ending2", "ending3")
@@ -24,7 +24,7 @@ _REQUIRED = ("sent1", "sent2", *ENDINGS)
 
 def _label(raw: str | None, path: Path, lineno: int) -> int:
     if raw not in ("0", "1", "2", "3"):
-        raise TaskDataError(f"{path}:{lineno}: SWAG label {raw!r} is not one of 0, 1, 2, 3")
+        raise TaskDataError(f"{path}:{lineno}: SWAG label {excerpt(raw)} is not one of 0, 1, 2, 3")
     return int(raw)
 
 
@@ -47,7 +47,7 @@ def load_swag_csv(spec: TaskSpec, split: str, path: Path, limit: int | None = No
         if labelled and "label" not in header:
             absent.append("label")
         if absent:
-            raise TaskDataError(f"{path}:1: missing column(s) {absent} in header {header}")
+            raise TaskDataError(f"{path}:1: missing column(s) {absent} in header {excerpt(header)}")
         col = {name: i for i, name in enumerate(header)}
         has_index = header[0] == ""
         for fields in reader:

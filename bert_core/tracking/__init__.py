@@ -5,6 +5,9 @@ Public API (import from here):
 - :func:`stage_run`, :class:`StageRun`, :func:`retry_tracking`, :func:`tracking_uri`,
   :func:`ensure_tracking_store`, :func:`git_commit`, :func:`pipeline_run_id`, :func:`numeric_metrics`,
   :data:`PIPELINE_EXPERIMENT`, :data:`FINETUNE_EXPERIMENT` (``run``): one MLflow run per stage run.
+  :func:`check_tracking_server`, :class:`TrackingUnavailable`, :class:`TrackingStoreRemoved`,
+  :func:`bound_http_retries` (``run``): failing fast on a tracking server that does not answer and on a
+  SQLite store removed mid-run.
 - :class:`RetryingSink`, :func:`mlflow_sink`, :func:`fan_out`, ``MetricsCallback`` (``sink``): the
   training loop's buffered, retrying metric sink.
 - :func:`register`, :class:`Registration` (``registry``): the one registration path of every stage.
@@ -20,6 +23,10 @@ from bert_core.tracking.run import (
     FINETUNE_EXPERIMENT,
     PIPELINE_EXPERIMENT,
     StageRun,
+    TrackingStoreRemoved,
+    TrackingUnavailable,
+    bound_http_retries,
+    check_tracking_server,
     ensure_tracking_store,
     git_commit,
     numeric_metrics,
@@ -43,6 +50,10 @@ __all__ = [
     "ResolvedSource",
     "RetryingSink",
     "StageRun",
+    "TrackingStoreRemoved",
+    "TrackingUnavailable",
+    "bound_http_retries",
+    "check_tracking_server",
     "ensure_tracking_store",
     "fan_out",
     "fingerprint",

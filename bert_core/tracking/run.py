@@ -10,6 +10,14 @@ A stage function opens its run with :func:`stage_run` and logs through the retur
 Every run carries the standard tags (``stage``, ``git_commit``, ``pipeline_run_id``, ``dvc_experiment``,
 ``data_root``); an orchestrator adds its own through ``tags`` (``flows/_stage.py``: the Prefect flow-run id).
 Tracking defaults to a SQLite file in the repository (``mlflow.db``); ``MLFLOW_TRACKING_URI`` overrides it.
+
+Failing fast: :func:`stage_run` first checks that an ``http(s)`` tracking server answers
+(:func:`check_tracking_server`: a few seconds, three attempts) and raises :class:`TrackingUnavailable`
+naming the URI otherwise, before the stage does any work. MLflow's own HTTP retries are bounded for this
+process (:data:`HTTP_CLIENT_DEFAULTS`, set only where the user has not set them), and :func:`retry_tracking`
+stops retrying after :data:`RETRY_BUDGET_S`, so a server that goes away mid-run fails a tracking call within
+about a minute instead of MLflow's four minutes per call. A SQLite store removed (or replaced) while the
+stage runs is a deterministic failure: :class:`TrackingStoreRemoved`, at once, without retries.
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ import logging
 import math
 import os
 import subprocess
+import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,9 +49,216 @@ log = logging.getLogger("bert_core.stage")
 T = TypeVar("T")
 
 
+#: MLflow's HTTP client settings for this process, unless the user set them: at most 2 retries 1-2 s apart
+#: and 30 s per request (MLflow's defaults, 7 retries with a backoff factor of 2 and 120 s per request,
+#: make one call to a server that is down take about 4 minutes).
+HTTP_CLIENT_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+#: :func:`retry_tracking` starts no new attempt this many seconds after the first one began.
+RETRY_BUDGET_S = 60.0
+#: The pre-flight check of an http(s) tracking server: attempts, seconds per request, pause between them.
+PREFLIGHT_ATTEMPTS = 3
+PREFLIGHT_TIMEOUT_S = 5.0
+PREFLIGHT_PAUSE_S = 1.0
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking server of ``MLFLOW_TRACKING_URI`` does not answer (or refuses this client)."""
+
+
+class TrackingStoreRemoved(RuntimeError):
+    """The SQLite tracking store was deleted or replaced while a stage was using it."""
+
+
+def _sleep(seconds: float) -> None:
+    """``time.sleep`` (one place for tests to record the pauses of this module)."""
+    time.sleep(seconds)
+
+
+def default_store_uri() -> str:
+    """The repository's own SQLite store (used when ``MLFLOW_TRACKING_URI`` is not set)."""
+    return f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
+
+
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` or the repository's SQLite store (absolute, so the cwd does not matter)."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or default_store_uri()
+
+
+def bound_http_retries() -> None:
+    """Set :data:`HTTP_CLIENT_DEFAULTS` in this process's environment where the user has not set them.
+
+    MLflow reads these variables at every request, so this takes effect for calls made afterwards; a
+    value the user exported (or a test set) is kept.
+    """
+    for name, value in HTTP_CLIENT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` without a password (``http://user:secret@host`` -> ``http://user:***@host``)."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.rsplit("@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc[-1]}"))
+
+
+def _short(err: BaseException, limit: int = 200) -> str:
+    text = " ".join(f"{type(err).__name__}: {err}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _reason(err: BaseException, timeout_s: float, secret: str | None) -> str:
+    """A short reason for a failed request (``connection refused``, ``no answer within 5 s``, ...)."""
+    text = " ".join(str(err).split())
+    for needle, reason in (
+        ("Connection refused", "connection refused (nothing listens on that port)"),
+        ("timed out", f"no answer within {timeout_s:g} s"),
+        ("timeout", f"no answer within {timeout_s:g} s"),
+        ("Name or service not known", "host name not found"),
+        ("NameResolutionError", "host name not found"),
+        ("No route to host", "no route to host"),
+        ("SSLError", "TLS handshake failed"),
+        ("Connection reset", "connection reset by the server"),
+        ("RemoteDisconnected", "the server closed the connection without answering"),
+    ):
+        if needle.lower() in text.lower():
+            return reason
+    short = _short(err)
+    return short.replace(secret, "***") if secret else short
+
+
+def check_tracking_server(
+    uri: str,
+    *,
+    attempts: int = PREFLIGHT_ATTEMPTS,
+    timeout_s: float = PREFLIGHT_TIMEOUT_S,
+    pause_s: float = PREFLIGHT_PAUSE_S,
+) -> None:
+    """Raise :class:`TrackingUnavailable` unless the http(s) tracking server ``uri`` answers (others: no-op).
+
+    One GET of ``<uri>/api/2.0/mlflow/experiments/search?max_results=1`` (with the credentials MLflow
+    itself would send) per attempt, ``timeout_s`` each, no MLflow-level retries: a server that refuses
+    connections fails in about ``attempts * pause_s`` seconds, one that accepts and never answers in
+    about ``attempts * (timeout_s + pause_s)``. Any answer below 500 counts as reachable, except 401/403
+    (credentials), which fails at once.
+    """
+    if urllib.parse.urlsplit(uri).scheme.lower() not in ("http", "https"):
+        return
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    shown = redact_uri(uri)
+    port = urllib.parse.urlsplit(uri).port or "<port>"
+    what_to_do = (
+        f"Start the tracking server (e.g. `mlflow server --host 127.0.0.1 --port {port}`), fix "
+        f"MLFLOW_TRACKING_URI, or unset it to use the local SQLite store ({default_store_uri()})"
+    )
+    started = time.monotonic()
+    last = ""
+    for attempt in range(1, attempts + 1):
+        try:
+            resp = http_request(
+                get_default_host_creds(uri),
+                "/api/2.0/mlflow/experiments/search",
+                "GET",
+                params={"max_results": 1},
+                raise_on_status=False,
+                retry_codes=(),
+                max_retries=0,
+                backoff_factor=0,
+                backoff_jitter=0,
+                timeout=timeout_s,
+            )
+        except Exception as err:  # connection refused, timeout, DNS, TLS: the server is not reachable
+            last = _reason(err, timeout_s, urllib.parse.urlsplit(uri).password)
+        else:
+            if resp.status_code in (401, 403):
+                raise TrackingUnavailable(
+                    f"the MLflow tracking server {shown} refused this client (HTTP {resp.status_code}); "
+                    "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN), "
+                    "or point MLFLOW_TRACKING_URI at another server"
+                )
+            if resp.status_code < 500:
+                return
+            last = f"HTTP {resp.status_code} {resp.reason or ''}".strip()
+        if attempt < attempts:
+            _sleep(pause_s)
+    raise TrackingUnavailable(
+        f"the MLflow tracking server {shown} (MLFLOW_TRACKING_URI) does not answer: {attempts} attempt(s) "
+        f"in {time.monotonic() - started:.0f} s, last: {last}. {what_to_do}; nothing was run"
+    )
+
+
+def sqlite_store_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+
+
+#: The identity (device, inode) of each SQLite store a stage run opened in this process.
+_watched_stores: dict[Path, tuple[int, int]] = {}
+_watched_lock = threading.Lock()
+
+
+def watch_store(uri: str) -> None:
+    """Remember the identity of a SQLite store so that its removal mid-run is recognised."""
+    path = sqlite_store_path(uri)
+    if path is None:
+        return
+    try:
+        st = path.stat()
+    except OSError:
+        return
+    with _watched_lock:
+        _watched_stores[path] = (st.st_dev, st.st_ino)
+
+
+def forget_store_connections(path: Path) -> None:
+    """Close MLflow's pooled connections to a SQLite store, so the next use opens the file at ``path`` again.
+
+    SQLite connections keep a removed file's inode open ("attempt to write a readonly database"); MLflow
+    caches one engine per URI for the life of the process. Best effort: these are MLflow internals.
+    """
+    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as RegistryStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as TrackingStore
+
+    for store_cls in (TrackingStore, RegistryStore):
+        for uri, engine in list(getattr(store_cls, "_engine_map", {}).items()):
+            if sqlite_store_path(uri) == path:
+                with contextlib.suppress(Exception):
+                    engine.dispose()
+    with _watched_lock:
+        _watched_stores.pop(path, None)
+
+
+def check_store_present(uri: str | None = None) -> None:
+    """Raise :class:`TrackingStoreRemoved` if the watched SQLite store of ``uri`` is gone or replaced."""
+    path = sqlite_store_path(uri or tracking_uri())
+    if path is None:
+        return
+    with _watched_lock:
+        identity = _watched_stores.get(path)
+    if identity is None:
+        return
+    try:
+        st = path.stat()
+        if (st.st_dev, st.st_ino) == identity:
+            return
+        what = "replaced by another file"
+    except FileNotFoundError:
+        what = "removed"
+    except OSError:
+        return
+    raise TrackingStoreRemoved(
+        f"the MLflow store {path} was {what} while the stage ran; this run's tracking records are lost. "
+        "Restore the file from a backup (or let the next run create a new store) and re-run the stage"
+    )
 
 
 def ensure_tracking_store(uri: str) -> None:
@@ -112,17 +329,29 @@ def pipeline_run_id() -> str:
     return value
 
 
-def retry_tracking(fn: Callable[..., T], *, attempts: int = 6, first_delay: float = 0.5) -> Callable[..., T]:
-    """Retry a tracking call with exponential backoff (0.5 s .. 16 s); re-raise after the last attempt."""
+def retry_tracking(
+    fn: Callable[..., T], *, attempts: int = 6, first_delay: float = 0.5, budget_s: float | None = None
+) -> Callable[..., T]:
+    """Retry a tracking call with exponential backoff (0.5 s .. 16 s); re-raise after the last attempt.
+
+    No attempt starts more than ``budget_s`` (default :data:`RETRY_BUDGET_S`) after the first one; with
+    MLflow's HTTP retries bounded (:func:`bound_http_retries`) a server that is gone fails the call in
+    about a minute. A SQLite store removed while the stage runs fails at once with
+    :class:`TrackingStoreRemoved` (retrying cannot bring it back).
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
+        budget = RETRY_BUDGET_S if budget_s is None else budget_s
+        check_store_present()  # a stat(): name a removed store before MLflow logs its SQLAlchemy traceback
+        started = time.monotonic()
         delay = first_delay
         for attempt in range(1, attempts + 1):
             try:
                 return fn(*args, **kwargs)
             except Exception as err:  # any transport error is worth a retry here
-                if attempt == attempts:
+                check_store_present()  # a deleted store is deterministic: name it, never retry
+                if attempt == attempts or time.monotonic() - started + delay > budget:
                     raise
                 log.warning(
                     "tracking call %s failed (%s); retry %d/%d in %.1fs",
@@ -132,7 +361,7 @@ def retry_tracking(fn: Callable[..., T], *, attempts: int = 6, first_delay: floa
                     attempts - 1,
                     delay,
                 )
-                time.sleep(delay)
+                _sleep(delay)
                 delay = min(delay * 2, 16.0)
         raise AssertionError("unreachable")
 
@@ -213,8 +442,12 @@ def stage_run(
     """
     import mlflow
 
-    ensure_tracking_store(tracking_uri())
-    retry_tracking(mlflow.set_tracking_uri)(tracking_uri())
+    bound_http_retries()
+    uri = tracking_uri()
+    check_tracking_server(uri)
+    ensure_tracking_store(uri)
+    watch_store(uri)
+    retry_tracking(mlflow.set_tracking_uri)(uri)
     retry_tracking(mlflow.set_experiment)(experiment)
     base_tags = {
         "stage": stage,
@@ -231,9 +464,18 @@ def stage_run(
         if params is not None:
             handle.log_params(params if isinstance(params, dict) else params.model_dump(mode="json"))
         yield handle
-    except BaseException:
-        with contextlib.suppress(Exception):
-            mlflow.end_run(status="FAILED")
+    except BaseException as err:
+        quiet = logging.getLogger("mlflow.store.db.utils")
+        level = quiet.level
+        if isinstance(err, TrackingStoreRemoved):  # marking the run FAILED cannot work: no SQL traceback
+            quiet.setLevel(logging.CRITICAL)
+        try:
+            with contextlib.suppress(Exception):
+                mlflow.end_run(status="FAILED")  # ends the run locally even when the store is gone
+        finally:
+            quiet.setLevel(level)
+        if isinstance(err, TrackingStoreRemoved) and (path := sqlite_store_path(uri)) is not None:
+            forget_store_connections(path)  # after end_run: a fresh connection would create an empty file
         raise
     else:
         retry_tracking(mlflow.end_run)(status="FINISHED")

@@ -127,7 +127,8 @@ def base_env(**extra: str) -> dict[str, str]:
         MKL_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
     )
-    env.pop("PYTHONPATH", None)
+    # The code under test is this checkout's, also from a second worktree of an editable install.
+    env["PYTHONPATH"] = str(REPO_ROOT)
     env.update(extra)
     return env
 

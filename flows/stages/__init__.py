@@ -8,7 +8,7 @@ from upstream stages. :mod:`flows.serve`, :mod:`flows.profiles`, the stage flows
 ``dvc.yaml``.
 
 The code deps of each stage in ``dvc.yaml`` are derived from the real imports of its flow module
-(:mod:`flows._deps`)::
+(:mod:`flows.stages.deps`, run by ``flows/stages/__main__.py``)::
 
     python -m flows.stages sync-deps           # rewrite the deps of every stage in dvc.yaml
     python -m flows.stages sync-deps --check   # exit 1 and name the stage and path when out of sync
@@ -235,11 +235,3 @@ def get(name: str) -> Stage:
 def by_params_file(file: str) -> Stage | None:
     """The stage whose own params section lives in ``file`` (``params/<stage>.yaml``), if any."""
     return next((s for s in STAGES if s.params_file == file), None)
-
-
-if __name__ == "__main__":  # the command lives in flows._deps, which no stage imports
-    import sys
-
-    from flows._deps import main
-
-    sys.exit(main())

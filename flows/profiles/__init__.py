@@ -15,7 +15,7 @@ therefore restores the defaults instead of leaving GPU values behind. Keys that 
 whatever value the workspace has.
 
 Dotted keys and the ``-S`` value syntax live in :mod:`flows.overrides`; the command line in
-:mod:`flows._profiles_cli`::
+:mod:`flows.profiles.cli`::
 
     python -m flows.profiles list
     python -m flows.profiles args gpu-base [-S params/finetune.yaml:finetune.seeds=[1,2]]
@@ -304,11 +304,3 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
             except ParamsError as err:
                 report.problems.append(str(err))
     return report
-
-
-if __name__ == "__main__":
-    import sys
-
-    from flows._profiles_cli import main
-
-    sys.exit(main())

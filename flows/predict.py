@@ -1,0 +1,158 @@
+"""Batch prediction with a registered model over a JSON Lines file: ``python -m flows.predict``.
+
+::
+
+    python -m flows.predict --model models:/bert-sst2@champion --input in.jsonl --output out.jsonl
+
+Works with any MLflow pyfunc model (every task kind): each input line is a JSON object with the model's
+input fields (its signature: ``text`` [+ ``text_pair``] for a classifier, ``question`` + ``context`` for
+SQuAD ...) and optionally an ``id``; each output line holds that id and the prediction, in input order.
+Every row is checked before the first prediction (a bad row: ``<input>:<line>: field '<name>': ...``), the
+input is streamed in chunks, progress (rows, rows/s, ETA) is logged, and the output appears whole or not at
+all (:mod:`bert_core.serving.batch`). Relative paths are relative to the current directory (to the
+repository in the Prefect deployment ``predict/local``, which ``make serve`` serves with a run form).
+
+From the command line the run is a Prefect flow run when a Prefect server is there to show it
+(``PREFECT_API_URL`` set, or ``make serve`` running for this repository), else it runs directly; pass
+``--no-prefect`` to always run directly.
+
+Exit codes: 0 done; 1 error (one line on stderr: ``predict failed: <Type>: <message>``); 130 / 143 when
+stopped by SIGINT / SIGTERM (no output is left behind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+from prefect import flow
+from pydantic import Field
+
+from bert_core.constants import REPO_ROOT
+from bert_core.serving.batch import DEFAULT_BATCH_SIZE, DEFAULT_ID_FIELD, predict_file
+
+FLOW_NAME = "predict"
+log = logging.getLogger("bert_core.flows.predict")
+
+
+class PredictInterrupted(KeyboardInterrupt):
+    """Stopped by a signal; ``exit_code`` is 128 + its number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}; no output was written")
+        self.exit_code = 128 + signum
+
+
+def _in_repo(path: str) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+@flow(name=FLOW_NAME, log_prints=True, retries=0, validate_parameters=True)
+def predict_flow(
+    input_path: str,
+    output_path: str,
+    model: str = "models:/bert-sst2@champion",
+    batch_size: Annotated[int, Field(ge=1, le=65536)] = DEFAULT_BATCH_SIZE,
+    id_field: str = DEFAULT_ID_FIELD,
+) -> dict[str, Any]:
+    """Predict every row of a JSON Lines file with a registered model; write the predictions as JSON Lines.
+
+    Args:
+        input_path: JSON Lines file, one object per line with the model's input fields (relative paths are
+            relative to the repository), e.g. data/predict/in.jsonl.
+        output_path: Where the predictions go (one JSON object per input row, same order); written only
+            when every row was predicted.
+        model: MLflow model URI: models:/<name>@<alias>, models:/<name>/<version>, runs:/<run>/model.
+        batch_size: Rows per model call.
+        id_field: Input field copied to each output row (when the row has it).
+
+    Returns:
+        model_uri, input, output, rows, blank_lines, seconds, predict_seconds, rows_per_second.
+    """
+    bert_log = logging.getLogger("bert_core")
+    if bert_log.getEffectiveLevel() > logging.INFO:  # Prefect's root logger is at WARNING: show progress
+        bert_log.setLevel(logging.INFO)
+    result = predict_file(
+        model, _in_repo(input_path), _in_repo(output_path), batch_size=batch_size, id_field=id_field
+    )
+    return result.as_record()
+
+
+def _prefect_settings(no_prefect: bool) -> contextlib.AbstractContextManager[Any] | None:
+    """Settings to run as a Prefect flow run, or ``None`` to run directly (no server to report to)."""
+    if no_prefect:
+        return None
+    if os.environ.get("PREFECT_API_URL"):
+        return contextlib.nullcontext()
+    from flows._served import served_api_url
+
+    url = served_api_url(Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect"))
+    if not url:
+        return None
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    print(f"reporting to the Prefect server of `make serve` at {url}", file=sys.stderr)
+    return temporary_settings(updates={PREFECT_API_URL: url})
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise PredictInterrupted(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.predict", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="MLflow model URI, e.g. models:/bert-sst2@champion")
+    parser.add_argument("--input", required=True, help="JSON Lines input, one object per line")
+    parser.add_argument("--output", required=True, help="JSON Lines output (written atomically)")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per model call")
+    parser.add_argument("--id-field", default=DEFAULT_ID_FIELD, help="input field copied to each output row")
+    parser.add_argument("--no-prefect", action="store_true", help="run directly, not as a Prefect flow run")
+    args = parser.parse_args(argv)
+    kwargs = {
+        "input_path": str(Path(args.input).expanduser().resolve()),
+        "output_path": str(Path(args.output).expanduser().resolve()),
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "id_field": args.id_field,
+    }
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _raise_interrupted)
+    try:
+        settings = _prefect_settings(args.no_prefect)
+        if settings is None:
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            result = predict_flow.fn(**kwargs)
+        else:
+            with settings:
+                result = predict_flow(**kwargs)
+    except PredictInterrupted as err:
+        print(f"predict interrupted: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("predict interrupted: stopped by SIGINT; no output was written", file=sys.stderr)
+        return 130
+    except BaseException as err:
+        signum = getattr(err, "signal", None)  # Prefect's TerminationSignal (SIGTERM inside a flow run)
+        if isinstance(signum, int):
+            print(f"predict interrupted: stopped by signal {signum}; no output was written", file=sys.stderr)
+            return 128 + signum
+        if not isinstance(err, Exception):
+            raise
+        print(f"predict failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    print(
+        f"predicted {result['rows']} row(s) in {result['seconds']:.1f}s -> {result['output']}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
