@@ -16,8 +16,9 @@ import pytest
 from bert_core.constants import REPO_ROOT
 
 PACKAGES = ("bert_core", "flows")
-#: The stage packages of bert_core, in pipeline order.
-STAGES = ("corpus", "vocab", "pretrain_data", "pretrain", "finetune", "evaluate")
+#: The stage packages of bert_core, in pipeline order, then ``serving`` (registered models as MLflow
+#: Models, batch prediction): it sits on top of what fine-tuning produces and may use all of it.
+STAGES = ("corpus", "vocab", "pretrain_data", "pretrain", "finetune", "evaluate", "serving")
 MAX_LINES = 500
 LONGER_ALLOWED = {"bert_core/model.py"}
 

@@ -9,7 +9,7 @@ import pytest
 
 from bert_core.kinds.multiple_choice import multiple_choice_predictions
 from bert_core.kinds.sequence import classification_predictions
-from bert_core.kinds.span_qa import squad_predictions, tune_null_threshold
+from bert_core.kinds.squad_post import squad_predictions, tune_null_threshold
 from bert_core.kinds.token_classification import ner_word_tags
 
 # context: "alpha beta gamma delta epsilon"; one token per word.
@@ -123,7 +123,7 @@ def test_tune_null_threshold_agrees_with_official_best_f1():
         preds[qid] = str(rng.choice(["red apple pie", "apple", "blue sky"], p=[0.6, 0.2, 0.2]))
         odds[qid] = float(rng.normal() - (1.0 if answerable else 0.0))  # a model that knows a bit
     official = squad_v2_evaluate(gold, preds, na_probs=odds)
-    from bert_core.kinds.span_qa import answer_f1
+    from bert_core.kinds.squad_post import answer_f1
 
     f1 = {g.qid: answer_f1(preds[g.qid], g.answers) for g in gold if g.answers}
     threshold, best = tune_null_threshold(odds, f1, {g.qid: bool(g.answers) for g in gold})
