@@ -31,10 +31,11 @@ def shared_data() -> Path:
 def _isolated_tracking(tmp_path_factory, monkeypatch):
     """Every test gets its own MLflow store; nothing touches the repo's mlflow.db."""
     store = tmp_path_factory.mktemp("mlflow")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
-    # An earlier test's stage_run set the process-wide URI, which wins over the environment.
+    # An earlier test's stage_run set the process-wide URI, which wins over the environment: drop it, so
+    # MLFLOW_TRACKING_URI (this store, or what a test sets) decides.
     if "mlflow" in sys.modules:
-        sys.modules["mlflow"].set_tracking_uri(f"sqlite:///{store}/mlflow.db")
+        sys.modules["mlflow"].set_tracking_uri(None)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("DO_NOT_TRACK", "true")

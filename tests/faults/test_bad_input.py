@@ -145,11 +145,11 @@ def test_params_file_with_a_repeated_key_or_an_empty_section(tmp_path, env):
     section header is not "all defaults"."""
     bad = tmp_path / "corpus.yaml"
     text = (REPO_ROOT / "params" / "corpus.yaml").read_text()
+    header = text.splitlines().index("corpus:") + 1  # the section header's line
     bad.write_text(text.replace("corpus:\n", "corpus:\n  seed: 1\n  seed: 2\n", 1))
     res = run_stage("corpus", stage_args("corpus", bad), tmp_path / "work", env)
-    assert_failed_cleanly(
-        res, "corpus", tmp_path / "work", f"{bad}:3: duplicate key 'seed' (first at line 2)"
-    )
+    where = f"{bad}:{header + 2}: duplicate key 'seed' (first at line {header + 1})"
+    assert_failed_cleanly(res, "corpus", tmp_path / "work", where)
 
     bad.write_text("corpus:\n")
     res = run_stage("corpus", stage_args("corpus", bad), tmp_path / "work", env)
