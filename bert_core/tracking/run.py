@@ -288,9 +288,13 @@ def _dataset_source(source: str) -> Any:
         )
     if source.startswith(("http://", "https://")):
         return HTTPDatasetSource(source)
+    import warnings
+
     from mlflow.data.dataset_source_registry import resolve_dataset_source
 
-    return resolve_dataset_source(str(Path(source).resolve()) if source else str(REPO_ROOT))
+    with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the local file source
+        warnings.simplefilter("ignore", UserWarning)
+        return resolve_dataset_source(str(Path(source).resolve()) if source else str(REPO_ROOT))
 
 
 def log_dataset(
