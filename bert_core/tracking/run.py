@@ -376,3 +376,13 @@ def log_headline_metric(key: str, metrics: dict[str, Any]) -> float | None:
         return None
     retry_tracking(mlflow.log_metrics)({HEADLINE_METRIC: float(value)})
     return float(value)
+
+
+def experiment_url(ui_url: str, experiment_id: str) -> str:
+    """The MLflow UI link that opens an experiment on its runs table.
+
+    MLflow 3.17's UI picks the experiment view from its global GenAI / Model-training switch (the
+    ``workflowType`` URL parameter, else the browser's last choice, GenAI by default), not from the
+    experiment's ``mlflow.experimentKind`` tag; this link sets the switch (docs/model-cards.md).
+    """
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
