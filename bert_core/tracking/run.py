@@ -385,4 +385,10 @@ def experiment_url(ui_url: str, experiment_id: str) -> str:
     ``workflowType`` URL parameter, else the browser's last choice, GenAI by default), not from the
     experiment's ``mlflow.experimentKind`` tag; this link sets the switch (docs/model-cards.md).
     """
-    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    from urllib.parse import quote
+
+    order = quote(f"metrics.`{HEADLINE_METRIC}`", safe="")
+    return (
+        f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+        f"&orderByKey={order}&orderByAsc=false"
+    )

@@ -224,18 +224,27 @@ def mlflow_ui(tmp_path):
 
 def test_mlflow_ui_opens_the_experiment_on_the_runs_table(browser, mlflow_ui):
     url, experiment_id, tmp = mlflow_ui
-    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    # Wide: the runs table renders only the columns in view, and the metric columns come after Source/Models.
+    page = browser.new_page(viewport={"width": 3200, "height": 1000})
     page.set_default_timeout(60_000)
     try:
         from bert_core.tracking.run import experiment_url
 
-        page.goto(experiment_url(url, experiment_id), wait_until="networkidle")
+        page.goto(experiment_url(url, experiment_id), wait_until="load")
         page.wait_for_url(f"**/experiments/{experiment_id}**")
         page.get_by_text("finetune-sst2").first.wait_for()
         page.screenshot(path=str(tmp / "experiment.png"), full_page=True)
         assert "traces" not in page.url and "genai" not in page.url.lower(), page.url
         page.get_by_text("finetune-cola").first.wait_for()
-        page.get_by_text("dev.main").first.wait_for()  # the comparable headline metric's column
+        page.get_by_text("Sort: dev.main").first.wait_for()  # the link sorts by the headline metric
+        rows = page.locator("a", has_text=re.compile(r"^finetune-(sst2|cola)$"))
+        assert rows.nth(0).inner_text().strip() == "finetune-sst2", "best dev.main first"
+        # MLflow 3.17 shows no metric column until one is picked: one pick shows every task's headline.
+        page.get_by_role("button", name="Columns").click()
+        page.get_by_text("dev.main", exact=True).last.click()
+        page.keyboard.press("Escape")
+        page.get_by_text("91.25").first.wait_for()
+        page.screenshot(path=str(tmp / "runs-with-metric.png"), full_page=True)
         body = page.locator("body").inner_text()
         assert "91.25" in body and "47.5" in body, body[:3000]
         assert "sst2-train" in body  # the Dataset column
