@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -10,6 +11,7 @@ import yaml
 from bert_core import modelcard
 from bert_core.evaluate.references import reference_for
 from bert_core.tasks import get_task
+from tests.test_pretrain import data  # noqa: F401 - the fixture
 
 LOCK = {
     "schema": "2.0",
@@ -155,3 +157,34 @@ def test_save_model_writes_the_card_in_the_same_atomic_move(tmp_path):
     out = save_model(model, vocab, tmp_path / "model", readme="---\nlanguage: en\n---\n# card\n")
     assert (out / "README.md").read_text().startswith("---\nlanguage: en")
     assert (out / "model.safetensors").is_file()
+
+
+def test_pretrain_flow_writes_a_reproducible_card_and_registers_one_with_run_ids(data, tmp_path, monkeypatch):  # noqa: F811
+    """The DVC output's card is run-free and identical across reruns; the registered copy names its runs."""
+    import json
+
+    from huggingface_hub import ModelCard
+    from mlflow import MlflowClient
+
+    from flows.pretrain import pretrain_flow_fn
+    from tests.test_pretrain import small_params
+
+    monkeypatch.setenv("BERT_PIPELINE_RUN_ID", "pipe-pretrain-card")
+    data_dir, vocab = data
+    params_file = tmp_path / "pretrain.yaml"
+    params_file.write_text(json.dumps({"pretrain": small_params().model_dump(mode="json")}))
+    out = tmp_path / "models" / "pretrained"
+    kwargs = {"out_dir": str(out), "checkpoint_root": str(tmp_path / "ckpt"),
+              "loss_plot": str(tmp_path / "l.csv"), "heldout_plot": str(tmp_path / "h.csv"),
+              "metrics_path": str(tmp_path / "m.json")}  # fmt: skip
+    pretrain_flow_fn(str(params_file), str(data_dir), str(vocab), **kwargs)
+    first = (out / "README.md").read_text()
+    assert "pipe-pretrain-card" not in first and ModelCard(first).data.pipeline_tag == "fill-mask"
+    pretrain_flow_fn(str(params_file), str(data_dir), str(vocab), **kwargs)
+    assert (out / "README.md").read_text() == first, "the DVC output's card must not change between reruns"
+    assert not list(out.parent.glob(".*.tmp-*")), "the staging copy is removed"
+    client = MlflowClient()
+    version = client.get_model_version_by_alias("bert-pretrained", "newest")
+    registered = Path(client.download_artifacts(version.run_id, "model/README.md", str(tmp_path / "dl")))
+    text = registered.read_text()
+    assert "pipe-pretrain-card" in text and version.run_id in text
