@@ -67,6 +67,9 @@ def vocab_flow(
     ref = reference_vocab(params)
     with stage_run("vocab", params) as run, tempfile.TemporaryDirectory(prefix="vocab-checks-") as tmp:
         report_dir = Path(tmp) / "data_docs"
+        from bert_core.tracking.run import log_corpus_data
+
+        log_corpus_data(corpus_dir)  # the Dataset column and lineage in the MLflow UI
         try:
             stats = train_vocab(
                 params, Path(corpus_dir), Path(out_dir), reference_vocab=ref, report_dir=report_dir

@@ -151,3 +151,12 @@ def test_finetune_flow_logs_datasets_headline_and_card(tiny_model, shared_data, 
     text = registered.read_text()
     assert "pipe-card-test" in text and parent.info.run_id in text
     assert ModelCard(text).data.base_model
+
+
+def test_corpus_manifest_is_the_vocab_stage_input(tmp_path):
+    from bert_core.tracking.run import log_corpus_data
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"splits": {"train": {"documents": 12}}}))
+    with stage_run("vocab", None) as run:
+        log_corpus_data(tmp_path)
+    assert _inputs(run.run_id)["corpus-train"]["profile"] == {"num_rows": 12}

@@ -392,3 +392,22 @@ def experiment_url(ui_url: str, experiment_id: str) -> str:
         f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
         f"&orderByKey={order}&orderByAsc=false"
     )
+
+
+def log_corpus_data(corpus_dir: str | os.PathLike[str], splits: tuple[str, ...] = ("train",)) -> None:
+    """The ``corpus`` stage's output as dataset inputs of a later stage (vocab): one per split, the digest
+    that of the corpus's ``manifest.json`` (shard list, params hash, statistics), rows its documents."""
+    import hashlib
+    import json
+
+    manifest = Path(corpus_dir) / "manifest.json"
+    try:
+        raw = manifest.read_bytes()
+        info = json.loads(raw)
+    except (OSError, ValueError) as err:
+        log.warning("no dataset input for %s: %s", manifest, err)
+        return
+    for split in splits:
+        docs = ((info.get("splits") or {}).get(split) or {}).get("documents", 0)
+        log_dataset(f"corpus-{split}", source=str(Path(corpus_dir)), digest=hashlib.sha256(raw).hexdigest()[:16],
+                    rows=int(docs or 0), context="training", tags={"split": split, "unit": "documents"})  # fmt: skip
