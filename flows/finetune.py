@@ -100,10 +100,19 @@ def finetune_flow(
         metrics_path: DVC metrics file (default ``metrics/finetune/<task>.json``).
         plots_dir: Learning curves of the selected trial for ``dvc plots`` (default ``plots/finetune/<task>``).
     """
+    from bert_core import modelcard
+    from bert_core.evaluate.references import reference_for
     from bert_core.finetune.run import finetune_task
     from bert_core.serving import mlflow_model, serving_task
     from bert_core.tasks import get_task
-    from bert_core.tracking import MlflowTrialTracker, register, resolve_model_source
+    from bert_core.tracking import (
+        MlflowTrialTracker,
+        git_commit,
+        pipeline_run_id,
+        register,
+        resolve_model_source,
+    )
+    from bert_core.tracking.run import log_headline_metric, log_task_data
 
     params: FinetuneParams = STAGE.load_params(params_file)
     spec = get_task(task)
@@ -152,11 +161,27 @@ def finetune_flow(
                 data_root=data_root(),
                 tracker=MlflowTrialTracker(run.run_id, trial_tags),
                 source_info=resolved.info,
-                on_data=lambda data: _log_check_reports(run, data.check_reports),
+                on_data=lambda data: (
+                    _log_check_reports(run, data.check_reports),
+                    log_task_data(spec.name, data),
+                ),
                 check_report_dir=report_dir,
                 outputs=staged,
             )
             metrics = result.metrics()
+            log_headline_metric(
+                spec.main_metric, metrics
+            )  # dev.main + tag main_metric: one column across tasks
+            name = f"{params.registry.name_prefix}{spec.name}"
+
+            def card(run_ids: dict[str, str] | None = None) -> str:
+                return modelcard.finetuned_card_for(
+                    spec, metrics, result.model, params=settings.model_dump(mode="json"), git_commit=git_commit(),
+                    lock_path=REPO_ROOT / "dvc.lock",
+                    reference=reference_for(result.model.get("preset")), run_ids=run_ids, name=name,
+                )  # fmt: skip
+
+            modelcard.write_card(staged[model_dir], card())  # run-free: the directory is a DVC output
             write_json_atomic(staged[metrics_file], metrics)
             with tempfile.TemporaryDirectory(prefix="curves-", dir=staged[out]) as scratch:
                 for curve, written in zip(curves, result.write_curves(scratch)):
@@ -165,20 +190,22 @@ def finetune_flow(
         for curve in curves:
             run.log_artifact(curve, artifact_path="plots")
         if params.registry.enabled:
-            name = f"{params.registry.name_prefix}{spec.name}"
-            registration = register(
-                model_dir,
-                name=name,
-                run_id=run.run_id,
-                alias=params.registry.alias,
-                description=f"Fine-tuned BERT for {name}; alias '{params.registry.alias}' = best on dev",
-                tags={**trial_tags, "selected_trial": result.selected.name},
-                metric_key=f"dev.{spec.main_metric}",
-                value=metrics.get(f"dev.{spec.main_metric}", float("nan")),  # NaN: undefined correlation
-                save_model=mlflow_model(
-                    serving_task(spec, settings, null_threshold=metrics.get("dev.null_threshold"))
-                ),
-            )
+            run_ids = {"pipeline_run_id": pipeline_run_id(), "mlflow_run_id": run.run_id,
+                       "mlflow_experiment": FINETUNE_EXPERIMENT, "registered_model": name}  # fmt: skip
+            with modelcard.staged_with_card(model_dir, card(run_ids)) as staged_model:
+                registration = register(
+                    staged_model,
+                    name=name,
+                    run_id=run.run_id,
+                    alias=params.registry.alias,
+                    description=f"Fine-tuned BERT for {name}; alias '{params.registry.alias}' = best on dev",
+                    tags={**trial_tags, "selected_trial": result.selected.name},
+                    metric_key=f"dev.{spec.main_metric}",
+                    value=metrics.get(f"dev.{spec.main_metric}", float("nan")),  # NaN: undefined correlation
+                    save_model=mlflow_model(
+                        serving_task(spec, settings, null_threshold=metrics.get("dev.null_threshold"))
+                    ),
+                )
             run.set_tags(registration.as_tags())
             run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
         run.log_metrics(metrics)  # the metrics file was committed with the other outs

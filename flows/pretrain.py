@@ -48,8 +48,11 @@ def pretrain_flow_fn(
     metrics_path: str | None = None,
 ) -> dict:
     """Train, write outputs, track and register; returns the stage metrics."""
+    from bert_core import modelcard
+    from bert_core.constants import REPO_ROOT
     from bert_core.serving import fill_mask_task, mlflow_model
-    from bert_core.tracking import mlflow_sink, register
+    from bert_core.tracking import git_commit, mlflow_sink, pipeline_run_id, register
+    from bert_core.tracking.run import log_pretrain_data
     from bert_core.training.distributed import setup_distributed, teardown_distributed
     from flows._stage import finish_stage, stage_run
 
@@ -57,11 +60,17 @@ def pretrain_flow_fn(
     dist = setup_distributed(params.device)
     try:
         with stage_run("pretrain", params, tags={"preset": params.model.preset}) as run:
+            commit, lock = git_commit(), REPO_ROOT / "dvc.lock"
+
+            def card(metrics: dict, data_stats: dict, run_ids: dict | None = None) -> str:
+                return modelcard.pretrained_card_for(params, metrics, data_stats, git_commit=commit,
+                                                     lock_path=lock, run_ids=run_ids)  # fmt: skip
+
             sink = mlflow_sink(run.run_id, spill_path=Path(checkpoint_root) / "unsent-metrics.jsonl")
             try:
                 result = pretrain(
                     params, data_dir, vocab_dir, out_dir, checkpoint_root=checkpoint_root, on_metrics=sink,
-                    dist=dist,
+                    dist=dist, model_card=card,
                 )  # fmt: skip
             finally:
                 sink.close(timeout_s=60)
@@ -70,11 +79,18 @@ def pretrain_flow_fn(
             run.log_artifact(heldout_plot, artifact_path="plots")
             run.log_metrics({"data": result.data_stats})
             tags, description = version_metadata(result, params)
-            registration = register(
-                result.model_dir, name=params.registered_model, run_id=run.run_id, alias=params.registry_alias,
-                description=REGISTERED_MODEL_DESCRIPTION, tags=tags, version_description=description,
-                save_model=mlflow_model(fill_mask_task()),
-            )  # fmt: skip
+            log_pretrain_data(data_dir, [phase.name for phase in params.phases])
+            # The registered copy's card names its runs; models/pretrained keeps the run-free one (a DVC output).
+            run_ids = {"pipeline_run_id": pipeline_run_id(), "mlflow_run_id": run.run_id,
+                       "registered_model": params.registered_model}  # fmt: skip
+            with modelcard.staged_with_card(
+                result.model_dir, card(result.metrics, result.data_stats, run_ids)
+            ) as staged:
+                registration = register(
+                    staged, name=params.registered_model, run_id=run.run_id, alias=params.registry_alias,
+                    description=REGISTERED_MODEL_DESCRIPTION, tags=tags, version_description=description,
+                    save_model=mlflow_model(fill_mask_task()),
+                )  # fmt: skip
             metrics = {**result.metrics, "registry": registration.as_record()}
             finish_stage("pretrain", metrics, run, metrics_path)
         return metrics

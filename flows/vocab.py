@@ -72,6 +72,9 @@ def vocab_flow(
     shutil.rmtree(REPO_ROOT / "reports" / "data_checks" / "vocab", ignore_errors=True)
     report_dir = REPO_ROOT / "reports" / "data_checks" / "vocab" / "vocab"
     with stage_run("vocab", params) as run:
+        from bert_core.tracking.run import log_corpus_data
+
+        log_corpus_data(corpus_dir)  # the Dataset column and lineage in the MLflow UI
         try:
             stats = train_vocab(
                 params, Path(corpus_dir), Path(out_dir), reference_vocab=ref, report_dir=report_dir

@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ def pretrain(
     checkpoint_root: str | Path | None = None,
     on_metrics: MetricsCallback | None = None,
     dist: DistContext | None = None,
+    model_card: Callable[[dict[str, Any], dict[str, Any]], str] | None = None,
 ) -> PretrainResult:
     """Pretrain, evaluate and write the model (see the module docstring).
 
@@ -90,6 +92,9 @@ def pretrain(
         on_metrics: ``on_metrics(global_step, metrics)`` at every log/evaluation (rank 0), keys
             ``train/<name>`` and ``heldout/<name>``.
         dist: the process's DDP context (default: one process on ``params.device``).
+        model_card: ``model_card(metrics, data_stats)`` -> the ``README.md`` written with the model, in the
+            same atomic move (:func:`bert_core.modelcard.pretrained_card`; keep it free of run ids and
+            timings: the model directory is a DVC output that a rerun reproduces byte for byte).
 
     Returns:
         The :class:`PretrainResult`.
@@ -146,7 +151,7 @@ def pretrain(
         "train_seconds": sum(f.elapsed_s for f in fits),
     }
     if dist.is_main:
-        save_model(model, vocab_dir, out_dir)
+        save_model(model, vocab_dir, out_dir, readme=model_card(metrics, data_stats) if model_card else None)
     dist.barrier()
     return PretrainResult(out_dir, metrics, history, data_stats, config, fits)
 
@@ -240,10 +245,13 @@ def _phase_summary(fit: FitResult) -> dict[str, Any]:
     return out
 
 
-def save_model(model: torch.nn.Module, vocab_dir: Path, out_dir: Path) -> Path:
-    """Write ``model`` in HF format plus the tokenizer files of ``vocab_dir``, atomically."""
+def save_model(model: torch.nn.Module, vocab_dir: Path, out_dir: Path, readme: str | None = None) -> Path:
+    """Write ``model`` in HF format plus the tokenizer files of ``vocab_dir`` (and ``readme`` as its model
+    card ``README.md``), atomically."""
     with atomic_path(out_dir, is_dir=True) as tmp:
         model.save_pretrained(tmp)
+        if readme is not None:
+            (tmp / "README.md").write_text(readme, encoding="utf-8")
         for name in TOKENIZER_FILES:
             if (vocab_dir / name).is_file():
                 shutil.copy2(vocab_dir / name, tmp / name)

@@ -161,3 +161,96 @@ def test_custom_run_from_the_ui_completes(browser, served):
     if served.kind == "standin":
         assert {r.data.params["size"] for r in runs} == {"1"}  # the stand-in's tiny profile
     shutil.rmtree(served.shots, ignore_errors=True)
+
+
+# ====================================================================== the MLflow UI (issue 12, item 5)
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_ui(tmp_path):
+    """``mlflow ui`` on a free loopback port over a store holding two fine-tuning runs (sst2, cola)."""
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    from bert_core.tracking import FINETUNE_EXPERIMENT, stage_run
+    from bert_core.tracking.run import log_dataset, log_headline_metric
+
+    uri = os.environ["MLFLOW_TRACKING_URI"]  # the test's own store (tests/conftest.py)
+    for task, key, value in (("sst2", "accuracy", 91.25), ("cola", "matthews_corr", 47.5)):
+        with stage_run("finetune", {"task": task}, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{task}",
+                       tags={"task": task}) as run:  # fmt: skip
+            log_dataset(f"{task}-train", source=str(tmp_path / f"{task}.tsv"), digest=f"{task}0001", rows=100,
+                        context="training", tags={"task": task, "split": "train"})  # fmt: skip
+            run.log_metrics({f"dev.{key}": value})
+            log_headline_metric(key, {f"dev.{key}": value})
+    experiment_id = mlflow.MlflowClient().get_experiment_by_name(FINETUNE_EXPERIMENT).experiment_id
+    port = _free_port()
+    log = open(tmp_path / "mlflow-ui.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port",
+         str(port), "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, (tmp_path / "mlflow-ui.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "mlflow ui did not start in 120 s"
+            time.sleep(1)
+        yield url, experiment_id, tmp_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except Exception:
+            proc.kill()
+        log.close()
+
+
+def test_mlflow_ui_opens_the_experiment_on_the_runs_table(browser, mlflow_ui):
+    url, experiment_id, tmp = mlflow_ui
+    # Wide: the runs table renders only the columns in view, and the metric columns come after Source/Models.
+    page = browser.new_page(viewport={"width": 3200, "height": 1000})
+    page.set_default_timeout(60_000)
+    try:
+        from bert_core.tracking.run import experiment_url
+
+        page.goto(experiment_url(url, experiment_id), wait_until="load")
+        page.wait_for_url(f"**/experiments/{experiment_id}**")
+        page.get_by_text("finetune-sst2").first.wait_for()
+        page.screenshot(path=str(tmp / "experiment.png"), full_page=True)
+        assert "traces" not in page.url and "genai" not in page.url.lower(), page.url
+        page.get_by_text("finetune-cola").first.wait_for()
+        page.get_by_text("Sort: dev.main").first.wait_for()  # the link sorts by the headline metric
+        rows = page.locator("a", has_text=re.compile(r"^finetune-(sst2|cola)$"))
+        assert rows.nth(0).inner_text().strip() == "finetune-sst2", "best dev.main first"
+        # MLflow 3.17 shows no metric column until one is picked: one pick shows every task's headline.
+        page.get_by_role("button", name="Columns").click()
+        page.get_by_text("dev.main", exact=True).last.click()
+        page.keyboard.press("Escape")
+        page.get_by_text("91.25").first.wait_for()
+        page.screenshot(path=str(tmp / "runs-with-metric.png"), full_page=True)
+        body = page.locator("body").inner_text()
+        assert "91.25" in body and "47.5" in body, body[:3000]
+        assert "sst2-train" in body  # the Dataset column
+    except Exception:
+        page.screenshot(path=str(tmp / "failure.png"), full_page=True)
+        print(f"screenshots: {tmp}")
+        raise
+    finally:
+        page.close()

@@ -1,0 +1,487 @@
+"""Model cards: the ``README.md`` of every exported model directory, in the Hugging Face model-card format.
+
+A card is YAML front matter (``language``, ``license``, ``datasets``, ``metrics``, ``model-index`` with the
+scores, ``base_model`` for fine-tuned models, ``pipeline_tag``, ``tags``) and a Markdown body with the
+lineage a reviewer needs: git commit, the stage's params, the ``dvc.lock`` hashes of the stages that made
+the model (or "not run under DVC"), the pipeline run id, the MLflow run, pretraining data statistics, and
+dev scores next to the published scores of the same size (:mod:`bert_core.evaluate.references`).
+
+Everything here renders from plain data: no Prefect, no DVC (``dvc.lock`` is read as YAML), no MLflow.
+``huggingface_hub.ModelCard`` parses the result (tests/test_modelcard.py).
+
+Two copies (docs/model-cards.md): the model directory a stage writes (a DVC output that a rerun must
+reproduce byte for byte) gets a card *without* run ids (``run_ids=None``); the copy registered in MLflow gets
+the same card *with* them (:func:`staged_with_card`), so the registry's artifact names its runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bert_core.atomic import TEMP_MARKER, write_text_atomic
+
+CARD_NAME = "README.md"
+LICENSE = "apache-2.0"
+
+#: Hugging Face ``pipeline_tag`` per task kind (multiple choice has no pipeline on the Hub: tag only).
+PIPELINE_TAGS = {
+    "classification": "text-classification",
+    "regression": "text-classification",
+    "span_qa": "question-answering",
+    "token_classification": "token-classification",
+    "multiple_choice": None,
+}
+#: ``model-index`` task type per kind (the Hub's task ids).
+TASK_TYPES = {
+    "classification": ("text-classification", "Text Classification"),
+    "regression": ("text-classification", "Text Classification"),
+    "span_qa": ("question-answering", "Question Answering"),
+    "token_classification": ("token-classification", "Token Classification"),
+    "multiple_choice": ("multiple-choice", "Multiple Choice"),
+}
+#: ``dvc.lock`` stages behind the pretrained model, in pipeline order.
+PRETRAIN_STAGES = ("corpus", "vocab", "pretrain_data")
+#: ``dvc.lock`` stages behind a fine-tuned model (the stage itself is recorded only after it completes).
+FINETUNE_STAGES = (*PRETRAIN_STAGES, "pretrain")
+
+
+# ====================================================================== dvc.lock
+def dvc_lineage(lock_path: str | os.PathLike[str], stages: Sequence[str]) -> dict[str, Any] | None:
+    """The ``dvc.lock`` entries of ``stages`` (cmd, deps/outs hashes, params), or ``None`` without a lock.
+
+    Stages missing from the lock are left out (DVC records a stage only once it completes, so the stage
+    running now is recorded from its previous run, if any: the card says so). A lock that is not YAML
+    yields ``{"error": ...}`` rather than failing the stage: the card is documentation, not a gate.
+    """
+    path = Path(lock_path)
+    if not path.is_file():
+        return None
+    try:
+        lock = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        entries = lock.get("stages", {}) or {}
+    except (OSError, yaml.YAMLError, AttributeError) as err:
+        return {"error": f"{path}: not readable as a DVC lock file ({str(err)[:200]})"}
+    out: dict[str, Any] = {}
+    for stage in stages:
+        entry = entries.get(stage)
+        if not isinstance(entry, Mapping):
+            continue
+
+        def hashes(items: Any) -> dict[str, str]:
+            return {
+                str(i.get("path")): str(i.get("md5") or i.get("hash") or i.get("etag") or "")
+                for i in (items or []) if isinstance(i, Mapping)
+            }  # fmt: skip
+
+        out[stage] = {
+            "cmd": entry.get("cmd"),
+            "deps": hashes(entry.get("deps")),
+            "outs": hashes(entry.get("outs")),
+            "params": entry.get("params") or {},
+        }
+    return out
+
+
+def under_dvc() -> str | None:
+    """The DVC stage running this process (``DVC_STAGE``, set by ``dvc repro``), or ``None``."""
+    return os.environ.get("DVC_STAGE") or None
+
+
+# ====================================================================== rendering
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "n/a" if not math.isfinite(value) else f"{value:.2f}"
+    return "n/a" if value is None else str(value)
+
+
+def _yaml_block(data: Any) -> str:
+    return "```yaml\n" + yaml.safe_dump(data, sort_keys=True, default_flow_style=False).rstrip() + "\n```"
+
+
+def _front_matter(meta: Mapping[str, Any]) -> str:
+    clean = {k: v for k, v in meta.items() if v not in (None, [], {})}
+    return "---\n" + yaml.safe_dump(clean, sort_keys=False, allow_unicode=True) + "---\n"
+
+
+def _lineage_section(
+    *,
+    git_commit: str,
+    params: Mapping[str, Any] | None,
+    params_name: str,
+    lineage: Mapping[str, Any] | None,
+    stage: str,
+    run_ids: Mapping[str, str] | None,
+) -> list[str]:
+    lines = ["## Lineage", "", f"- git commit: `{git_commit}`"]
+    if run_ids is None:
+        lines.append(
+            "- pipeline run / MLflow run: recorded in the card of the registered version "
+            "(this directory is a DVC output and stays identical across reruns)"
+        )
+    else:
+        for key, label in (("pipeline_run_id", "pipeline run id"), ("mlflow_run_id", "MLflow run id"),
+                           ("mlflow_experiment", "MLflow experiment"), ("registered_model", "registered as")):  # fmt: skip
+            if run_ids.get(key):
+                lines.append(f"- {label}: `{run_ids[key]}`")
+    lines.append("")
+    if params is not None:
+        lines += [f"### Params (`{params_name}`)", "", _yaml_block(dict(params)), ""]
+    lines += ["### DVC", ""]
+    if lineage is None:
+        lines += ["Not run under DVC (no `dvc.lock`): the params above are the whole recipe.", ""]
+    elif "error" in lineage:
+        lines += [str(lineage["error"]), ""]
+    else:
+        dvc_stage = under_dvc()
+        lines.append(
+            f"Run by `dvc repro` as stage `{dvc_stage}`." if dvc_stage else "Not run by `dvc repro` itself."
+        )
+        lines.append(
+            f"The upstream stages' `dvc.lock` entries follow; `{stage}`'s own entry is written by DVC once it "
+            "completes (its inputs are these outputs and the params above)."
+        )
+        lines.append("")
+        if lineage:
+            lines += ["| stage | path | kind | md5 |", "|---|---|---|---|"]
+            for name, entry in lineage.items():
+                for kind in ("deps", "outs"):
+                    for path, md5 in entry[kind].items():
+                        lines.append(f"| {name} | `{path}` | {kind[:-1]} | `{md5}` |")
+            lines.append("")
+    return lines
+
+
+def pretrained_card(
+    *,
+    name: str,
+    preset: str,
+    config: Mapping[str, Any],
+    metrics: Mapping[str, Any],
+    data_stats: Mapping[str, Any],
+    params: Mapping[str, Any] | None,
+    git_commit: str,
+    lineage: Mapping[str, Any] | None,
+    datasets: Sequence[str] = (),
+    run_ids: Mapping[str, str] | None = None,
+) -> str:
+    """The card of a pretrained model (``models/pretrained``, ``bert-pretrained``).
+
+    Args:
+        name: The registered model name.
+        preset: Model size (``bert_core.config.PRESETS`` key or ``custom``).
+        config: ``num_hidden_layers``, ``hidden_size`` ... of the model.
+        metrics: The pretrain result's metrics (``heldout`` and ``steps`` are read).
+        data_stats: The pretrain result's data statistics.
+        params: The stage's params (as in ``params/pretrain.yaml``).
+        git_commit: The code's commit.
+        lineage: :func:`dvc_lineage` (``None``: not run under DVC).
+        datasets: Hub ids or names of the corpora.
+        run_ids: ``pipeline_run_id``, ``mlflow_run_id`` ... (``None``: the deterministic DVC-output copy).
+    """
+    heldout = dict(metrics.get("heldout") or {})
+    values = [(k, heldout.get(k)) for k in ("mlm_acc", "nsp_acc", "mlm_ppl") if heldout.get(k) is not None]
+    meta = {
+        "language": "en",
+        "license": LICENSE,
+        "library_name": "transformers",
+        "pipeline_tag": "fill-mask",
+        "tags": ["bert", "fill-mask", "pretraining", "mlm", "nsp", f"bert-{preset}"],
+        "datasets": list(datasets),
+        "metrics": ["accuracy", "perplexity"],
+        "model-index": [{
+            "name": name,
+            "results": [{
+                "task": {"type": "fill-mask", "name": "Masked Language Modeling"},
+                "dataset": {"type": "held-out", "name": "held-out pretraining instances", "split": "heldout"},
+                "metrics": [{"type": ("perplexity" if k.endswith("ppl") else "accuracy"), "name": f"held-out {k}",
+                             "value": round(float(v), 4)} for k, v in values],
+            }],
+        }] if values else None,
+    }  # fmt: skip
+    arch = ", ".join(f"{k}={config[k]}" for k in sorted(config))
+    body = [
+        f"# {name}",
+        "",
+        f"BERT ({preset}; {arch}) pretrained with masked-LM and next-sentence prediction by this pipeline's "
+        "`pretrain` stage. Load it with `transformers.AutoModelForPreTraining.from_pretrained(<this dir>)`.",
+        "",
+        "## Held-out evaluation",
+        "",
+        "| metric | this model | most-frequent-token baseline |",
+        "|---|---|---|",
+        *(
+            f"| {k} | {_fmt(heldout.get(k))} | {_fmt(heldout.get('baseline_' + k))} |"
+            for k in ("mlm_acc", "mlm_ppl", "nsp_acc")
+            if k in heldout
+        ),
+        "",
+        f"Steps: {metrics.get('steps', 'n/a')}.",
+        "",
+        "## Pretraining data",
+        "",
+        _yaml_block(json.loads(json.dumps(dict(data_stats), default=str))),
+        "",
+        *_lineage_section(
+            git_commit=git_commit,
+            params=params,
+            params_name="params/pretrain.yaml",
+            lineage=lineage,
+            stage="pretrain",
+            run_ids=run_ids,
+        ),
+    ]
+    return _front_matter(meta) + "\n" + "\n".join(body).rstrip() + "\n"
+
+
+def finetuned_card(
+    *,
+    name: str,
+    task: str,
+    kind: str,
+    main_metric: str,
+    dev_metrics: Mapping[str, float],
+    dev_split: str,
+    datasets: Sequence[str],
+    hub_config: str | None,
+    preset: str | None,
+    published: Mapping[str, float] | None,
+    published_model: str | None,
+    published_split: str | None,
+    base_model: str | None,
+    params: Mapping[str, Any] | None,
+    git_commit: str,
+    lineage: Mapping[str, Any] | None,
+    pretraining: Mapping[str, Any] | None = None,
+    labels: Sequence[str] = (),
+    run_ids: Mapping[str, str] | None = None,
+) -> str:
+    """The card of a fine-tuned model (``models/finetuned/<task>``, ``bert-<task>``).
+
+    Args:
+        name: The registered model name (``bert-sst2``).
+        task, kind, main_metric: The task, its kind (``bert_core.kinds``) and headline metric key.
+        dev_metrics: Dev scores of the selected model, keyed without the ``dev.`` prefix (0-100 scale).
+        dev_split: The dev split the scores are on.
+        datasets: Hub ids of the task's data.
+        hub_config: The Hub config of the data (``sst2``), for ``model-index``.
+        preset: The model size (``None``: not a published size).
+        published: Published scores of the same size for this task (metric key -> value), if any.
+        published_model, published_split: What the published scores are of, and on which split.
+        base_model: The pretrained model it was fine-tuned from (registry name/version or path).
+        params: The task's fine-tuning settings.
+        git_commit, lineage, run_ids: As :func:`pretrained_card`.
+        pretraining: Provenance of the pretrained model (``pretrained_*`` info: source, version, shape).
+        labels: Label names.
+    """
+    scores = {k: float(v) for k, v in dev_metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+    shown = [k for k in (main_metric, *sorted(scores)) if k in scores]
+    shown = list(dict.fromkeys(k for k in shown if k in {main_metric, *(published or {})} or "_" not in k))
+    task_type, task_name = TASK_TYPES.get(kind, ("text-classification", "Text Classification"))
+    tag = PIPELINE_TAGS.get(kind)
+    meta = {
+        "language": "en",
+        "license": LICENSE,
+        "library_name": "transformers",
+        "base_model": base_model,
+        "pipeline_tag": tag,
+        "tags": ["bert", task, kind.replace("_", "-"), *([f"bert-{preset}"] if preset else [])],
+        "datasets": list(datasets),
+        "metrics": sorted({_metric_type(k) for k in shown}),
+        "model-index": [{
+            "name": name,
+            "results": [{
+                "task": {"type": task_type, "name": task_name},
+                "dataset": {"type": datasets[0] if datasets else task, "name": task,
+                            **({"config": hub_config} if hub_config else {}), "split": dev_split},
+                "metrics": [{"type": _metric_type(k), "name": f"dev {k}", "value": round(scores[k], 4)}
+                            for k in shown],
+            }],
+        }] if shown else None,
+    }  # fmt: skip
+    body = [
+        f"# {name}",
+        "",
+        f"BERT{f' ({preset})' if preset else ''} fine-tuned on `{task}` ({kind.replace('_', ' ')}) by this "
+        f"pipeline's `finetune` stage, from `{base_model or 'n/a'}`. Headline metric: `{main_metric}` "
+        f"(logged to MLflow as `dev.main`).",
+        "",
+    ]
+    if labels:
+        body += [f"Labels: {', '.join(f'`{label}`' for label in labels)}.", ""]
+    ref = f"published ({published_model}, {published_split})" if published else "published"
+    body += [f"## Dev scores ({dev_split})", "", f"| metric | this model | {ref} |", "|---|---|---|"]
+    for k in shown:
+        body.append(f"| {k}{' (main)' if k == main_metric else ''} | {_fmt(scores[k])} | "
+                    f"{_fmt((published or {}).get(k))} |")  # fmt: skip
+    if not published:
+        body += ["", f"No published score for `{task}` at size `{preset or 'custom'}`."]
+    elif published_split == "test":
+        body += ["", "The published GLUE numbers are test-set scores; ours are dev scores."]
+    body.append("")
+    if pretraining:
+        body += ["## Pretrained model", "", _yaml_block({k: str(v) for k, v in pretraining.items()}), ""]
+    body += _lineage_section(git_commit=git_commit, params=params, params_name="params/finetune.yaml",
+                             lineage=lineage, stage=f"finetune@{task}", run_ids=run_ids)  # fmt: skip
+    return _front_matter(meta) + "\n" + "\n".join(body).rstrip() + "\n"
+
+
+def _metric_type(key: str) -> str:
+    return {"matthews_corr": "matthews_correlation", "exact": "exact_match"}.get(key, key)
+
+
+# ====================================================================== reading and writing
+def parse_front_matter(text: str) -> tuple[dict[str, Any], str]:
+    """``(metadata, body)`` of a card: the YAML between the leading ``---`` lines (as the Hub reads it).
+
+    Raises:
+        ValueError: no front matter, or YAML that is not a mapping.
+    """
+    if not text.startswith("---\n"):
+        raise ValueError("a model card starts with '---' and its YAML metadata")
+    end = text.find("\n---\n", 4)
+    if end < 0:
+        raise ValueError("the model card's YAML metadata has no closing '---'")
+    meta = yaml.safe_load(text[4:end])
+    if not isinstance(meta, dict):
+        raise ValueError("the model card's YAML metadata is not a mapping")
+    return meta, text[end + 5 :]
+
+
+def write_card(model_dir: str | os.PathLike[str], text: str) -> Path:
+    """Write ``README.md`` into ``model_dir`` atomically; return its path."""
+    return write_text_atomic(Path(model_dir) / CARD_NAME, text)
+
+
+@contextlib.contextmanager
+def staged_with_card(model_dir: str | os.PathLike[str], text: str) -> Iterator[Path]:
+    """A directory with ``model_dir``'s files (hard links, else copies) and ``README.md`` = ``text``.
+
+    For registering a model with a card that names its runs while the model directory itself (a DVC
+    output) keeps its deterministic card. The directory sits next to ``model_dir`` as a ``.<name>.tmp-*``
+    temporary (removed at the end; a killed run's is removed by the next atomic write of ``model_dir``).
+    """
+    from bert_core.atomic import _OWNER  # the owner tag lets atomic_path() clean a dead run's leftover
+
+    src = Path(model_dir)
+    staged = Path(tempfile.mkdtemp(prefix=f".{src.name}{TEMP_MARKER}{_OWNER}-card-", dir=src.parent))
+    try:
+        for path in sorted(src.rglob("*")):
+            target = staged / path.relative_to(src)
+            if path.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif path.name != CARD_NAME or path.parent != src:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(path, target)
+                except OSError:
+                    shutil.copy2(path, target)
+        (staged / CARD_NAME).write_text(text, encoding="utf-8")
+        yield staged
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+# ====================================================================== the stages' cards
+def corpus_datasets(lock_path: str | os.PathLike[str]) -> list[str]:
+    """Hub ids of the corpora the ``corpus`` stage read, from its params in ``dvc.lock`` (else none)."""
+    lineage = dvc_lineage(lock_path, ("corpus",)) or {}
+    params = (lineage.get("corpus") or {}).get("params") or {}
+    sources = []
+    for values in params.values():
+        corpus = (
+            (values or {}).get("corpus.sources") or ((values or {}).get("corpus") or {}).get("sources") or []
+        )
+        sources += [s.get("path") for s in corpus if isinstance(s, Mapping) and s.get("kind") == "hf"]
+    return [s for s in dict.fromkeys(sources) if s]
+
+
+def finetuned_card_for(
+    spec: Any,
+    metrics: Mapping[str, float],
+    model_info: Mapping[str, Any],
+    *,
+    params: Mapping[str, Any] | None,
+    git_commit: str,
+    lock_path: str | os.PathLike[str] | None,
+    run_ids: Mapping[str, str] | None = None,
+    name: str | None = None,
+    reference: Any = None,
+) -> str:
+    """:func:`finetuned_card` for a :class:`bert_core.tasks.TaskSpec` and a fine-tuning run's flat metrics.
+
+    ``model_info`` is the pretrained model's provenance (:func:`bert_core.finetune.run.model_info`:
+    ``preset``, ``source``, and ``model``/``model_version`` when it is a registered version);
+    ``reference`` the published scores of its size
+    (``bert_core.evaluate.references.reference_for(model_info["preset"])``; passed in so that this module
+    imports nothing of the pipeline and no stage's DVC deps grow by it).
+    """
+    preset = model_info.get("preset")
+    preset = None if preset in (None, "custom") else str(preset)
+    ref = reference
+    published = dict(ref.scores.get(spec.name, {})) if ref else {}
+    if model_info.get("model") and model_info.get("model_version"):
+        base = f"{model_info['model']}/{model_info['model_version']}"
+    else:
+        base = str(model_info.get("source") or "") or None
+    dev = {
+        k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k.count(".") == 1
+    }
+    stages = FINETUNE_STAGES
+    return finetuned_card(
+        name=name or f"bert-{spec.name}",
+        task=spec.name,
+        kind=spec.kind,
+        main_metric=spec.main_metric,
+        dev_metrics=dev,
+        dev_split=spec.dev_splits[0],
+        datasets=[spec.hub_path] if getattr(spec, "hub_path", None) else [],
+        hub_config=getattr(spec, "hub_config", None),
+        preset=preset,
+        published=published or None,
+        published_model=ref.model if published and ref else None,
+        published_split=ref.splits.get(spec.name) if published and ref else None,
+        base_model=base,
+        params=params,
+        git_commit=git_commit,
+        lineage=dvc_lineage(lock_path, stages) if lock_path is not None else None,
+        pretraining=dict(model_info),
+        labels=tuple(getattr(spec, "labels", ()) or ())[:50],
+        run_ids=run_ids,
+    )
+
+
+def pretrained_card_for(
+    params: Any,
+    metrics: Mapping[str, Any],
+    data_stats: Mapping[str, Any],
+    *,
+    git_commit: str,
+    lock_path: str | os.PathLike[str] | None,
+    run_ids: Mapping[str, str] | None = None,
+) -> str:
+    """:func:`pretrained_card` for the pretrain stage's params (``PretrainParams``) and result."""
+    config = params.model.config(int(data_stats["vocab_size"]))
+    shape = {k: getattr(config, k) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                             "intermediate_size", "max_position_embeddings", "vocab_size")}  # fmt: skip
+    return pretrained_card(
+        name=params.registered_model,
+        preset=params.model.preset,
+        config=shape,
+        metrics=metrics,
+        data_stats=data_stats,
+        params=params.model_dump(mode="json"),
+        git_commit=git_commit,
+        lineage=dvc_lineage(lock_path, PRETRAIN_STAGES) if lock_path is not None else None,
+        datasets=corpus_datasets(lock_path) if lock_path is not None else [],
+        run_ids=run_ids,
+    )

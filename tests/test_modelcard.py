@@ -1,0 +1,190 @@
+"""Model cards (bert_core.modelcard): Hugging Face format, lineage, deterministic DVC-output copy."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bert_core import modelcard
+from bert_core.evaluate.references import reference_for
+from bert_core.tasks import get_task
+from tests.test_pretrain import data  # noqa: F401 - the fixture
+
+LOCK = {
+    "schema": "2.0",
+    "stages": {
+        "corpus": {
+            "cmd": "python -m flows.corpus",
+            "params": {
+                "params/corpus.yaml": {"corpus.sources": [{"kind": "hf", "path": "Salesforce/wikitext"}]}
+            },
+            "deps": [{"path": "bert_core/corpus", "md5": "aaa.dir"}],
+            "outs": [{"path": "data/corpus", "md5": "bbb.dir"}],
+        },
+        "pretrain": {
+            "cmd": "python -m flows.pretrain",
+            "outs": [{"path": "models/pretrained", "md5": "ccc.dir"}],
+        },
+    },
+}
+
+
+class _Model:  # the bits of PretrainParams.model the card reads
+    preset = "tiny"
+
+    def config(self, vocab_size):
+        from bert_core.config import BertConfig
+
+        return BertConfig(vocab_size=vocab_size, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=512)  # fmt: skip
+
+
+class _Params:
+    model = _Model()
+    registered_model = "bert-pretrained"
+
+    def model_dump(self, mode="json"):
+        return {"seed": 1, "model": {"preset": "tiny"}}
+
+
+METRICS = {"heldout": {"mlm_acc": 0.31, "baseline_mlm_acc": 0.06, "nsp_acc": 0.8}, "steps": 20}
+STATS = {"vocab_size": 30522, "seq128.train": {"instances": 1000, "tokens": 128000}}
+
+
+def _pretrained(lock, run_ids=None):
+    return modelcard.pretrained_card_for(_Params(), METRICS, STATS, git_commit="abc123", lock_path=lock,
+                                         run_ids=run_ids)  # fmt: skip
+
+
+def _finetuned(lock, run_ids=None, preset="tiny"):
+    spec = get_task("sst2")
+    metrics = {"dev.accuracy": 82.5, "dev.accuracy_mean": 81.0, "random_init.dev.accuracy": 55.0}
+    info = {"preset": preset, "source": "models/pretrained", "model": "bert-pretrained", "model_version": "3"}
+    return modelcard.finetuned_card_for(spec, metrics, info, params={"epochs": 3}, git_commit="abc123",
+                                        lock_path=lock, run_ids=run_ids, reference=reference_for(preset))  # fmt: skip
+
+
+@pytest.fixture
+def lock(tmp_path):
+    path = tmp_path / "dvc.lock"
+    path.write_text(yaml.safe_dump(LOCK))
+    return path
+
+
+def test_pretrained_card_front_matter_and_lineage(lock, monkeypatch):
+    monkeypatch.setenv("DVC_STAGE", "pretrain")
+    text = _pretrained(lock)
+    meta, body = modelcard.parse_front_matter(text)
+    assert (
+        meta["language"] == "en" and meta["license"] == "apache-2.0" and meta["pipeline_tag"] == "fill-mask"
+    )
+    assert meta["datasets"] == ["Salesforce/wikitext"]
+    [result] = meta["model-index"][0]["results"]
+    assert {m["name"]: m["value"] for m in result["metrics"]}["held-out mlm_acc"] == pytest.approx(0.31)
+    assert "`abc123`" in body and "`bbb.dir`" in body and "stage `pretrain`" in body
+    assert "ccc.dir" not in body  # the stage's own (stale) lock entry is not part of its output's card
+    assert "instances: 1000" in body and "seed: 1" in body
+    assert _pretrained(lock) == text, "the DVC-output card must be deterministic"
+    assert "run id" not in text.lower()
+
+
+def test_finetuned_card_scores_next_to_published(lock):
+    text = _finetuned(lock, run_ids={"pipeline_run_id": "pipe-1", "mlflow_run_id": "run-42"})
+    meta, body = modelcard.parse_front_matter(text)
+    assert meta["base_model"] == "bert-pretrained/3" and meta["pipeline_tag"] == "text-classification"
+    assert meta["datasets"] == ["nyu-mll/glue"] and "accuracy" in meta["metrics"]
+    [result] = meta["model-index"][0]["results"]
+    assert result["dataset"]["config"] == "sst2" and result["metrics"][0]["value"] == pytest.approx(82.5)
+    assert "| accuracy (main) | 82.50 | 83.20 |" in body  # Turc et al. BERT-Tiny SST-2
+    assert "test-set scores" in body and "`pipe-1`" in body and "`run-42`" in body
+    assert "random_init" not in meta["model-index"][0]["results"][0]["metrics"][0]["name"]
+
+
+def test_cards_without_dvc_or_published_scores(tmp_path):
+    text = _finetuned(tmp_path / "missing.lock", preset="custom")
+    _, body = modelcard.parse_front_matter(text)
+    assert "Not run under DVC" in body and "No published score" in body
+    bad = tmp_path / "dvc.lock"
+    bad.write_text("stages: [unclosed\n")
+    assert "not readable as a DVC lock file" in modelcard.dvc_lineage(bad, ["corpus"])["error"]
+
+
+def test_huggingface_hub_parses_the_cards(lock):
+    hub = pytest.importorskip("huggingface_hub")
+    for text in (_pretrained(lock), _finetuned(lock)):
+        card = hub.ModelCard(text)
+        assert card.data.language == "en" and card.data.license == "apache-2.0"
+        assert card.data.eval_results, "model-index must parse into evaluation results"
+        assert all(r.metric_value is not None for r in card.data.eval_results)
+    assert hub.ModelCard(_finetuned(lock)).data.base_model == "bert-pretrained/3"
+
+
+def test_parse_front_matter_rejects_non_cards():
+    for text in ("# no metadata\n", "---\nlanguage: en\n", "---\n- a list\n---\n"):
+        with pytest.raises(ValueError, match="model card"):
+            modelcard.parse_front_matter(text)
+
+
+def test_staged_copy_carries_the_run_card_and_leaves_the_model_alone(tmp_path):
+    model = tmp_path / "pretrained"
+    (model / "sub").mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "sub" / "x.txt").write_text("x")
+    modelcard.write_card(model, "local card\n")
+    with modelcard.staged_with_card(model, "registered card\n") as staged:
+        assert (staged / "README.md").read_text() == "registered card\n"
+        assert (staged / "model.safetensors").read_bytes() == b"weights"
+        assert (staged / "sub" / "x.txt").read_text() == "x"
+        assert staged.name.startswith(".pretrained.tmp-")  # cleaned by the next atomic write when killed
+        assert os.stat(staged / "model.safetensors").st_ino == os.stat(model / "model.safetensors").st_ino
+    assert not staged.exists() and (model / "README.md").read_text() == "local card\n"
+
+
+def test_save_model_writes_the_card_in_the_same_atomic_move(tmp_path):
+    import torch
+
+    from bert_core.model import BertForPreTraining
+    from bert_core.pretrain import save_model
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(_Model().config(64))
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    (vocab / "vocab.txt").write_text("\n".join(f"t{i}" for i in range(64)))
+    out = save_model(model, vocab, tmp_path / "model", readme="---\nlanguage: en\n---\n# card\n")
+    assert (out / "README.md").read_text().startswith("---\nlanguage: en")
+    assert (out / "model.safetensors").is_file()
+
+
+def test_pretrain_flow_writes_a_reproducible_card_and_registers_one_with_run_ids(data, tmp_path, monkeypatch):  # noqa: F811
+    """The DVC output's card is run-free and identical across reruns; the registered copy names its runs."""
+    import json
+
+    from huggingface_hub import ModelCard
+    from mlflow import MlflowClient
+
+    from flows.pretrain import pretrain_flow_fn
+    from tests.test_pretrain import small_params
+
+    monkeypatch.setenv("BERT_PIPELINE_RUN_ID", "pipe-pretrain-card")
+    data_dir, vocab = data
+    params_file = tmp_path / "pretrain.yaml"
+    params_file.write_text(json.dumps({"pretrain": small_params().model_dump(mode="json")}))
+    out = tmp_path / "models" / "pretrained"
+    kwargs = {"out_dir": str(out), "checkpoint_root": str(tmp_path / "ckpt"),
+              "loss_plot": str(tmp_path / "l.csv"), "heldout_plot": str(tmp_path / "h.csv"),
+              "metrics_path": str(tmp_path / "m.json")}  # fmt: skip
+    pretrain_flow_fn(str(params_file), str(data_dir), str(vocab), **kwargs)
+    first = (out / "README.md").read_text()
+    assert "pipe-pretrain-card" not in first and ModelCard(first).data.pipeline_tag == "fill-mask"
+    pretrain_flow_fn(str(params_file), str(data_dir), str(vocab), **kwargs)
+    assert (out / "README.md").read_text() == first, "the DVC output's card must not change between reruns"
+    assert not list(out.parent.glob(".*.tmp-*")), "the staging copy is removed"
+    client = MlflowClient()
+    version = client.get_model_version_by_alias("bert-pretrained", "newest")
+    registered = Path(client.download_artifacts(version.run_id, "model/README.md", str(tmp_path / "dl")))
+    text = registered.read_text()
+    assert "pipe-pretrain-card" in text and version.run_id in text

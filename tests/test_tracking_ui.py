@@ -1,0 +1,162 @@
+"""What the MLflow UI shows of the pipeline's runs: the model-training view, dataset inputs, one headline
+metric per task (issue 12, item 5). The browser check is tests/e2e/test_browser.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from bert_core.tracking import FINETUNE_EXPERIMENT, PIPELINE_EXPERIMENT, stage_run
+from bert_core.tracking.run import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    HEADLINE_METRIC,
+    log_dataset,
+    log_headline_metric,
+    log_pretrain_data,
+    log_task_data,
+)
+
+
+def _inputs(run_id: str) -> dict[str, dict]:
+    """Dataset inputs of a run: name -> {digest, context, tags, profile}."""
+    run = MlflowClient().get_run(run_id)
+    out = {}
+    for inp in run.inputs.dataset_inputs:
+        tags = {t.key: t.value for t in inp.tags}
+        out[inp.dataset.name] = {"digest": inp.dataset.digest, "context": tags.get("mlflow.data.context"),
+                                 "tags": tags, "profile": json.loads(inp.dataset.profile or "{}")}  # fmt: skip
+    return out
+
+
+def test_every_experiment_is_a_model_training_experiment():
+    for experiment in (PIPELINE_EXPERIMENT, FINETUNE_EXPERIMENT):
+        with stage_run("x", {"a": 1}, experiment=experiment):
+            pass
+        tags = MlflowClient().get_experiment_by_name(experiment).tags
+        assert tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
+
+
+def test_a_kind_chosen_in_the_ui_is_kept():
+    client = MlflowClient()
+    with stage_run("x", None, experiment="chosen"):
+        pass
+    exp = client.get_experiment_by_name("chosen")
+    client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, "finetuning")
+    with stage_run("x", None, experiment="chosen"):
+        pass
+    assert client.get_experiment_by_name("chosen").tags[EXPERIMENT_KIND_TAG] == "finetuning"
+
+
+def test_task_data_become_dataset_inputs(tmp_path):
+    from bert_core.finetune.run import SplitData, TaskData
+
+    rows = [{"sentence": "good", "label": 1}, {"sentence": "bad", "label": 0}]
+    data = TaskData(train=SplitData(rows, [], str(tmp_path / "train.tsv")),
+                    dev={"dev": SplitData(rows[:1], [], "hf://nyu-mll/glue/sst2:validation")})  # fmt: skip
+    with stage_run("finetune", None, experiment=FINETUNE_EXPERIMENT) as run:
+        log_task_data("sst2", data)
+        assert log_headline_metric("accuracy", {"dev.accuracy": 91.5}) == 91.5
+    inputs = _inputs(run.run_id)
+    assert inputs["sst2-train"]["context"] == "training" and inputs["sst2-dev"]["context"] == "evaluation"
+    assert inputs["sst2-train"]["tags"]["task"] == "sst2" and inputs["sst2-train"]["tags"]["split"] == "train"
+    assert inputs["sst2-train"]["profile"] == {"num_rows": 2} and inputs["sst2-dev"]["tags"]["rows"] == "1"
+    assert inputs["sst2-train"]["digest"] != inputs["sst2-dev"]["digest"]
+    got = MlflowClient().get_run(run.run_id).data
+    assert got.metrics[HEADLINE_METRIC] == 91.5 and got.tags["main_metric"] == "accuracy"
+
+
+def test_pretrain_data_digest_is_the_index(tmp_path):
+    for split in ("train", "heldout"):
+        (tmp_path / "seq128" / split).mkdir(parents=True)
+        (tmp_path / "seq128" / split / "index.json").write_text(
+            json.dumps({"num_instances": 7, "split": split})
+        )
+    with stage_run("pretrain", None) as run:
+        log_pretrain_data(tmp_path, ["seq128", "seq512"])  # seq512 absent: warned, not raised
+    inputs = _inputs(run.run_id)
+    assert set(inputs) == {"pretrain-seq128-train", "pretrain-seq128-heldout"}
+    assert inputs["pretrain-seq128-train"]["profile"] == {"num_rows": 7}
+
+
+def test_dataset_logging_never_fails_the_run(monkeypatch):
+    import mlflow
+
+    def broken(*_, **__):
+        raise RuntimeError("server down")
+
+    monkeypatch.setattr(mlflow, "log_input", broken)
+    monkeypatch.setattr("bert_core.tracking.run.time.sleep", lambda s: None)
+    with stage_run("x", None):
+        assert log_dataset("d", source="", digest="0", rows=1, context="training") is False
+
+
+@pytest.fixture(scope="module")
+def tiny_model(shared_data, tmp_path_factory) -> Path:
+    from bert_core.config import BertConfig
+    from bert_core.model import BertForPreTraining
+
+    path = tmp_path_factory.mktemp("pretrained") / "model"
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64)  # fmt: skip
+    torch.manual_seed(0)
+    BertForPreTraining(config).save_pretrained(path)
+    shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
+    return path
+
+
+def test_finetune_flow_logs_datasets_headline_and_card(tiny_model, shared_data, tmp_path, monkeypatch):
+    from huggingface_hub import ModelCard
+
+    from flows.finetune import finetune_flow
+
+    monkeypatch.setenv("BERT_DATA_ROOT", str(shared_data))
+    monkeypatch.setenv("BERT_PIPELINE_RUN_ID", "pipe-card-test")
+    params = tmp_path / "finetune.yaml"
+    params.write_text(f"""finetune:
+  model: {{source: {tiny_model}}}
+  defaults: {{train_limit: 16, eval_limit: 8, test_limit: 4, learning_rates: [1.0e-3], epochs: 1,
+              batch_size: 8, max_seq_length: 32, random_init_baseline: false, predict_test: false}}
+  small_task_seeds: [1]
+  data_checks: false
+""")
+    model_dir = tmp_path / "models" / "sst2"
+    metrics = finetune_flow.fn("sst2", str(params), out_dir=str(tmp_path / "results"), model_out=str(model_dir),
+                               metrics_path=str(tmp_path / "m.json"), plots_dir=str(tmp_path / "plots"))  # fmt: skip
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(FINETUNE_EXPERIMENT)
+    assert exp.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    [parent] = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.data.metrics[HEADLINE_METRIC] == pytest.approx(metrics["dev.accuracy"])
+    assert parent.data.metrics["dev.accuracy"] == pytest.approx(metrics["dev.accuracy"])  # the old key stays
+    assert parent.data.tags["main_metric"] == "accuracy"
+    inputs = _inputs(parent.info.run_id)
+    assert (
+        inputs["sst2-train"]["profile"] == {"num_rows": 16} and inputs["sst2-dev"]["context"] == "evaluation"
+    )
+
+    local = (model_dir / "README.md").read_text()
+    assert "pipe-card-test" not in local and parent.info.run_id not in local  # the DVC output: run-free
+    card = ModelCard(local)
+    assert card.data.language == "en" and card.data.eval_results[0].metric_value == pytest.approx(
+        round(metrics["dev.accuracy"], 4)
+    )
+    version = client.get_model_version_by_alias("bert-sst2", "champion")
+    registered = Path(client.download_artifacts(version.run_id, "model/README.md", str(tmp_path / "dl")))
+    text = registered.read_text()
+    assert "pipe-card-test" in text and parent.info.run_id in text
+    assert ModelCard(text).data.base_model
+
+
+def test_corpus_manifest_is_the_vocab_stage_input(tmp_path):
+    from bert_core.tracking.run import log_corpus_data
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"splits": {"train": {"documents": 12}}}))
+    with stage_run("vocab", None) as run:
+        log_corpus_data(tmp_path)
+    assert _inputs(run.run_id)["corpus-train"]["profile"] == {"num_rows": 12}
