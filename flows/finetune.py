@@ -112,7 +112,7 @@ def finetune_flow(
         register,
         resolve_model_source,
     )
-    from bert_core.tracking.run import log_headline_metric, log_task_data
+    from bert_core.tracking.ui import log_headline_metric, log_task_data
 
     params: FinetuneParams = STAGE.load_params(params_file)
     spec = get_task(task)

@@ -52,7 +52,7 @@ def pretrain_flow_fn(
     from bert_core.constants import REPO_ROOT
     from bert_core.serving import fill_mask_task, mlflow_model
     from bert_core.tracking import git_commit, mlflow_sink, pipeline_run_id, register
-    from bert_core.tracking.run import log_pretrain_data
+    from bert_core.tracking.ui import log_pretrain_data
     from bert_core.training.distributed import setup_distributed, teardown_distributed
     from flows._stage import finish_stage, stage_run
 

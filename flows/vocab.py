@@ -72,7 +72,7 @@ def vocab_flow(
     shutil.rmtree(REPO_ROOT / "reports" / "data_checks" / "vocab", ignore_errors=True)
     report_dir = REPO_ROOT / "reports" / "data_checks" / "vocab" / "vocab"
     with stage_run("vocab", params) as run:
-        from bert_core.tracking.run import log_corpus_data
+        from bert_core.tracking.ui import log_corpus_data
 
         log_corpus_data(corpus_dir)  # the Dataset column and lineage in the MLflow UI
         try:

@@ -185,6 +185,8 @@ def test_pretrain_flow_writes_a_reproducible_card_and_registers_one_with_run_ids
     assert not list(out.parent.glob(".*.tmp-*")), "the staging copy is removed"
     client = MlflowClient()
     version = client.get_model_version_by_alias("bert-pretrained", "newest")
-    registered = Path(client.download_artifacts(version.run_id, "model/README.md", str(tmp_path / "dl")))
+    registered = Path(
+        client.download_artifacts(version.run_id, "model/artifacts/hf_model/README.md", str(tmp_path / "dl"))
+    )
     text = registered.read_text()
     assert "pipe-pretrain-card" in text and version.run_id in text

@@ -12,9 +12,8 @@ import torch
 from mlflow import MlflowClient
 
 from bert_core.tracking import FINETUNE_EXPERIMENT, PIPELINE_EXPERIMENT, stage_run
-from bert_core.tracking.run import (
-    EXPERIMENT_KIND,
-    EXPERIMENT_KIND_TAG,
+from bert_core.tracking.run import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+from bert_core.tracking.ui import (
     HEADLINE_METRIC,
     log_dataset,
     log_headline_metric,
@@ -147,14 +146,16 @@ def test_finetune_flow_logs_datasets_headline_and_card(tiny_model, shared_data, 
         round(metrics["dev.accuracy"], 4)
     )
     version = client.get_model_version_by_alias("bert-sst2", "champion")
-    registered = Path(client.download_artifacts(version.run_id, "model/README.md", str(tmp_path / "dl")))
+    registered = Path(
+        client.download_artifacts(version.run_id, "model/artifacts/hf_model/README.md", str(tmp_path / "dl"))
+    )
     text = registered.read_text()
     assert "pipe-card-test" in text and parent.info.run_id in text
     assert ModelCard(text).data.base_model
 
 
 def test_corpus_manifest_is_the_vocab_stage_input(tmp_path):
-    from bert_core.tracking.run import log_corpus_data
+    from bert_core.tracking.ui import log_corpus_data
 
     (tmp_path / "manifest.json").write_text(json.dumps({"splits": {"train": {"documents": 12}}}))
     with stage_run("vocab", None) as run:

@@ -181,7 +181,7 @@ def mlflow_ui(tmp_path):
     import urllib.request
 
     from bert_core.tracking import FINETUNE_EXPERIMENT, stage_run
-    from bert_core.tracking.run import log_dataset, log_headline_metric
+    from bert_core.tracking.ui import log_dataset, log_headline_metric
 
     uri = os.environ["MLFLOW_TRACKING_URI"]  # the test's own store (tests/conftest.py)
     for task, key, value in (("sst2", "accuracy", 91.25), ("cola", "matthews_corr", 47.5)):
@@ -228,7 +228,7 @@ def test_mlflow_ui_opens_the_experiment_on_the_runs_table(browser, mlflow_ui):
     page = browser.new_page(viewport={"width": 3200, "height": 1000})
     page.set_default_timeout(60_000)
     try:
-        from bert_core.tracking.run import experiment_url
+        from bert_core.tracking.ui import experiment_url
 
         page.goto(experiment_url(url, experiment_id), wait_until="load")
         page.wait_for_url(f"**/experiments/{experiment_id}**")

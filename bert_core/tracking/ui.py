@@ -1,0 +1,165 @@
+"""What the MLflow UI shows of a stage run: dataset inputs (the Dataset column and lineage), the one comparable
+headline metric of every fine-tuning run, and a link that opens an experiment on its runs table.
+
+Everything here is best effort: a failure is logged, never raised (it only costs the UI a column).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from bert_core.constants import REPO_ROOT
+from bert_core.tracking.run import retry_tracking
+
+log = logging.getLogger("bert_core.stage")
+
+#: The comparable headline dev metric of every fine-tuning run (the value of the task's main metric).
+HEADLINE_METRIC = "dev.main"
+
+
+def rows_digest(rows: Any) -> str:
+    """Short sha256 over rows (dicts, JSON with sorted keys): identifies the exact data a stage read."""
+    import json
+
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(row, sort_keys=True, default=str).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()[:16]
+
+
+def _dataset_source(source: str) -> Any:
+    from mlflow.data.http_dataset_source import HTTPDatasetSource
+
+    if source.startswith("hf://"):  # bert_core.tasks.base.hub_source: hf://<path>[/<config>]:<split>
+        return HTTPDatasetSource(
+            f"https://huggingface.co/datasets/{source.removeprefix('hf://').split(':')[0]}"
+        )
+    if source.startswith(("http://", "https://")):
+        return HTTPDatasetSource(source)
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+    with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the local file source
+        warnings.simplefilter("ignore", UserWarning)
+        return resolve_dataset_source(str(Path(source).resolve()) if source else str(REPO_ROOT))
+
+
+def log_dataset(
+    name: str, *, source: str, digest: str, rows: int, context: str, tags: dict[str, Any] | None = None
+) -> bool:
+    """Log a dataset input of the active run (metadata only: the data itself is never uploaded).
+
+    It shows in the runs table's Dataset column (``name`` (``digest``), ``context``) and in the run's
+    lineage; ``tags`` (task, split ...) and the row count go with it. Failures are logged, never raised
+    (the run's metrics matter more than its Dataset column). Returns whether it was logged.
+    """
+
+    import mlflow
+
+    try:
+        from mlflow.data.meta_dataset import MetaDataset
+
+        class _Dataset(MetaDataset):
+            @property
+            def profile(self) -> dict[str, int]:
+                return {"num_rows": int(rows)}
+
+            def to_dict(self) -> dict[str, str]:
+                return {**super().to_dict(), "profile": json.dumps(self.profile)}
+
+        dataset = _Dataset(_dataset_source(source), name=name, digest=digest)
+        input_tags = {
+            "rows": str(int(rows)),
+            "source": str(source)[:500],
+            **{k: str(v) for k, v in (tags or {}).items()},
+        }
+        retry_tracking(mlflow.log_input, attempts=3)(dataset, context=context, tags=input_tags)
+        return True
+    except Exception as err:
+        log.warning("could not log dataset %s (%s) as an MLflow input: %s", name, context, err)
+        return False
+
+
+def log_task_data(task: str, data: Any) -> None:
+    """The fine-tuning data of ``task`` as dataset inputs: ``train`` (context ``training``), each dev split
+    (context ``evaluation``). ``data`` is a :class:`bert_core.finetune.run.TaskData`."""
+    splits = [("train", data.train, "training"), *((s, d, "evaluation") for s, d in data.dev.items())]
+    for split, part, context in splits:
+        log_dataset(f"{task}-{split}", source=part.source, digest=rows_digest(part.rows), rows=len(part.rows),
+                    context=context, tags={"task": task, "split": split})  # fmt: skip
+
+
+def log_pretrain_data(data_dir: str | os.PathLike[str], phases: list[str]) -> None:
+    """The pretraining instances of each phase as dataset inputs; the digest is that of the phase's
+    ``train/index.json`` (which lists every shard with its hash), the row count its instances."""
+    import json
+
+    for phase in phases:
+        for split, context in (("train", "training"), ("heldout", "evaluation")):
+            index = Path(data_dir) / phase / split / "index.json"
+            try:
+                raw = index.read_bytes()
+                info = json.loads(raw)
+            except (OSError, ValueError) as err:
+                log.warning("no dataset input for %s: %s", index, err)
+                continue
+            rows = info.get("num_instances", info.get("instances", 0)) if isinstance(info, dict) else 0
+            log_dataset(f"pretrain-{phase}-{split}", source=str(index.parent), rows=int(rows or 0),
+                        digest=hashlib.sha256(raw).hexdigest()[:16], context=context,
+                        tags={"phase": phase, "split": split})  # fmt: skip
+
+
+def log_headline_metric(key: str, metrics: dict[str, Any]) -> float | None:
+    """Log ``dev.main`` = ``metrics["dev.<key>"]`` (``key``: the task's main metric,
+    :func:`bert_core.metrics.main_metric`) and the tag ``main_metric`` = ``key``, so one column compares
+    every task's runs. Returns the value (``None`` when the run has no such metric)."""
+    import mlflow
+
+    value = metrics.get(f"dev.{key}")
+    retry_tracking(mlflow.set_tags)({"main_metric": key})
+    if value is None or not math.isfinite(float(value)):
+        return None
+    retry_tracking(mlflow.log_metrics)({HEADLINE_METRIC: float(value)})
+    return float(value)
+
+
+def experiment_url(ui_url: str, experiment_id: str) -> str:
+    """The MLflow UI link that opens an experiment on its runs table.
+
+    MLflow 3.17's UI picks the experiment view from its global GenAI / Model-training switch (the
+    ``workflowType`` URL parameter, else the browser's last choice, GenAI by default), not from the
+    experiment's ``mlflow.experimentKind`` tag; this link sets the switch (docs/model-cards.md).
+    """
+    from urllib.parse import quote
+
+    order = quote(f"metrics.`{HEADLINE_METRIC}`", safe="")
+    return (
+        f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+        f"&orderByKey={order}&orderByAsc=false"
+    )
+
+
+def log_corpus_data(corpus_dir: str | os.PathLike[str], splits: tuple[str, ...] = ("train",)) -> None:
+    """The ``corpus`` stage's output as dataset inputs of a later stage (vocab): one per split, the digest
+    that of the corpus's ``manifest.json`` (shard list, params hash, statistics), rows its documents."""
+    import json
+
+    manifest = Path(corpus_dir) / "manifest.json"
+    try:
+        raw = manifest.read_bytes()
+        info = json.loads(raw)
+    except (OSError, ValueError) as err:
+        log.warning("no dataset input for %s: %s", manifest, err)
+        return
+    for split in splits:
+        docs = ((info.get("splits") or {}).get(split) or {}).get("documents", 0)
+        log_dataset(f"corpus-{split}", source=str(Path(corpus_dir)), digest=hashlib.sha256(raw).hexdigest()[:16],
+                    rows=int(docs or 0), context="training", tags={"split": split, "unit": "documents"})  # fmt: skip
