@@ -150,7 +150,9 @@ def finetune_flow(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("finetune", finetune_flow, argv, doc=__doc__)
+    from bert_core.training import TrainingInterrupted
+
+    return run_stage("finetune", finetune_flow, argv, doc=__doc__, interrupted=(TrainingInterrupted,))
 
 
 if __name__ == "__main__":
