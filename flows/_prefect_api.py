@@ -165,4 +165,16 @@ def prefect_api(home: Path | None = None, *, announce: bool = True) -> Iterator[
         else:
             os.environ["PREFECT_API_URL"] = previous
         if server is not None:
+            _drain_workers()  # logs and events still queued go out before their server stops
             server.stop()
+
+
+def _drain_workers(timeout_s: float = 5.0) -> None:
+    for module, name in (
+        ("prefect.logging.handlers", "APILogWorker"),
+        ("prefect.events.worker", "EventsWorker"),
+    ):
+        with contextlib.suppress(Exception):
+            worker = getattr(sys.modules[module], name) if module in sys.modules else None
+            if worker is not None:
+                worker.drain_all(timeout=timeout_s, at_exit=False)
