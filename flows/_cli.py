@@ -20,6 +20,7 @@ does not take it down before the flow run is marked Crashed.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -60,6 +61,34 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+class StageInterrupted(KeyboardInterrupt):
+    """A stage's own "stopped by a signal" exception (``TrainingInterrupted``: checkpoint written), carried
+    out of the Prefect flow as an interrupt, so that Prefect marks the run Crashed, as for a Ctrl-C anywhere
+    else, instead of Failed with a traceback."""
+
+    def __init__(self, err: BaseException) -> None:
+        super().__init__(str(err))
+        self.message = str(err)
+        self.signum = int(getattr(err, "signum", signal.SIGINT))
+        self.exit_code = int(getattr(err, "exit_code", 128 + self.signum))
+
+
+def interrupt_as_crash(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a flow function: an exception carrying ``signum`` and ``exit_code`` leaves it as
+    :class:`StageInterrupted` (the wrapper keeps the signature Prefect reads)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            if isinstance(getattr(err, "signum", None), int) and hasattr(err, "exit_code"):
+                raise StageInterrupted(err) from err
+            raise
+
+    return wrapper
 
 
 def _raise_interrupted(signum: int, _frame: Any) -> None:
@@ -165,6 +194,9 @@ def _run_stage(
             print(f"{stage.name} stage failed{where}: {type(err).__name__}: {err}", file=sys.stderr)
             return 1
     except BaseException as err:  # SIGINT/SIGTERM, also one arriving while an error above is handled
+        if isinstance(err, StageInterrupted):
+            print(f"{stage.name} stage interrupted: {err.message}", file=sys.stderr)
+            return err.exit_code
         signum = signal_of(err)
         if signum is None:
             raise

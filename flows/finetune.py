@@ -37,7 +37,7 @@ from bert_core.constants import REPO_ROOT
 from bert_core.finetune.params import FinetuneParams
 from bert_core.sources import data_root
 from bert_core.tracking import FINETUNE_EXPERIMENT
-from flows._cli import run_stage
+from flows._cli import interrupt_as_crash, run_stage
 from flows._stage import finish_stage, stage_run
 from flows.stages import get
 
@@ -62,6 +62,7 @@ def _standard_tags(run_id: str) -> dict[str, str]:
 
 
 @flow(name="finetune", log_prints=True)
+@interrupt_as_crash  # TrainingInterrupted: the run is Crashed, the exit status 130/143
 def finetune_flow(
     task: str,
     params_file: str = STAGE.default("params_file"),

@@ -128,9 +128,11 @@ def flow_run_states(api: str, names: list[str]) -> dict[str, str]:
         return {r["name"]: r["state"]["type"] for r in json.loads(resp.read())}
 
 
-def assert_one_line(res: Interrupted, expected: str) -> None:
+def assert_one_line(res: Interrupted, expected: str, *, traceback: bool = False) -> None:
+    """No ConnectError, the ``expected`` line; no traceback unless the flow *failed* (``traceback``: Prefect
+    logs one for every failed flow run, as for any stage error)."""
     assert "ConnectError" not in res.output, res.output[-4000:]
-    assert "Traceback" not in res.output, res.output[-4000:]
+    assert traceback or "Traceback" not in res.output, res.output[-4000:]
     assert re.search(expected, res.output), f"no {expected!r} in:\n{res.output[-4000:]}"
 
 
@@ -221,7 +223,7 @@ def test_ctrl_c_to_dvc_during_pretraining_then_a_rerun_gives_the_same_model(
     runs = res.flow_runs()
     assert runs, res.output[-4000:]
     states = flow_run_states(prefect_api, list(runs))
-    assert "RUNNING" not in states.values() and set(states.values()) <= {"FAILED", "CRASHED"}, states
+    assert set(states.values()) == {"CRASHED"}, states
     assert not wait_gone(res.children), f"processes left behind: {alive(res.children)}"
 
     status = pipe.dvc("status", "pretrain", root=clone)
