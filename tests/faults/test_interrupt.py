@@ -27,9 +27,9 @@ import pytest
 import yaml
 
 from .conftest import PY, free_port, kill_group, migrated_prefect_home, stage_env
-from .pipeline_repo import CHECKPOINTS, TinyPipeline, tree_digest
+from .pipeline_repo import CHECKPOINTS, EXTRA, TinyPipeline, tree_digest
 
-pytestmark = pytest.mark.faults
+# Every test is marked `faults` (`make test-faults`) but the dvc repro variant, which is `slow` only.
 
 STOP_WITHIN_S = 10.0
 FLOW_RUN_RE = re.compile(r"Beginning flow run '(?P<name>[^']+)' for flow '(?P<flow>[^']+)'")
@@ -143,6 +143,7 @@ def flow_started(out: str) -> bool:
 # ------------------------------------------------------------------------------- a stage on its own
 
 
+@pytest.mark.faults
 def test_ctrl_c_to_a_stage_without_a_prefect_server_exits_130_at_once(
     tiny_pipeline, prefect_server, tmp_path
 ):
@@ -174,6 +175,7 @@ def test_ctrl_c_to_a_stage_without_a_prefect_server_exits_130_at_once(
     ), "a half-written corpus"
 
 
+@pytest.mark.faults
 def test_sigterm_to_a_stage_marks_its_prefect_run_crashed(tiny_pipeline, prefect_api, tmp_path):
     clone = tiny_pipeline.clone(tmp_path / "clone")
     res = signal_when(
@@ -194,11 +196,28 @@ def test_sigterm_to_a_stage_marks_its_prefect_run_crashed(tiny_pipeline, prefect
 # ------------------------------------------------------------------------------------- through DVC
 
 
-def _checkpoint_written(root: Path) -> Callable[[str], bool]:
-    return lambda _out: any((root / CHECKPOINTS).glob("*/step-*/state.json"))
+def _checkpoint_written(root: Path, step: int) -> Callable[[str], bool]:
+    def ready(_out: str) -> bool:
+        steps = [int(m.group(1)) for p in (root / CHECKPOINTS).glob("*/step-*/state.json")
+                 if (m := re.match(r"step-(\d+)$", p.parent.name))]  # fmt: skip
+        return max(steps, default=0) >= step
+
+    return ready
 
 
-@pytest.mark.parametrize("command", [["repro"], ["exp", "run"]], ids=["dvc repro", "dvc exp run"])
+# Late in training (the last checkpoint but one), so that the resumed re-run is short.
+LATE_CHECKPOINT = (
+    EXTRA["params/pretrain.yaml"]["pretrain.max_steps"]
+    - 2 * EXTRA["params/pretrain.yaml"]["pretrain.checkpoint_every"]
+)
+
+
+@pytest.mark.parametrize(
+    "command",
+    # `make test-faults` runs the case (dvc exp run); `make test-slow` also runs dvc repro.
+    [pytest.param(["repro"], marks=pytest.mark.slow), pytest.param(["exp", "run"], marks=pytest.mark.faults)],
+    ids=["dvc repro", "dvc exp run"],
+)
 def test_ctrl_c_to_dvc_during_pretraining_then_a_rerun_gives_the_same_model(
     command, tiny_pipeline: TinyPipeline, prefect_api, tmp_path
 ):
@@ -211,7 +230,7 @@ def test_ctrl_c_to_dvc_during_pretraining_then_a_rerun_gives_the_same_model(
 
     res = signal_when(
         [PY, "-m", "dvc", *command, "--force", "--single-item", "pretrain"],
-        cwd=clone, env=pipe.env(clone), ready=_checkpoint_written(clone), sig=signal.SIGINT,
+        cwd=clone, env=pipe.env(clone), ready=_checkpoint_written(clone, LATE_CHECKPOINT), sig=signal.SIGINT,
     )  # fmt: skip
     assert res.seconds < STOP_WITHIN_S, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"
     # DVC answers any failed stage command with its own 255; the stage's status is in its message.
@@ -241,6 +260,7 @@ def test_ctrl_c_to_dvc_during_pretraining_then_a_rerun_gives_the_same_model(
 # ------------------------------------------------------------------------------- Prefect unreachable
 
 
+@pytest.mark.faults
 @pytest.mark.parametrize("module", ["flows.corpus", "flows.pipeline"])
 def test_an_unreachable_prefect_api_is_a_clear_error_within_seconds(module, tiny_pipeline, tmp_path):
     clone = tiny_pipeline.clone(tmp_path / "clone")
