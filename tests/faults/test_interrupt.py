@@ -55,9 +55,11 @@ def signal_when(
     ready: Callable[[str], bool],
     sig: int,
     ignore_sigint: bool = False,
+    to_group: bool = True,
     start_timeout: float = 300.0,
 ) -> Interrupted:
-    """Start ``cmd`` in its own process group, send ``sig`` to the group once ``ready(output so far)``.
+    """Start ``cmd`` in its own process group, send ``sig`` to the group (``to_group``; else to the process
+    alone) once ``ready(output so far)``.
 
     ``ignore_sigint`` starts it with SIGINT ignored, as a non-interactive shell starts ``cmd &``: the
     process must install its own handler (Python keeps an inherited SIG_IGN).
@@ -87,7 +89,7 @@ def signal_when(
         except psutil.Error:
             children = []
         sent = time.monotonic()
-        os.killpg(proc.pid, sig)
+        (os.killpg if to_group else os.kill)(proc.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=60)
         seconds = time.monotonic() - sent
@@ -278,3 +280,45 @@ def test_an_unreachable_prefect_api_is_a_clear_error_within_seconds(module, tiny
     assert f"the Prefect API at PREFECT_API_URL={url} does not answer" in last, res.stderr[-4000:]
     assert "make serve" in last and "unset it" in last and len(last) < 600, last
     assert "ConnectError" not in res.stderr and "Traceback" not in res.stderr, res.stderr[-4000:]
+
+
+# --------------------------------------------------------------------------- make pipeline, make serve
+
+
+@pytest.mark.faults
+def test_ctrl_c_to_make_pipeline_stops_dvc_and_the_stage(tiny_pipeline, prefect_api, tmp_path):
+    clone = tiny_pipeline.clone(tmp_path / "clone")
+    res = signal_when(
+        [PY, "-m", "flows.pipeline", "corpus", "--force"], cwd=clone, env=tiny_pipeline.env(clone),
+        ready=lambda out: "Running stage 'corpus'" in out and out.count("Beginning flow run") >= 2,
+        sig=signal.SIGINT,
+    )  # fmt: skip
+    assert res.returncode == 130, res.output[-4000:]
+    assert res.seconds < STOP_WITHIN_S, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"
+    assert_one_line(res, r"pipeline interrupted: stopped by SIGINT; DVC and the running stage were stopped")
+    runs = res.flow_runs()
+    assert set(runs.values()) == {"bert-pipeline", "corpus"}, runs
+    assert set(flow_run_states(prefect_api, list(runs)).values()) == {"CRASHED"}, runs
+    assert not wait_gone(res.children), f"processes left behind: {alive(res.children)}"
+
+
+@pytest.mark.faults
+def test_ctrl_c_to_make_serve_stops_it_and_its_server(prefect_server, tmp_path):
+    """SIGINT to the serving process alone (started with SIGINT ignored, as `make serve &` in a script)."""
+    from flows.serve import api_url
+
+    home = migrated_prefect_home(prefect_server, tmp_path / "home")
+    port = free_port()
+    env = stage_env(None, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    env.pop("PREFECT_API_URL", None)
+    res = signal_when(
+        [PY, "-m", "flows.serve", "--port", str(port), "--home", str(home)], cwd=Path.cwd(), env=env,
+        ready=lambda out: "Prefect UI:" in out, sig=signal.SIGINT, ignore_sigint=True, to_group=False,
+    )  # fmt: skip
+    assert res.returncode == 130, res.output[-4000:]
+    assert res.seconds < STOP_WITHIN_S + 20, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"  # server grace
+    assert_one_line(res, r"serve stopped by SIGINT: no longer serving the flows")
+    assert not wait_gone(res.children), f"processes left behind: {alive(res.children)}"
+    from flows._served import is_healthy
+
+    assert not is_healthy(api_url("127.0.0.1", port))
