@@ -41,6 +41,11 @@ class Interrupted:
     seconds: float  # from the signal to the exit
     output: str
     children: list[int]  # processes of the run when the signal was sent
+    stamped: list[tuple[float, str]]  # (seconds after the signal, line)
+
+    def seconds_to(self, pattern: str) -> float | None:
+        """When the first line matching ``pattern`` arrived, in seconds after the signal."""
+        return next((t for t, line in self.stamped if re.search(pattern, line)), None)
 
     def flow_runs(self) -> dict[str, str]:
         """``{flow run name: flow name}`` of the flow runs the output announces."""
@@ -72,7 +77,14 @@ def signal_when(
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None,
     )  # fmt: skip
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    arrived: list[float] = []
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            arrived.append(time.monotonic())
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
         deadline = time.monotonic() + start_timeout
@@ -95,7 +107,8 @@ def signal_when(
         seconds = time.monotonic() - sent
         reader.join(10)
         assert proc.returncode is not None, f"still running 60 s after {sig!r}:\n{''.join(lines)[-4000:]}"
-        return Interrupted(proc.returncode, seconds, "".join(lines), children)
+        stamped = [(t - sent, line) for t, line in zip(arrived, lines, strict=False)]
+        return Interrupted(proc.returncode, seconds, "".join(lines), children, stamped)
     finally:
         kill_group(proc, wait_s=5)
 
@@ -234,7 +247,13 @@ def test_ctrl_c_to_dvc_during_pretraining_then_a_rerun_gives_the_same_model(
         [PY, "-m", "dvc", *command, "--force", "--single-item", "pretrain"],
         cwd=clone, env=pipe.env(clone), ready=_checkpoint_written(clone, LATE_CHECKPOINT), sig=signal.SIGINT,
     )  # fmt: skip
-    assert res.seconds < STOP_WITHIN_S, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"
+    # The stage stops within seconds; DVC's own clean-up after a failed stage (`exp run` restores the
+    # workspace through git) takes a few more on a loaded machine.
+    stage_stopped = res.seconds_to(r"pretrain stage interrupted")
+    assert stage_stopped is not None and stage_stopped < STOP_WITHIN_S, (
+        f"{stage_stopped}:\n{res.output[-4000:]}"
+    )
+    assert res.seconds < 3 * STOP_WITHIN_S, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"
     # DVC answers any failed stage command with its own 255; the stage's status is in its message.
     assert res.returncode == 255, res.output[-4000:]
     assert_one_line(
