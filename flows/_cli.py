@@ -7,14 +7,25 @@ the outcome into the exit code DVC sees:
 - 0: done;
 - 1: any error, with one line ``<stage> stage failed[ (<task>)]: <Type>: <message>`` on stderr;
 - ``err.exit_code`` (128 + signal number) for the stage's ``interrupted`` exceptions (pretraining stopped
-  by SIGTERM/SIGINT after writing a checkpoint), with ``<stage> stage interrupted: <message>``.
+  by SIGTERM/SIGINT after writing a checkpoint), with ``<stage> stage interrupted: <message>``;
+- 130 / 143 for a SIGINT (Ctrl-C) / SIGTERM anywhere else (loading data, starting Prefect ...), with
+  ``<stage> stage interrupted[ (<task>)]: stopped by SIGINT before it finished; ...``. Both handlers are
+  installed first thing, so a SIGINT that the parent left ignored (a shell's ``cmd &``) still stops it.
+
+The Prefect API is settled before the flow starts (:func:`flows._prefect_api.prefect_api`): an unreachable
+``PREFECT_API_URL`` fails within seconds, and the temporary server runs in its own session so that Ctrl-C
+does not take it down before the flow run is marked Crashed.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +70,87 @@ def failure_line(prefix: str, err: BaseException, limit: int = MAX_REASON_CHARS)
     return f"{prefix}: {type(err).__name__}: {message}"
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) arrived outside the training loop's own handler; ``exit_code`` = 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+class StageInterrupted(KeyboardInterrupt):
+    """A stage's own "stopped by a signal" exception (``TrainingInterrupted``: checkpoint written), carried
+    out of the Prefect flow as an interrupt, so that Prefect marks the run Crashed, as for a Ctrl-C anywhere
+    else, instead of Failed with a traceback."""
+
+    def __init__(self, err: BaseException) -> None:
+        super().__init__(str(err))
+        self.message = str(err)
+        self.signum = int(getattr(err, "signum", signal.SIGINT))
+        self.exit_code = int(getattr(err, "exit_code", 128 + self.signum))
+
+
+def interrupt_as_crash(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a flow function: an exception carrying ``signum`` and ``exit_code`` leaves it as
+    :class:`StageInterrupted` (the wrapper keeps the signature Prefect reads)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            if isinstance(getattr(err, "signum", None), int) and hasattr(err, "exit_code"):
+                raise StageInterrupted(err) from err
+            raise
+
+    return wrapper
+
+
+def _raise_interrupted(signum: int, _frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def install_signal_handlers() -> dict[int, Any]:
+    """SIGINT -> ``KeyboardInterrupt`` (even when inherited as ignored), SIGTERM -> :class:`Interrupted`.
+
+    Returns the previous handlers (empty off the main thread, where handlers cannot be set).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupted),
+    }
+
+
+def restore_signal_handlers(old: dict[int, Any]) -> None:
+    for signum, handler in old.items():
+        signal.signal(signum, handler)
+
+
+def signal_of(err: BaseException) -> int | None:
+    """The signal an exception stands for: KeyboardInterrupt (SIGINT), Prefect's TerminationSignal ..."""
+    if isinstance(err, Interrupted):
+        return err.signum
+    if isinstance(err, KeyboardInterrupt):
+        return int(signal.SIGINT)
+    if type(err).__name__ == "TerminationSignal":  # prefect.exceptions, raised by its SIGTERM handler
+        return int(getattr(err, "signal", signal.SIGTERM))
+    return None
+
+
+def interrupted_message(signum: int) -> str:
+    return (
+        f"stopped by {signal.Signals(signum).name} before it finished; run it again (`dvc repro` reruns it)"
+    )
+
+
+def _uses_prefect() -> bool:
+    """Rank 0 (or no torchrun) reports to Prefect; the other ranks only train."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def run_stage(
     name: str,
     flow: Callable[..., Any],
@@ -78,6 +170,22 @@ def run_stage(
         interrupted: Exceptions that mean "stopped by a signal, resumable"; their ``exit_code`` is returned.
         log_to_stderr: Configure logging to stderr first.
     """
+    old_handlers = install_signal_handlers()
+    try:
+        return _run_stage(name, flow, argv, doc=doc, interrupted=interrupted, log_to_stderr=log_to_stderr)
+    finally:
+        restore_signal_handlers(old_handlers)
+
+
+def _run_stage(
+    name: str,
+    flow: Callable[..., Any],
+    argv: list[str] | None,
+    *,
+    doc: str | None,
+    interrupted: tuple[type[BaseException], ...],
+    log_to_stderr: bool,
+) -> int:
     stage = get(name)
     parser = build_parser(stage, doc.split("\n\n")[0] if doc else None)
     kwargs = vars(parser.parse_args(argv))
@@ -86,12 +194,28 @@ def run_stage(
     instance = [str(kwargs[o.dest]) for o in stage.options if o.positional]
     where = f" ({', '.join(instance)})" if instance else ""
     try:
-        stage.load_params(kwargs["params_file"])  # fail fast on bad params, before Prefect starts
-        flow(**kwargs)
-    except interrupted as err:
-        print(f"{stage.name} stage interrupted: {err}", file=sys.stderr)
-        return int(getattr(err, "exit_code", 1))
-    except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
-        print(failure_line(f"{stage.name} stage failed{where}", err), file=sys.stderr)
-        return 1
+        try:
+            stage.load_params(kwargs["params_file"])  # fail fast on bad params, before Prefect starts
+            if _uses_prefect():
+                from flows._prefect_api import prefect_api
+
+                with prefect_api(announce=False):
+                    flow(**kwargs)
+            else:
+                flow(**kwargs)
+        except interrupted as err:
+            print(f"{stage.name} stage interrupted: {err}", file=sys.stderr)
+            return int(getattr(err, "exit_code", 1))
+        except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
+            print(failure_line(f"{stage.name} stage failed{where}", err), file=sys.stderr)
+            return 1
+    except BaseException as err:  # SIGINT/SIGTERM, also one arriving while an error above is handled
+        if isinstance(err, StageInterrupted):
+            print(f"{stage.name} stage interrupted: {err.message}", file=sys.stderr)
+            return err.exit_code
+        signum = signal_of(err)
+        if signum is None:
+            raise
+        print(f"{stage.name} stage interrupted{where}: {interrupted_message(signum)}", file=sys.stderr)
+        return 128 + signum
     return 0

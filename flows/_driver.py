@@ -18,7 +18,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed
+from prefect.states import Cancelled, Completed
 
 from flows import _dvc
 from flows._stage import markdown_table
@@ -100,6 +100,10 @@ def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[st
             f"pipeline-{_slug(stage)}", markdown_table(metrics, f"{stage} metrics"), f"Metrics of {stage}"
         )
     result = {"stage": stage, "outcome": feed.outcome, "metrics": metrics}
+    if feed.outcome == "interrupted":
+        return Cancelled(
+            message="the pipeline run was interrupted (Ctrl-C or SIGTERM): DVC and the stage were stopped"
+        )
     if feed.outcome == "failed":
         raise PipelineFailed(f"stage '{stage}' failed; its log above shows why")
     if feed.outcome == "cached":
@@ -113,7 +117,7 @@ def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[st
 @dataclass
 class StageReport:
     stage: str
-    outcome: str  # ran | cached | failed | not run
+    outcome: str  # ran | cached | failed | interrupted | not run
     seconds: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -159,6 +163,7 @@ def drive(args: list[str], *, root: Path, env: dict[str, str]) -> tuple[int, lis
         futures.append(follow_stage.submit(stage, feed, str(root), metrics_files(stage)))
 
     proc = start_dvc(args, cwd=root, env=env)
+    interrupted = False
     try:
         for line in proc.lines():
             tail = [*tail[-39:], line]
@@ -184,9 +189,12 @@ def drive(args: list[str], *, root: Path, env: dict[str, str]) -> tuple[int, lis
             else:
                 logger.info(line)
         returncode = proc.wait()
+    except BaseException as err:  # Ctrl-C / SIGTERM of the pipeline: DVC and its stage are stopped below
+        interrupted = not isinstance(err, Exception)
+        raise
     finally:
         proc.stop()
-        finish("ran" if proc.wait() == 0 else "failed")
+        finish("interrupted" if interrupted else "ran" if proc.wait() == 0 else "failed")
     for future in futures:
         future.wait()
     for report in reports:

@@ -129,17 +129,31 @@ class DvcProcess:
         return self.proc.wait()
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``."""
-        if self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
+        """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``.
+
+        Waits for the whole group, not just DVC: DVC dies at once on SIGTERM, while the stage it ran may
+        still be writing its checkpoint (and reporting to this process's Prefect server).
+        """
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and self._group_alive():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=0.1)
+        if self._group_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
+        self.proc.wait(timeout=30)
+
+    def _group_alive(self) -> bool:
+        if self.proc.poll() is None:
+            return True
+        try:
+            os.killpg(self.proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
 
 
 class WorkspaceBusy(RuntimeError):

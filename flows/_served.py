@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,6 +17,13 @@ from pathlib import Path
 
 class ServeError(RuntimeError):
     """The server could not be started or reached; the message says what to do."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def is_healthy(url: str, timeout: float = 2.0) -> bool:

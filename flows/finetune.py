@@ -41,7 +41,7 @@ from bert_core.constants import REPO_ROOT
 from bert_core.finetune.params import FinetuneParams
 from bert_core.sources import data_root
 from bert_core.tracking import FINETUNE_EXPERIMENT
-from flows._cli import run_stage
+from flows._cli import interrupt_as_crash, run_stage
 from flows._stage import publish_artifact, stage_run
 from flows.stages import get
 
@@ -80,6 +80,7 @@ def _standard_tags(run_id: str) -> dict[str, str]:
 
 
 @flow(name="finetune", log_prints=True)
+@interrupt_as_crash  # TrainingInterrupted: the run is Crashed, the exit status 130/143
 def finetune_flow(
     task: str,
     params_file: str = STAGE.default("params_file"),
@@ -214,7 +215,9 @@ def finetune_flow(
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("finetune", finetune_flow, argv, doc=__doc__)
+    from bert_core.training import TrainingInterrupted
+
+    return run_stage("finetune", finetune_flow, argv, doc=__doc__, interrupted=(TrainingInterrupted,))
 
 
 if __name__ == "__main__":

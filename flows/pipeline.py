@@ -26,19 +26,21 @@ Layout: this module is the flow and its command line; :mod:`flows._inputs` maps 
 overrides and builds the stages' environment, :mod:`flows._driver` follows the DVC process as task runs,
 :mod:`flows._dvc` is the DVC plumbing (stage graph, process, workspace lock).
 
-From the command line the flow reports to the Prefect server of ``make serve`` when one serves this
-repository (so the run shows in its UI), else to a temporary local server.
+From the command line the flow reports to ``PREFECT_API_URL`` (checked first: one that does not answer is
+an error within seconds), else to the Prefect server of ``make serve`` when one serves this repository (so
+the run shows in its UI), else to a temporary local server started in its own session (see
+:mod:`flows._prefect_api`). Ctrl-C or SIGTERM stops DVC and the stage it runs (SIGTERM to DVC's process
+group; pretraining writes a checkpoint), marks the flow run Crashed and exits with 130 / 143.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
+import signal
 import sys
 import uuid
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 # Telemetry off and Prefect's start-up timeout are set by flows/__init__.py, before Prefect is imported.
@@ -185,30 +187,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-root", help="local data root (offline), or 'hub'; default: $BERT_DATA_ROOT")
     parser.add_argument("--force", action="store_true", help="rerun stages even if unchanged")
     args = parser.parse_args(argv)
-    settings: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    if not os.environ.get("PREFECT_API_URL"):
-        from flows._served import served_api_url
+    from flows._cli import install_signal_handlers, restore_signal_handlers, signal_of
+    from flows._prefect_api import PrefectApiUnreachable, prefect_api
 
-        home = Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")
-        if url := served_api_url(home):
-            from prefect.settings import PREFECT_API_URL, temporary_settings
-
-            print(f"reporting to the Prefect server of `make serve` at {url}", file=sys.stderr)
-            settings = temporary_settings(updates={PREFECT_API_URL: url})
+    old_handlers = install_signal_handlers()  # Ctrl-C / SIGTERM: DVC and its stage are stopped, exit 130/143
     try:
-        with settings:
-            result = pipeline_flow(
-                profile=args.profile,
-                extra_overrides=args.sets,
-                targets=args.targets,
-                as_experiment=args.experiment,
-                experiment_name=args.name,
-                data_root=args.data_root,
-                force=args.force,
-            )
-    except (PipelineFailed, ProfileError, _dvc.WorkspaceBusy, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        try:
+            with prefect_api():
+                result = pipeline_flow(
+                    profile=args.profile,
+                    extra_overrides=args.sets,
+                    targets=args.targets,
+                    as_experiment=args.experiment,
+                    experiment_name=args.name,
+                    data_root=args.data_root,
+                    force=args.force,
+                )
+        except (PipelineFailed, ProfileError, _dvc.WorkspaceBusy, ValueError, PrefectApiUnreachable) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+    except BaseException as err:
+        signum = signal_of(err)
+        if signum is None:
+            raise
+        name = signal.Signals(signum).name
+        print(
+            f"pipeline interrupted: stopped by {name}; DVC and the running stage were stopped (pretraining "
+            "keeps its last checkpoint): run it again to go on",
+            file=sys.stderr,
+        )
+        return 128 + signum
+    finally:
+        restore_signal_handlers(old_handlers)
     for stage, info in result["stages"].items():
         print(f"{stage:28s} {info['outcome']}")
     print(f"pipeline_run_id={result['pipeline_run_id']}")

@@ -102,7 +102,9 @@ def prefect_flow():
     """The stage's Prefect flow, built on demand: importing this module must not import Prefect."""
     from prefect import flow
 
-    return flow(name="pretrain", log_prints=True)(pretrain_flow_fn)
+    from flows._cli import interrupt_as_crash
+
+    return flow(name="pretrain", log_prints=True)(interrupt_as_crash(pretrain_flow_fn))
 
 
 def _worker_rank(

@@ -11,8 +11,8 @@ repository) unless a Prefect server already answers there, then serves these dep
   with ``targets: [<stage>]``;
 * ``predict/local``: batch prediction of a JSON Lines file with a registered model (:mod:`flows.predict`).
 
-Their typed parameters are the UI's run form ("Run" -> "Custom run"). Stop with Ctrl-C: the server this
-command started stops with it. Only one ``flows.serve`` may serve a repository at a time (a second
+Their typed parameters are the UI's run form ("Run" -> "Custom run"). Stop with Ctrl-C or SIGTERM (exit
+130 / 143): the server this command started stops with it. Only one ``flows.serve`` may serve a repository at a time (a second
 runner would defeat ``limit=1``).
 
     python -m flows.serve [--host 127.0.0.1] [--port 4200] [--home .prefect]
@@ -191,7 +191,11 @@ def build_deployments() -> list[Any]:
     return deployments
 
 
+_received: list[int] = []  # the stop signals received, for the exit status (prefect.serve swallows them)
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
+    _received.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -208,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     home = (args.home or Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")).resolve()
     env = prefect_env(home, args.host, args.port)
     os.environ.update(env)  # before Prefect is imported: its settings come from the environment
+    # Both set explicitly: a SIGINT that the parent left ignored (`make serve &` from a script) must still stop it.
+    signal.signal(signal.SIGINT, _raise_interrupt)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     server = None
     try:
@@ -231,10 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", err)
         return 1
     except KeyboardInterrupt:
-        log.info("stopping")
+        pass
     finally:
         if server is not None:
+            log.info("stopping the Prefect server this command started")
             stop_process(server)
+    if _received:
+        name = signal.Signals(_received[0]).name
+        print(f"serve stopped by {name}: no longer serving the flows", file=sys.stderr)
+        return 128 + _received[0]
     return 0
 
 

@@ -182,6 +182,25 @@ def prefect_server(tmp_path_factory) -> Iterator[PrefectServer]:
         server.stop()
 
 
+def migrated_prefect_home(server: PrefectServer, dest: Path) -> Path:
+    """A fresh PREFECT_HOME holding a copy of ``server``'s database (SQLite backup API: consistent while it
+    runs), so that a temporary server started there skips the minute of migrations of an empty database."""
+    import sqlite3
+
+    dest.mkdir(parents=True, exist_ok=True)
+    src = sqlite3.connect(server.home / "prefect.db")
+    dst = sqlite3.connect(dest / "prefect.db")
+    try:
+        src.backup(dst)
+    finally:
+        dst.close()
+        src.close()
+    memo = server.home / "memo_store.toml"
+    if memo.is_file():
+        shutil.copy2(memo, dest / memo.name)
+    return dest
+
+
 @pytest.fixture(scope="session")
 def prefect_api(prefect_server) -> str:
     return prefect_server.api_url
