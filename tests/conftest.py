@@ -35,6 +35,12 @@ def _isolated_tracking(tmp_path_factory, monkeypatch):
     # MLFLOW_TRACKING_URI (this store, or what a test sets) decides.
     if "mlflow" in sys.modules:
         sys.modules["mlflow"].set_tracking_uri(None)
+        # ... and the active experiment an earlier test's set_experiment left (an id of that test's store).
+        monkeypatch.setattr(
+            sys.modules["mlflow"].tracking.fluent, "_active_experiment_id", None, raising=False
+        )
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # set_experiment exports it for subprocesses
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
