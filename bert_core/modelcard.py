@@ -122,13 +122,14 @@ def _lineage_section(
     stage: str,
     run_ids: Mapping[str, str] | None,
 ) -> list[str]:
-    lines = ["## Lineage", "", f"- git commit: `{git_commit}`"]
-    if run_ids is None:
+    lines = ["## Lineage", ""]
+    if run_ids is None:  # the commit (``-dirty`` in a changed work tree) would make the output differ too
         lines.append(
-            "- pipeline run / MLflow run: recorded in the card of the registered version "
+            "- git commit, pipeline run, MLflow run: recorded in the card of the registered version "
             "(this directory is a DVC output and stays identical across reruns)"
         )
     else:
+        lines.append(f"- git commit: `{git_commit}`")
         for key, label in (("pipeline_run_id", "pipeline run id"), ("mlflow_run_id", "MLflow run id"),
                            ("mlflow_experiment", "MLflow experiment"), ("registered_model", "registered as")):  # fmt: skip
             if run_ids.get(key):
