@@ -105,6 +105,25 @@ def numeric_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def score_per_row(
+    kind: TaskKind, spec: TaskSpec, rows: Sequence[Row], outputs: Sequence[np.ndarray], predict: Any
+) -> SplitScore:
+    """One prediction per row, scored with the task's GLUE-style metric (classification, regression, SWAG).
+
+    ``predict`` maps the stacked ``(N, num_labels)`` outputs to ``(predictions, probabilities or None)``.
+    """
+    import numpy as np
+
+    from bert_core.metrics import glue_metrics
+
+    stacked = np.stack(outputs) if outputs else np.zeros((0, max(kind.num_labels(spec), 1)))
+    preds, probs = predict(stacked)
+    metrics = {}
+    if kind.labelled(rows):
+        metrics = glue_metrics(spec.name, preds.tolist(), [r["label"] for r in rows])
+    return SplitScore(numeric_metrics(metrics), predictions={"preds": preds, "probs": probs})
+
+
 # ---------------------------------------------------------------------- data-check helpers
 def expectations() -> Any:
     """``great_expectations.expectations`` (imported on first use: GE is slow to import)."""

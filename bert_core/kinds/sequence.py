@@ -27,7 +27,7 @@ from bert_core.kinds.base import (
     label_checks,
     max_seq_length,
     nonempty,
-    numeric_metrics,
+    score_per_row,
     strip_len,
 )
 from bert_core.tasks.registry import TaskSpec
@@ -161,14 +161,7 @@ class SequenceClassification(TaskKind):
         *,
         null_threshold: float | None = None,
     ) -> SplitScore:
-        from bert_core.metrics import glue_metrics
-
-        stacked = np.stack(outputs) if outputs else np.zeros((0, max(self.num_labels(spec), 1)))
-        preds, probs = self.predictions(stacked)
-        metrics = {}
-        if self.labelled(rows):
-            metrics = glue_metrics(spec.name, preds.tolist(), [r["label"] for r in rows])
-        return SplitScore(numeric_metrics(metrics), predictions={"preds": preds, "probs": probs})
+        return score_per_row(self, spec, rows, outputs, self.predictions)
 
     def write_predictions(
         self, spec: TaskSpec, split: str, rows: Sequence[Row], result: SplitScore, out_dir: str | Path

@@ -279,7 +279,8 @@ def sync(root: Path = REPO_ROOT, stages: tuple[Stage, ...] = STAGES, text: str |
 
 def main(argv: list[str] | None = None, root: Path = REPO_ROOT) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m flows.stages", description="The stage table's commands (see flows/stages/__init__.py)."
+        prog="python -m flows.stages",
+        description="The stage table's commands (see flows/stages/__init__.py).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("sync-deps", help="rewrite every stage's code deps in dvc.yaml from its imports")
