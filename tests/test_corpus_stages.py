@@ -39,7 +39,7 @@ def test_every_dvc_params_key_exists_in_params():
 def test_corpus_and_vocab_stage_entries():
     stages = _dvc_stages()
     corpus, vocab = stages["corpus"], stages["vocab"]
-    assert corpus["cmd"] == "python -m flows.corpus" and vocab["cmd"] == "python -m flows.vocab"
+    assert corpus["cmd"] == "exec python -m flows.corpus" and vocab["cmd"] == "exec python -m flows.vocab"
     for stage in (corpus, vocab):
         for dep in stage["deps"]:
             assert dep.startswith("data/") or (REPO / dep).exists(), dep

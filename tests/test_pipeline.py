@@ -50,7 +50,7 @@ def repo(tmp_path: Path) -> Path:
         ("Stage 'vocab' didn't change, skipping", "skipped", "vocab"),
         ("Stage 'corpus' is cached - skipping run, checking out outputs", "skipped", "corpus"),
         ("ERROR: failed to reproduce 'pretrain': exit code 1", "failed", "pretrain"),
-        ("> python -m flows.corpus", "line", None),
+        ("> exec python -m flows.corpus", "line", None),
         ("Updating lock file 'dvc.lock'", "line", None),
     ],
 )

@@ -40,6 +40,8 @@ def test_every_stage_command_resolves(stages):
     for stage in stages:
         for part in re.split(r"&&|;", stage.cmd):
             words = shlex.split(part)
+            if words[:1] == ["exec"]:
+                words = words[1:]
             if not words or words[0] not in ("python", "python3"):
                 problems.append(
                     f"{stage.name}: command '{part.strip()}' does not run `python -m flows.<stage>`"

@@ -13,7 +13,7 @@ from bert_core.pretrain_data.testing import make_synthetic_inputs
 
 def test_dvc_stage_lists_every_output_affecting_param():
     stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["pretrain_data"]
-    assert stage["cmd"] == "python -m flows.pretrain_data"
+    assert stage["cmd"] == "exec python -m flows.pretrain_data"
     # code deps are derived from the stage's imports (tests/test_stages.py checks them all)
     assert {"data/corpus", "data/vocab", "bert_core/pretrain_data/build.py"} <= set(stage["deps"])
     assert stage["outs"] == ["data/pretrain_data"]
