@@ -160,7 +160,7 @@ def finetune_flow(
                 out,
                 model_out=model_dir,
                 data_root=data_root(),
-                tracker=MlflowTrialTracker(run.run_id, trial_tags),
+                tracker=MlflowTrialTracker(run.run_id, trial_tags, main_metric=spec.main_metric),
                 source_info=resolved.info,
                 on_data=lambda data: (
                     _log_check_reports(run, data.check_reports),

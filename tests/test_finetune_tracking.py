@@ -147,6 +147,9 @@ def test_finetune_and_evaluate_flows_record_everything(tiny_model, shared_data, 
     for trial in trials:  # the same metric keys in every trial run, tagged for comparison
         assert trial.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert {"dev.accuracy", "train.loss", "train.examples_per_second"} <= set(trial.data.metrics)
+        # the one comparable column, as on the task's run: trials sort by dev.main too
+        assert trial.data.metrics["dev.main"] == trial.data.metrics["dev.accuracy"]
+        assert trial.data.tags["main_metric"] == "accuracy"
         assert trial.data.tags["task"] == "sst2" and trial.data.tags["init"] in ("pretrained", "random")
         assert trial.data.tags["pipeline_run_id"] == parent.data.tags["pipeline_run_id"]
     champion = client.get_model_version_by_alias("bert-sst2", "champion")

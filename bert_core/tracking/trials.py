@@ -12,20 +12,26 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from bert_core.tracking.ui import HEADLINE_METRIC
+
 log = logging.getLogger(__name__)
 
 
 class _TrialRun:
     """Recorder of one nested run: metrics go through a retrying background sink."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, main_metric: str | None = None) -> None:
         from bert_core.tracking.sink import mlflow_sink
 
         self.run_id = run_id
+        self.main_metric = main_metric
         self._sink = mlflow_sink(run_id)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         values = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        if self.main_metric is not None and f"dev.{self.main_metric}" in values:
+            # the one comparable column (``dev.main``), as on the task's run: trials sort by it too
+            values[HEADLINE_METRIC] = values[f"dev.{self.main_metric}"]
         if values:
             self._sink(step if step is not None else 0, values)
 
@@ -39,11 +45,16 @@ class MlflowTrialTracker:
     Args:
         parent_run_id: The task's run.
         tags: Tags every trial run gets (the parent's standard tags: git commit, pipeline run, ...).
+        main_metric: The task's main metric (:func:`bert_core.metrics.main_metric`): each trial also logs
+            it as ``dev.main`` and gets the tag ``main_metric``, as the task's run does.
     """
 
-    def __init__(self, parent_run_id: str, tags: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, parent_run_id: str, tags: Mapping[str, str] | None = None, main_metric: str | None = None
+    ) -> None:
         self.parent_run_id = parent_run_id
         self.tags = dict(tags or {})
+        self.main_metric = main_metric
 
     @contextlib.contextmanager
     def trial(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> Iterator[_TrialRun]:
@@ -57,12 +68,13 @@ class MlflowTrialTracker:
             **dict(tags),
             "mlflow.parentRunId": self.parent_run_id,
             "mlflow.runName": name,
+            **({"main_metric": self.main_metric} if self.main_metric else {}),
         }
         run = client.create_run(parent.info.experiment_id, run_name=name, tags=all_tags)
         run_id = run.info.run_id
         client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
                          tags=[RunTag(k, str(v)) for k, v in all_tags.items()])  # fmt: skip
-        recorder = _TrialRun(run_id)
+        recorder = _TrialRun(run_id, self.main_metric)
         status = "FAILED"
         try:
             yield recorder
