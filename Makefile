@@ -81,7 +81,7 @@ serve: venv
 	$(PIPELINE_ENV) $(PY) -m flows.serve --host 127.0.0.1 --port $(PREFECT_PORT)
 
 ui: venv
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
+	$(PY) -m flows.ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
 
 serve-model: venv
 	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} $(VENV)/bin/mlflow models serve \

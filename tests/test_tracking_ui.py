@@ -161,3 +161,20 @@ def test_corpus_manifest_is_the_vocab_stage_input(tmp_path):
     with stage_run("vocab", None) as run:
         log_corpus_data(tmp_path)
     assert _inputs(run.run_id)["corpus-train"]["profile"] == {"num_rows": 12}
+
+
+def test_make_ui_lists_the_pipeline_experiments_with_model_training_links():
+    import os
+
+    from flows import ui
+
+    with stage_run("finetune", {"task": "sst2"}, experiment=FINETUNE_EXPERIMENT, run_name="finetune-sst2"):
+        pass
+    MlflowClient().create_experiment("someone-elses")  # not the pipeline's: no link
+    found = ui.pipeline_experiments(os.environ["MLFLOW_TRACKING_URI"])
+    assert [name for name, _ in found] == [FINETUNE_EXPERIMENT]
+    lines = ui.links("http://127.0.0.1:5000", found)
+    assert lines[0].endswith("http://127.0.0.1:5000/#/experiments?workflowType=machine_learning")
+    assert f"/#/experiments/{found[0][1]}/runs?workflowType=machine_learning" in lines[1]
+    assert "orderByKey=metrics.%60dev.main%60" in lines[1]
+    assert "make pipeline" in ui.links("http://h:1", [])[1]
