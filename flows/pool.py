@@ -41,6 +41,7 @@ from bert_core.constants import REPO_ROOT
 POOL_ENV = "BERT_WORK_POOL"
 DEFAULT_POOL = "bert-cpu"
 POOL_TYPE = "process"
+_URL_HINT = "e.g. http://ui-host:4200/api for the host that runs `make serve`"
 _POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 #: The flows deployed to a pool: (module entrypoint, description). Each entrypoint names a Prefect flow at
@@ -152,7 +153,9 @@ def resolve_api(home: Path | None = None) -> str:
 
     if url := os.environ.get("PREFECT_API_URL", "").strip():
         try:
-            check_api(url)
+            check_api(
+                url, advice=f"Start the server there (`make serve`) or fix PREFECT_API_URL ({_URL_HINT})."
+            )
         except PrefectApiUnreachable as err:
             raise PoolError(str(err)) from None
         return url
@@ -160,8 +163,8 @@ def resolve_api(home: Path | None = None) -> str:
     if url := served_api_url(home):
         return url
     raise PoolError(
-        "no Prefect server to talk to: set PREFECT_API_URL to the team's server (e.g. "
-        "PREFECT_API_URL=http://ui-host:4200/api), or start `make serve` in this checkout first"
+        f"no Prefect server to talk to: set PREFECT_API_URL to the team's server ({_URL_HINT}), or start "
+        "`make serve` in this checkout first"
     )
 
 
