@@ -143,15 +143,17 @@ def build_deployments(pool: str) -> list[Any]:
 
 
 def resolve_api(home: Path | None = None) -> str:
-    """The Prefect API the commands talk to: ``PREFECT_API_URL`` (checked), else ``make serve``'s server.
+    """The Prefect API the commands talk to: ``PREFECT_API_URL`` (checked), else this checkout's ``make serve``.
 
     Raises:
         PoolError: the API does not answer, or none is set and no ``make serve`` serves this checkout.
     """
+    from prefect.settings import PREFECT_API_URL
+
     from flows._prefect_api import PrefectApiUnreachable, check_api
     from flows._served import served_api_url
 
-    if url := os.environ.get("PREFECT_API_URL", "").strip():
+    if url := (os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value() or "").strip():  # or the profile
         try:
             check_api(
                 url, advice=f"Start the server there (`make serve`) or fix PREFECT_API_URL ({_URL_HINT})."
