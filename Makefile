@@ -67,7 +67,14 @@ PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
 PIPELINE_ENV := PREFECT_HOME=$(CURDIR)/.prefect PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=180
 
-.PHONY: pipeline serve ui test-e2e test-browser serve-model
+.PHONY: pipeline serve ui test-e2e test-browser serve-model deploy worker
+
+# Work pools (flows/pool.py, docs/work-pools.md): the UI machine deploys, the GPU machine runs a worker.
+#   make deploy POOL=gpu   # creates the process pool if missing, registers bert-pipeline/gpu, pretrain/gpu, finetune/gpu
+#   make worker POOL=gpu PREFECT_API_URL=http://ui-host:4200/api MLFLOW_TRACKING_URI=http://ui-host:5000
+# POOL defaults to $$BERT_WORK_POOL, else bert-cpu; WORKER_LIMIT flow runs at a time (default 1).
+POOL ?=
+WORKER_LIMIT ?= 1
 
 # Serve a registered model over HTTP (POST /invocations; docs/serving.md): make serve-model TASK=sst2
 TASK ?= sst2
@@ -79,6 +86,12 @@ pipeline: venv
 
 serve: venv
 	$(PIPELINE_ENV) $(PY) -m flows.serve --host 127.0.0.1 --port $(PREFECT_PORT)
+
+deploy: venv
+	$(PIPELINE_ENV) $(PY) -m flows.pool deploy $(if $(POOL),--pool $(POOL))
+
+worker: venv
+	$(PIPELINE_ENV) $(PY) -m flows.pool worker $(if $(POOL),--pool $(POOL)) --limit $(WORKER_LIMIT)
 
 ui: venv
 	$(PY) -m flows.ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)

@@ -34,6 +34,9 @@ from flows._served import free_port, served_api_url
 HEALTH_ATTEMPTS = 3
 HEALTH_TIMEOUT_S = 3.0
 HEALTH_PAUSE_S = 1.0
+ADVICE = (
+    "Start the server (`make serve`), fix PREFECT_API_URL, or unset it to report to a temporary local server."
+)
 
 
 class PrefectApiUnreachable(RuntimeError):
@@ -59,8 +62,10 @@ def check_api(
     attempts: int = HEALTH_ATTEMPTS,
     timeout_s: float = HEALTH_TIMEOUT_S,
     pause_s: float = HEALTH_PAUSE_S,
+    advice: str = ADVICE,
 ) -> None:
-    """Raise :class:`PrefectApiUnreachable` unless ``<url>/health`` answers within ``attempts`` tries."""
+    """Raise :class:`PrefectApiUnreachable` unless ``<url>/health`` answers within ``attempts`` tries;
+    its message ends with ``advice`` (what to do)."""
     started = time.monotonic()
     reason = "no answer"
     for attempt in range(attempts):
@@ -71,8 +76,7 @@ def check_api(
             time.sleep(pause_s)
     raise PrefectApiUnreachable(
         f"the Prefect API at PREFECT_API_URL={url} does not answer ({url.rstrip('/')}/health: {reason}; "
-        f"{attempts} attempts in {time.monotonic() - started:.0f}s). Start the server (`make serve`), "
-        "fix PREFECT_API_URL, or unset it to report to a temporary local server."
+        f"{attempts} attempts in {time.monotonic() - started:.0f}s). {advice}"
     )
 
 

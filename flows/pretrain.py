@@ -107,6 +107,15 @@ def prefect_flow():
     return flow(name="pretrain", log_prints=True)(interrupt_as_crash(pretrain_flow_fn))
 
 
+def __getattr__(name: str) -> Any:
+    """``flows.pretrain.pretrain_flow``, the entrypoint of the work-pool deployment (:mod:`flows.pool`):
+    the flow, built on first access, so a plain import (torchrun's other ranks) still skips Prefect."""
+    if name == "pretrain_flow":
+        built = globals()["pretrain_flow"] = prefect_flow()
+        return built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _worker_rank(
     params_file: str, data_dir: str, vocab_dir: str, out_dir: str, checkpoint_root: str, **_outputs: Any
 ) -> None:
