@@ -231,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
                 ", ".join(f"{d.flow_name}/{d.name}" for d in deployments),
             )
             from prefect import serve
+            from prefect.runner import Runner
 
+            # Prefect's runner replaces the SIGTERM handler with its own, which hangs in Prefect 3.8
+            # ("coroutine 'Runner.astop' was never awaited"): SIGTERM stops it the way Ctrl-C does.
+            Runner.handle_sigterm = lambda self, *a, **k: _raise_interrupt(signal.SIGTERM, None)  # type: ignore[method-assign]
             serve(*deployments, limit=1)
     except ServeError as err:
         log.error("%s", err)
