@@ -19,6 +19,7 @@ from bert_core.atomic import check_writable
 from bert_core.constants import REPO_ROOT
 from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.sources import data_root
+from bert_core.tracking.ui import log_corpus_sources
 from flows._cli import run_stage
 from flows._stage import METRICS_DIR, finish_stage, stage_run
 from flows.stages import get
@@ -57,6 +58,7 @@ def corpus_flow(
             if report_dir.exists():  # keep the Data Docs even when a check failed the stage
                 run.log_artifact(report_dir, artifact_path="data_checks/corpus")
         run.log_check_report(stats.check_report)
+        log_corpus_sources(params, stats, root)  # the Dataset column and lineage in the MLflow UI
         run.log_artifact(Path(out_dir) / "manifest.json")
         run.set_tags({"corpus.params_hash": stats.params_hash, "corpus.workers": stats.workers})
         metrics = stats.as_metrics()

@@ -178,3 +178,28 @@ def test_make_ui_lists_the_pipeline_experiments_with_model_training_links():
     assert f"/#/experiments/{found[0][1]}/runs?workflowType=machine_learning" in lines[1]
     assert "orderByKey=metrics.%60dev.main%60" in lines[1]
     assert "make pipeline" in ui.links("http://h:1", [])[1]
+
+
+def test_corpus_sources_are_the_corpus_stage_inputs(tmp_path):
+    from types import SimpleNamespace
+
+    from bert_core.constants import REPO_ROOT
+    from bert_core.corpus import CorpusParams
+    from bert_core.params import load_params
+    from bert_core.tracking.ui import log_corpus_sources
+
+    params = load_params(REPO_ROOT / "params" / "corpus.yaml", "corpus", CorpusParams)
+    stats = SimpleNamespace(per_source={"gutenberg": {"documents": 3, "bytes": 900}})
+    with stage_run("corpus", {"a": 1}) as run:
+        log_corpus_sources(params, stats, tmp_path)
+    got = _inputs(run.run_id)
+    assert set(got) == {f"corpus-{s.name}" for s in params.local_sources}
+    book = got["corpus-gutenberg"]
+    assert book["context"] == "source" and book["profile"] == {"num_rows": 3}
+    assert book["tags"]["kind"] == "text" and book["tags"]["bytes"] == "900"
+    assert book["tags"]["source"] == str(tmp_path / "corpus/gutenberg/*.txt")
+    with stage_run("corpus", {"a": 1}) as run:  # the Hub sources when there is no data root
+        log_corpus_sources(params, SimpleNamespace(per_source={}), None)
+    hub = _inputs(run.run_id)
+    assert set(hub) == {f"corpus-{s.name}" for s in params.sources}
+    assert hub["corpus-wikitext103"]["tags"]["source"].startswith("hf://Salesforce/wikitext/")

@@ -163,3 +163,24 @@ def log_corpus_data(corpus_dir: str | os.PathLike[str], splits: tuple[str, ...] 
         docs = ((info.get("splits") or {}).get(split) or {}).get("documents", 0)
         log_dataset(f"corpus-{split}", source=str(Path(corpus_dir)), digest=hashlib.sha256(raw).hexdigest()[:16],
                     rows=int(docs or 0), context="training", tags={"split": split, "unit": "documents"})  # fmt: skip
+
+
+def log_corpus_sources(params: Any, stats: Any, data_root: str | os.PathLike[str] | None) -> None:
+    """The ``corpus`` stage's raw sources as its dataset inputs (context ``source``): one per source it read
+    (``local_sources`` under ``data_root``, else the Hub ``sources``), rows the documents it kept from it.
+
+    The digest covers the source's spec and what was taken from it (documents, bytes), so a changed file
+    set or cap shows as a new dataset version in the UI.
+    """
+    sources = params.local_sources if data_root is not None else params.sources
+    for src in sources:
+        taken = (getattr(stats, "per_source", None) or {}).get(src.name, {})
+        if src.kind == "hf":
+            where = f"hf://{src.path}" + (f"/{src.config}" if getattr(src, "config", None) else "")
+            where += f":{src.split}" if getattr(src, "split", None) else ""
+        else:
+            where = str(Path(data_root) / src.path) if data_root is not None else str(src.path)
+        spec = json.dumps({"spec": src.model_dump(mode="json"), "taken": taken}, sort_keys=True, default=str)
+        log_dataset(f"corpus-{src.name}", source=where, rows=int(taken.get("documents", 0)),
+                    digest=hashlib.sha256(spec.encode()).hexdigest()[:16], context="source",
+                    tags={"stage": "corpus", "kind": src.kind, "bytes": int(taken.get("bytes", 0))})  # fmt: skip
