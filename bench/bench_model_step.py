@@ -3,7 +3,11 @@
 Both models get the same config, the same initial weights and the same batch (15% of positions
 masked with MLM labels, NSP labels, two segments), in one process, timed interleaved; the report
 gives the median seconds per step of each and the median of the per-repetition ratio
-theirs / ours (our speed-up). Usage::
+theirs / ours (our speed-up). A third line, ``ours_positions``, is our model on the same batch in the
+pretraining stage's form (Google's static-shape ``masked_lm_positions`` / ``ids`` / ``weights``, issue 14)
+instead of ``labels``; ``positions_speedup`` is the median per-repetition ratio ours / ours_positions.
+``--data DIR`` takes the batch from a ``pretrain_data`` output instead (real lengths, padding and
+masked counts; vocab size and slots from its index). Usage::
 
     python -m bench.bench_model_step --preset tiny --batch-size 32 --seq-len 128 --steps 20 --threads 2
 """
@@ -11,6 +15,7 @@ theirs / ours (our speed-up). Usage::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -22,6 +27,7 @@ from bench._common import CLOCKS, interleaved_timing, machine_info, median, pair
 from bert_core.config import PRESETS, BertConfig
 from bert_core.constants import IGNORE_INDEX
 from bert_core.model import BertForPreTraining
+from bert_core.pretrain_data.loader import PretrainingLoader, mlm_positions
 
 DEFAULT_VOCAB = (
     Path(__file__).resolve().parents[2]
@@ -85,7 +91,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--mask-prob", type=float, default=0.15)
     parser.add_argument("--pad-frac", type=float, default=0.0, help="fraction of padded sequences")
+    parser.add_argument(
+        "--max-predictions",
+        type=int,
+        default=None,
+        help="slots per row of the positions form (default round(mask_prob * seq_len) + 1: 20 at 128)",
+    )
     parser.add_argument("--vocab", type=Path, default=DEFAULT_VOCAB, help="vocab.txt (sets vocab_size)")
+    parser.add_argument("--data", type=Path, default=None, help="a pretrain_data dir, e.g. .../seq128/train")
     parser.add_argument(
         "--clock",
         choices=list(CLOCKS),
@@ -99,13 +112,21 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    config = BertConfig.from_preset(args.preset, vocab_size=vocab_size_from(args.vocab))
+    loader = None
+    if args.data is not None:
+        loader = PretrainingLoader(args.data, args.batch_size, seed=0, mlm_format="labels")
+        args.seq_len, args.max_predictions = loader.max_seq_length, loader.max_predictions_per_seq
+    vocab_size = loader.vocab_size if loader is not None else vocab_size_from(args.vocab)
+    config = BertConfig.from_preset(args.preset, vocab_size=vocab_size)
     ours = BertForPreTraining(config).train()
     theirs = transformers.BertForPreTraining(transformers.BertConfig(**config.to_hf_dict())).train()
     theirs.load_state_dict(ours.state_dict())
-    batch = make_batch(
-        config.vocab_size, args.batch_size, args.seq_len, args.mask_prob, args.pad_frac, seed=1
-    )
+    if loader is not None:
+        batch = next(iter(loader))
+    else:
+        batch = make_batch(
+            config.vocab_size, args.batch_size, args.seq_len, args.mask_prob, args.pad_frac, seed=1
+        )
 
     # Same weights and no dropout randomness in eval mode: the losses must agree before timing.
     with torch.no_grad():
@@ -114,20 +135,35 @@ def main(argv: list[str] | None = None) -> dict:
         ours.train(), theirs.train()
     if abs(loss_ours - loss_theirs) > 1e-4 * max(1.0, abs(loss_theirs)):
         sys.exit(f"losses differ before timing: ours {loss_ours} vs transformers {loss_theirs}")
+    slots = args.max_predictions or round(args.mask_prob * args.seq_len) + 1
+    pos_batch = {k: v for k, v in batch.items() if k != "labels"}
+    pos_batch |= {k: torch.from_numpy(v) for k, v in mlm_positions(batch["labels"].numpy(), slots).items()}
+    ours_pos = copy.deepcopy(ours)
+    with torch.no_grad():
+        ours_pos.eval()
+        loss_pos = ours_pos(**pos_batch).loss.item()
+        ours_pos.train()
+    if abs(loss_pos - loss_ours) > 1e-5 * max(1.0, abs(loss_ours)):
+        sys.exit(f"losses differ before timing: labels form {loss_ours} vs positions form {loss_pos}")
 
-    def stepper(model: torch.nn.Module):
+    def stepper(model: torch.nn.Module, inputs: dict[str, torch.Tensor]):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
 
         def step() -> None:
             opt.zero_grad(set_to_none=True)
-            model(**batch).loss.backward()
+            model(**inputs).loss.backward()
             opt.step()
 
         return step
 
-    steppers = {"ours": stepper(ours), "transformers": stepper(theirs)}
+    steppers = {
+        "ours": stepper(ours, batch),
+        "transformers": stepper(theirs, batch),
+        "ours_positions": stepper(ours_pos, pos_batch),
+    }
     times = interleaved_timing(steppers, args.steps, args.warmup, clock=CLOCKS[args.clock])
     speedup = paired_ratios(times["transformers"], times["ours"])
+    pos_speedup = paired_ratios(times["ours"], times["ours_positions"])
     tokens = args.batch_size * args.seq_len
     result = {
         "preset": args.preset,
@@ -142,6 +178,14 @@ def main(argv: list[str] | None = None) -> dict:
         "speedup_iqr": [round(q, 3) for q in statistics.quantiles(speedup, n=4)[::2]]
         if len(speedup) > 1
         else None,
+        "ours_positions_s": median(times["ours_positions"]),
+        "positions_speedup": median(pos_speedup),
+        "positions_speedup_iqr": [round(q, 3) for q in statistics.quantiles(pos_speedup, n=4)[::2]]
+        if len(pos_speedup) > 1
+        else None,
+        "max_predictions": slots,
+        "predictions": int((batch["labels"] != IGNORE_INDEX).sum()),
+        "data": str(args.data) if args.data else "synthetic",
         "ours_tok_s": tokens / median(times["ours"]),
         "transformers_tok_s": tokens / median(times["transformers"]),
         "attn_impl": theirs.config._attn_implementation,
@@ -149,8 +193,9 @@ def main(argv: list[str] | None = None) -> dict:
         **machine_info(),
     }
     print_table([result], ["preset", "batch", "seq_len", "steps", "threads", "clock", "ours_s", "transformers_s", "speedup",
-                           "ours_tok_s", "transformers_tok_s"])  # fmt: skip
-    print(json.dumps({k: v for k, v in result.items() if k not in ("ours_s", "transformers_s")}, default=str))
+                           "ours_positions_s", "positions_speedup", "ours_tok_s", "transformers_tok_s"])  # fmt: skip
+    hidden = ("ours_s", "transformers_s", "ours_positions_s")
+    print(json.dumps({k: v for k, v in result.items() if k not in hidden}, default=str))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     return result

@@ -4,7 +4,8 @@ Ours: :class:`bert_core.training.Trainer` with :class:`PretrainingTask` on ``ber
 (sparse MLM head, fused AdamW, the stage's logging/metrics) — the loop ``pretrain`` runs.
 Reference: ``transformers.BertForPreTraining`` (same config and initial weights, SDPA attention) with
 ``torch.optim.AdamW`` (its default implementation), gradient clipping at 1.0, the same batches from the
-same :class:`PretrainingLoader`, one optimizer step per batch.
+same :class:`PretrainingLoader` (ours in its default static-shape MLM form, the reference with
+transformers' ``labels``), one optimizer step per batch.
 
 The two alternate in short rounds (so a change in machine load hits both) and the first steps of each
 round are not timed. Reported: sequences/s by wall clock and by process CPU time (the CPU figure is
@@ -73,7 +74,7 @@ def ours_round(
 def reference_round(
     model, data_dir: Path, batch: int, warm: int, steps: int, seed: int
 ) -> tuple[float, float, int]:
-    loader = PretrainingLoader(data_dir / "seq128" / "train", batch, seed=seed)
+    loader = PretrainingLoader(data_dir / "seq128" / "train", batch, seed=seed, mlm_format="labels")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6)
     model.train()
     it = iter(loader)

@@ -16,13 +16,18 @@ Deviations from transformers' implementation, and why:
    positions as transformers' (which projects all B*T positions and ignores -100), but the
    (B, T, V) projection - most of the compute of small models - shrinks ~7x at 15% masking
    (Cramming, Geiping & Goldstein 2023). Without ``labels`` the full (B, T, V) ``prediction_logits``
-   / ``logits`` are returned, as in transformers.
+   / ``logits`` are returned, as in transformers. The pretraining stage instead passes Google's
+   ``masked_lm_positions`` / ``masked_lm_ids`` / ``masked_lm_weights`` (B, P), P =
+   ``max_predictions_per_seq``: the head gathers P positions per row (static shapes, no ``nonzero``, so
+   ``torch.compile`` traces the step as one graph) and the loss is the weight-averaged cross-entropy,
+   equal to the ``labels`` path's mean when the weights are 1 at real predictions and 0 at padded slots.
 2. **Pretraining loss.** ``loss`` is the sum of whichever of the MLM and NSP losses have labels
    (transformers returns ``None`` unless both are given), and both parts are returned separately
    (``mlm_loss``, ``nsp_loss``). A batch with no masked position gives ``mlm_loss = 0`` (with a
    graph) instead of transformers' NaN, so one odd batch cannot poison a run.
 3. **Attention** always uses ``torch.nn.functional.scaled_dot_product_attention`` with an additive
-   padding mask built once per forward (none at all when the batch has no padding). Encoder only:
+   padding mask built once per forward (in eager mode none when the batch has no padding; under
+   ``torch.compile`` always, so no data-dependent branch breaks the graph). Encoder only:
    no decoder, cross-attention, KV cache, head pruning, ``inputs_embeds`` or ``position_ids``
    paths; positions are always 0..T-1 (what every BERT checkpoint was trained with).
 4. **Sequence classification** infers the problem type per call and never mutates the config
@@ -49,6 +54,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bert_core.config import BertConfig
 from bert_core.constants import IGNORE_INDEX
+from bert_core.masked_lm import mlm_outputs
 
 _ACTIVATIONS = {
     "gelu": F.gelu,  # exact erf GELU, as transformers' "gelu"
@@ -76,11 +82,13 @@ class BertForPreTrainingOutput:
 
     Attributes:
         loss: ``mlm_loss + nsp_loss`` over the parts whose labels were given; None if neither.
-        mlm_loss: Mean cross-entropy over the masked positions (given ``labels``).
+        mlm_loss: Mean cross-entropy over the masked positions (given ``labels`` or ``masked_lm_ids``).
         nsp_loss: Cross-entropy of the NSP classifier (given ``next_sentence_label``).
         prediction_logits: (B, T, V) vocabulary logits at every position; only when ``labels`` is None.
-        masked_lm_logits: (N, V) logits at the N positions with ``labels != -100`` (row-major order).
-        masked_lm_labels: (N,) the target ids for ``masked_lm_logits``.
+        masked_lm_logits: (N, V) logits at the N positions with ``labels != -100`` (row-major order);
+            with ``masked_lm_positions`` (B, P, V), the logits at those positions.
+        masked_lm_labels: (N,) the target ids for ``masked_lm_logits``; with ``masked_lm_positions``
+            (B, P): ``masked_lm_ids`` with -100 at the slots of weight 0 (padding).
         seq_relationship_logits: (B, 2) NSP logits (0 = IsNext, 1 = random sentence B).
     """
 
@@ -268,8 +276,8 @@ def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | 
     if attention_mask.dim() != 2:
         raise ValueError(f"attention_mask must be (batch, seq_len), got shape {tuple(attention_mask.shape)}")
     keep = attention_mask.bool()
-    if bool(keep.all()):
-        return None  # no padding: SDPA's unmasked path is faster
+    if not torch.compiler.is_compiling() and bool(keep.all()):
+        return None  # eager, no padding: SDPA's unmasked path is faster (compiled: no data-dependent branch)
     bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
     bias.masked_fill_(~keep, torch.finfo(dtype).min)
     return bias[:, None, None, :]  # (B, 1, 1, T)
@@ -442,30 +450,6 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
-def _masked_lm(
-    head: BertLMPredictionHead, hidden: Tensor, labels: Tensor | None
-) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
-    """MLM logits and loss; with labels only at the labelled positions (deviation 1).
-
-    Returns:
-        (loss, full_logits (B, T, V) or None, masked_logits (N, V) or None, masked_labels (N,) or None).
-    """
-    if labels is None:
-        return None, head(hidden), None, None
-    if labels.shape != hidden.shape[:2]:
-        raise ValueError(
-            f"labels must have the shape of input_ids {tuple(hidden.shape[:2])}, got {tuple(labels.shape)}"
-        )
-    selected = labels != IGNORE_INDEX  # (B, T)
-    masked_labels = labels[selected]  # (N,)
-    masked_logits = head(hidden[selected])  # (N, H) -> (N, V)
-    if masked_labels.numel() == 0:
-        loss = masked_logits.sum() * 0.0  # no masked position: zero loss, not NaN (deviation 2)
-    else:
-        loss = F.cross_entropy(masked_logits, masked_labels)
-    return loss, None, masked_logits, masked_labels
-
-
 class BertForPreTraining(BertPreTrainedModel):
     """Encoder + masked-LM head (tied to the word embeddings) + next-sentence-prediction head."""
 
@@ -487,18 +471,24 @@ class BertForPreTraining(BertPreTrainedModel):
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
         next_sentence_label: Tensor | None = None,
+        masked_lm_positions: Tensor | None = None,
+        masked_lm_ids: Tensor | None = None,
+        masked_lm_weights: Tensor | None = None,
     ) -> BertForPreTrainingOutput:
         """MLM + NSP forward.
 
         Args:
             input_ids, attention_mask, token_type_ids: (B, T), see :meth:`BertModel.forward`.
-            labels: (B, T) original ids at masked positions, -100 elsewhere.
+            labels: (B, T) original ids at masked positions, -100 elsewhere (transformers' form).
             next_sentence_label: (B,) 0 = B follows A, 1 = B is random.
+            masked_lm_positions, masked_lm_ids, masked_lm_weights: (B, P) Google's static-shape form,
+                instead of ``labels`` (see :func:`bert_core.masked_lm.mlm_at_positions`).
         """
         out = self.bert(input_ids, attention_mask, token_type_ids)
-        mlm_loss, full, masked_logits, masked_labels = _masked_lm(
-            self.cls.predictions, out.last_hidden_state, labels
-        )
+        mlm_loss, full, masked_logits, masked_labels = mlm_outputs(
+            self.cls.predictions, out.last_hidden_state, labels, masked_lm_positions, masked_lm_ids,
+            masked_lm_weights,
+        )  # fmt: skip
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         nsp_loss = None
         if next_sentence_label is not None:
@@ -535,10 +525,15 @@ class BertForMaskedLM(BertPreTrainedModel):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
+        masked_lm_positions: Tensor | None = None,
+        masked_lm_ids: Tensor | None = None,
+        masked_lm_weights: Tensor | None = None,
     ) -> MaskedLMOutput:
         """Args as :meth:`BertForPreTraining.forward` without NSP."""
         hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
-        loss, full, masked_logits, masked_labels = _masked_lm(self.cls.predictions, hidden, labels)
+        loss, full, masked_logits, masked_labels = mlm_outputs(
+            self.cls.predictions, hidden, labels, masked_lm_positions, masked_lm_ids, masked_lm_weights
+        )
         return MaskedLMOutput(
             loss=loss, logits=full, masked_lm_logits=masked_logits, masked_lm_labels=masked_labels
         )

@@ -200,6 +200,24 @@ def test_sequence_length_must_match_the_data(data):
         check_inputs(small_params(phases=phases), *data)
 
 
+def test_data_without_prediction_slots_is_refused(data, tmp_path):
+    """The static-shape MLM batches are (B, max_predictions_per_seq): the index must say how many."""
+    import json
+    import shutil
+
+    data_dir, vocab = data
+    copy = tmp_path / "pd"
+    shutil.copytree(data_dir, copy)
+    index_path = copy / "seq128" / "heldout" / "index.json"
+    index = json.loads(index_path.read_text())
+    index["max_predictions_per_seq"] = None
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(
+        ValueError, match=r"seq128/heldout/index.json has max_predictions_per_seq = None.*rebuild"
+    ):
+        check_inputs(small_params(), copy, vocab)
+
+
 def test_global_batch_that_processes_cannot_split(data):
     with pytest.raises(ValueError, match=r"phases\[0\].global_batch = 8 cannot be split over 3 process"):
         check_inputs(small_params(), *data, world_size=3)

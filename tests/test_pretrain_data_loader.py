@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from bert_core.pretrain_data.build import build_pretrain_data
-from bert_core.pretrain_data.loader import PretrainingLoader, check_max_seq_length, check_vocab_size
+from bert_core.pretrain_data.loader import (
+    PretrainingLoader,
+    check_max_seq_length,
+    check_vocab_size,
+    mlm_positions,
+)
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.storage import InstanceStore
 from bert_core.pretrain_data.testing import make_synthetic_inputs
@@ -43,7 +48,7 @@ def all_indices(loader: PretrainingLoader, epoch: int = 0) -> list[np.ndarray]:
 def test_batch_matches_bertforpretraining(data):
     from transformers import BertConfig, BertForPreTraining
 
-    loader = PretrainingLoader(data["static"], 8, seed=0)
+    loader = PretrainingLoader(data["static"], 8, seed=0, mlm_format="labels")
     batch = next(iter(loader))
     assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label"}
     for k in ("input_ids", "token_type_ids", "attention_mask", "labels"):
@@ -63,6 +68,44 @@ def test_batch_matches_bertforpretraining(data):
     )
     out = BertForPreTraining(cfg)(**batch)
     assert torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("masking", ["static", "dynamic"])
+def test_positions_form_holds_the_same_targets_as_labels(data, masking):
+    """The default batches carry Google's masked_lm_positions/ids/weights (B, max_predictions_per_seq):
+    the same predictions as the labels form, positions ascending, padded slots 0 with weight 0."""
+    pos_loader = PretrainingLoader(data[masking], 8, seed=5)
+    lab_loader = PretrainingLoader(data[masking], 8, seed=5, mlm_format="labels")
+    P = pos_loader.max_predictions_per_seq
+    for got, ref in zip(pos_loader, lab_loader):
+        assert set(got) == {"input_ids", "token_type_ids", "attention_mask", "next_sentence_label",
+                            "masked_lm_positions", "masked_lm_ids", "masked_lm_weights"}  # fmt: skip
+        assert all(
+            torch.equal(got[k], ref[k]) for k in ("input_ids", "attention_mask", "next_sentence_label")
+        )
+        pos, ids, w = got["masked_lm_positions"], got["masked_lm_ids"], got["masked_lm_weights"]
+        assert pos.shape == ids.shape == w.shape == (8, P) and w.dtype == torch.float32
+        real = w > 0
+        rebuilt = torch.full_like(ref["labels"], -100)
+        rows = torch.arange(8)[:, None].expand(8, P)
+        rebuilt[rows[real], pos[real]] = ids[real]
+        assert torch.equal(rebuilt, ref["labels"])
+        assert int(real.sum()) == int((ref["labels"] != -100).sum())  # no duplicate positions
+        assert (pos[~real] == 0).all() and (ids[~real] == 0).all()
+        assert (real[:, :-1] >= real[:, 1:]).all()  # real slots first
+        assert (torch.where(real[:, 1:], pos[:, 1:] - pos[:, :-1], 1) > 0).all()  # ascending
+
+
+def test_mlm_positions_rejects_more_predictions_than_slots():
+    labels = np.full((2, 6), -100)
+    labels[0, [1, 2, 3]] = 7
+    out = mlm_positions(labels, 8)  # more slots than positions: padded
+    assert out["masked_lm_positions"].tolist()[0] == [1, 2, 3, 0, 0, 0, 0, 0]
+    assert out["masked_lm_weights"].sum() == 3 and out["masked_lm_ids"][1].tolist() == [0] * 8
+    with pytest.raises(ValueError, match="3 masked positions, more than max_predictions_per_seq=2"):
+        mlm_positions(labels, 2)
+    with pytest.raises(ValueError, match="mlm_format must be one of"):
+        PretrainingLoader.__init__(object.__new__(PretrainingLoader), "x", 1, mlm_format="dense")
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -140,18 +183,18 @@ def test_resume_with_another_world_size_keeps_the_global_batch(data):
 
 
 def test_dynamic_masks_differ_per_epoch_and_are_deterministic(data):
-    ld = PretrainingLoader(data["dynamic"], 32, seed=7, shuffle=False)
+    ld = PretrainingLoader(data["dynamic"], 32, seed=7, shuffle=False, mlm_format="labels")
     assert ld.masking == "dynamic"
     e0, e1 = next(iter(ld)), None
     ld.set_epoch(1)
     e1 = next(iter(ld))
     assert torch.equal(e0["attention_mask"], e1["attention_mask"])  # same instances
     assert not torch.equal(e0["labels"] != -100, e1["labels"] != -100)  # fresh masks
-    again = PretrainingLoader(data["dynamic"], 32, seed=7, shuffle=False)
+    again = PretrainingLoader(data["dynamic"], 32, seed=7, shuffle=False, mlm_format="labels")
     assert all(torch.equal(e0[k], v) for k, v in next(iter(again)).items())
     # statistics of the load-time masks over the whole epoch
     ids, labels = [], []
-    for b in PretrainingLoader(data["dynamic"], 32, seed=7, drop_last=False):
+    for b in PretrainingLoader(data["dynamic"], 32, seed=7, drop_last=False, mlm_format="labels"):
         ids.append(b["input_ids"][b["labels"] != -100])
         labels.append(b["labels"][b["labels"] != -100])
     ids, labels = torch.cat(ids), torch.cat(labels)

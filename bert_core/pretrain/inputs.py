@@ -28,8 +28,9 @@ def check_inputs(
 
     Raises:
         FileNotFoundError: a missing vocab or data directory (the message names it and how to build it).
-        ValueError: vocab mismatch between data and model, data of another sequence length, or a
-            global batch that the processes cannot split evenly.
+        ValueError: vocab mismatch between data and model, data of another sequence length, no
+            ``max_predictions_per_seq`` (the slots of the static-shape MLM batches), or a global batch that
+            the processes cannot split evenly.
     """
     from bert_core.pretrain_data.loader import check_vocab_size
     from bert_core.pretrain_data.storage import read_index
@@ -52,6 +53,12 @@ def check_inputs(
                     f"{d} was built with another vocabulary of the same size (sha256 "
                     f"{index['vocab_sha256'][:12]}... vs {vocab_dir / 'vocab.txt'} {vocab_sha[:12]}...); "
                     "rebuild the data with this vocab (dvc repro pretrain_data)"
+                )
+            slots = index.get("max_predictions_per_seq")
+            if not isinstance(slots, int) or slots < 1:
+                raise ValueError(
+                    f"{d}/index.json has max_predictions_per_seq = {slots!r}; the static-shape MLM batches "
+                    "need a positive integer there, rebuild the data (dvc repro pretrain_data)"
                 )
             if int(index["max_seq_length"]) != phase.max_seq_length:
                 raise ValueError(

@@ -23,12 +23,32 @@ from bert_core.constants import IGNORE_INDEX
 from bert_core.training.flops import bert_train_flops
 from bert_core.training.task import StepOutput, Task
 
-BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label")
+POSITION_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+BATCH_KEYS = (
+    "input_ids",
+    "token_type_ids",
+    "attention_mask",
+    "labels",
+    "next_sentence_label",
+    *POSITION_KEYS,
+)
+
+
+def target_ids(batch: dict[str, Any]) -> Tensor:
+    """(N,) the ids of the batch's real MLM predictions, in row-major order, from either target form."""
+    if "masked_lm_positions" in batch:
+        return batch["masked_lm_ids"][batch["masked_lm_weights"] > 0]
+    labels = batch["labels"]
+    return labels[labels != IGNORE_INDEX]
 
 
 class PretrainingTask(Task):
-    """MLM + NSP on batches with transformers' keys (``input_ids``, ``token_type_ids``,
-    ``attention_mask``, ``labels`` (B, T; -100 = no prediction), ``next_sentence_label`` (B,)).
+    """MLM + NSP on batches with ``input_ids``, ``token_type_ids``, ``attention_mask`` (B, T),
+    ``next_sentence_label`` (B,) and the MLM targets either as Google's static-shape
+    ``masked_lm_positions`` / ``masked_lm_ids`` / ``masked_lm_weights`` (B, P) (what
+    :class:`~bert_core.pretrain_data.loader.PretrainingLoader` gives by default: the compiled step has no
+    graph break) or as transformers' ``labels`` (B, T; -100 = no prediction). Losses and metrics are the
+    same for both.
 
     Args:
         num_layers, hidden_size, intermediate_size, vocab_size: model sizes, for the FLOPs count (MFU).
@@ -56,20 +76,21 @@ class PretrainingTask(Task):
     def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
         out = model(**{k: batch[k] for k in BATCH_KEYS if k in batch})
         nsp_labels = batch["next_sentence_label"].view(-1)
-        # The model returns logits at the labelled positions only (sparse head); a dense head's
-        # (B, T, V) logits are reduced to those positions here so both kinds of model work.
+        # The model returns logits at the predicted positions only: (N, V) and (N,) labels, or with
+        # positions (B, P, V) and (B, P) labels that are -100 at padded slots (never equal to an argmax).
+        # A dense head's (B, T, V) logits (transformers, given ``labels``) are reduced here.
         logits, labels = getattr(out, "masked_lm_logits", None), getattr(out, "masked_lm_labels", None)
         if logits is None:
             selected = batch["labels"] != IGNORE_INDEX
             logits, labels = out.prediction_logits[selected], batch["labels"][selected]
-        n_masked = labels.numel()
+        n_masked = (labels != IGNORE_INDEX).sum()
         n_seq = nsp_labels.numel()
         mlm_loss = out.mlm_loss.detach().float()
         nsp_loss = out.nsp_loss.detach().float()
         stats = {
             "mlm_loss_sum": mlm_loss * n_masked,
             "mlm_correct": (logits.detach().argmax(-1) == labels).sum(),
-            "mlm_count": torch.tensor(n_masked, device=nsp_labels.device),
+            "mlm_count": n_masked,
             "nsp_loss_sum": nsp_loss * n_seq,
             "nsp_correct": (out.seq_relationship_logits.detach().argmax(-1) == nsp_labels).sum(),
             "nsp_count": torch.tensor(n_seq, device=nsp_labels.device),
@@ -79,8 +100,7 @@ class PretrainingTask(Task):
 
     def eval_step(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Tensor]:
         stats = self.step(model, batch).stats
-        labels = batch["labels"]
-        stats["mlm_label_hist"] = torch.bincount(labels[labels != IGNORE_INDEX], minlength=self.vocab_size)
+        stats["mlm_label_hist"] = torch.bincount(target_ids(batch), minlength=self.vocab_size)
         stats["nsp_positive"] = batch["next_sentence_label"].sum()
         return stats
 
@@ -108,7 +128,7 @@ class PretrainingTask(Task):
 
     def flops(self, batch: dict[str, Any]) -> float | None:
         ids = batch["input_ids"]
-        masked = int((batch["labels"] != IGNORE_INDEX).sum())
+        masked = target_ids(batch).numel()
         return bert_train_flops(
             **self.sizes, seq_len=ids.shape[1], sequences=ids.shape[0], masked_tokens=masked
         )

@@ -3,7 +3,8 @@
 >>> loader = PretrainingLoader("data/pretrain_data/seq128/train", 32, rank=0, world_size=1, seed=0,
 ...                            expected_vocab_size=model.config.vocab_size)
 >>> for batch in loader:            # one epoch (from the current position)
-...     out = model(**batch)        # input_ids, token_type_ids, attention_mask, labels, next_sentence_label
+...     out = model(**batch)        # input_ids, token_type_ids, attention_mask, next_sentence_label and
+...                                 # masked_lm_positions / masked_lm_ids / masked_lm_weights
 >>> state = loader.state_dict()     # {"epoch": e, "offset": instances consumed in epoch e, ...}
 
 Order: epoch ``e`` visits the instances in a pseudo-random permutation keyed by ``(seed, e)`` — a Feistel
@@ -12,6 +13,12 @@ memory and any position of any epoch can be computed directly. Global step ``k``
 ``[k*B*W, (k+1)*B*W)``; rank ``r`` gets the ``r``-th block of ``B``, so ranks never overlap and all ranks
 have the same number of batches (``drop_last=False`` pads the final global step by wrapping around to
 the start of the epoch, as ``DistributedSampler`` does; with one rank the last batch is just smaller).
+
+MLM targets: by default in Google's static-shape form (``masked_lm_positions``, ``masked_lm_ids``,
+``masked_lm_weights``, each ``(B, max_predictions_per_seq)``; :func:`mlm_positions`), which
+``bert_core.model.BertForPreTraining`` gathers without data-dependent shapes, so a compiled step is one
+graph; ``mlm_format="labels"`` gives transformers' ``labels`` ``(B, T)`` (-100 = no prediction) instead,
+for ``transformers.BertForPreTraining``.
 
 Masking: static data carries its masks; dynamic data is masked here with a mask that depends only on
 ``(seed, epoch, instance)`` (:func:`.masking.mask_with_hash`): a fresh mask each epoch, identical after a
@@ -108,6 +115,44 @@ def feistel_permute(positions: np.ndarray, n: int, key: np.uint64, rounds: int =
     return y.astype(np.int64)
 
 
+MLM_FORMATS = ("positions", "labels")
+
+
+def mlm_positions(labels: np.ndarray, max_predictions: int) -> dict[str, np.ndarray]:
+    """Google's ``masked_lm_positions`` / ``masked_lm_ids`` / ``masked_lm_weights`` from dense labels.
+
+    Args:
+        labels: ``(B, T)`` original ids at the masked positions, :data:`IGNORE_INDEX` elsewhere.
+        max_predictions: ``P``, the slots per row (the data's ``max_predictions_per_seq``).
+
+    Returns:
+        ``(B, P)`` arrays: positions (ascending within a row) and ids as int64, weights as float32 (1.0 at
+        a real prediction); the unused slots hold position 0, id 0 and weight 0.0, as in Google's
+        ``create_pretraining_data.py``.
+
+    Raises:
+        ValueError: a row has more than ``max_predictions`` masked positions.
+    """
+    chosen = labels != IGNORE_INDEX  # (B, T)
+    count = chosen.sum(1)  # (B,)
+    if count.size and int(count.max()) > max_predictions:
+        raise ValueError(
+            f"an instance has {int(count.max())} masked positions, more than max_predictions_per_seq="
+            f"{max_predictions}; the masks disagree with index.json, rebuild the data (dvc repro pretrain_data)"
+        )
+    order = np.argsort(~chosen, axis=1, kind="stable")[:, :max_predictions]  # masked columns first, ascending
+    if order.shape[1] < max_predictions:  # rows shorter than P
+        order = np.pad(order, ((0, 0), (0, max_predictions - order.shape[1])))
+    valid = np.arange(max_predictions)[None, :] < count[:, None]  # (B, P)
+    positions = np.where(valid, order, 0)
+    ids = np.where(valid, np.take_along_axis(labels, positions, axis=1), 0)
+    return {
+        "masked_lm_positions": positions.astype(np.int64),
+        "masked_lm_ids": ids.astype(np.int64),
+        "masked_lm_weights": valid.astype(np.float32),
+    }
+
+
 def segment_ids(lengths: np.ndarray, len_a: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """``token_type_ids`` and ``attention_mask`` ``(N, width)`` int64 for ``[CLS] A [SEP] B [SEP] pad``:
     type 0 for [CLS], A and the first [SEP]; 1 for B and the last [SEP]; 0 (and mask 0) for padding."""
@@ -126,6 +171,7 @@ def build_batch(
     spec: MaskingSpec | None,
     continuation: np.ndarray | None = None,
     pad_to_multiple_of: int | None = None,
+    mlm_format: str = "labels",
 ) -> dict[str, np.ndarray]:
     """The model inputs for instances ``idx`` as numpy arrays (names match ``BertForPreTraining``).
 
@@ -137,11 +183,16 @@ def build_batch(
         continuation: ``(V,)`` ``##`` flags, for dynamic whole-word masking.
         pad_to_multiple_of: Pad to the batch's longest instance rounded up to this (dynamic padding);
             ``None`` pads to ``max_seq_length``.
+        mlm_format: ``"labels"`` or ``"positions"`` (the MLM targets' form, see the module docstring).
 
     Returns:
-        ``input_ids``, ``token_type_ids``, ``attention_mask``, ``labels`` (``-100`` where not predicted)
-        ``(B, T)`` int64, and ``next_sentence_label`` ``(B,)`` int64 (0 = IsNext, 1 = NotNext).
+        ``input_ids``, ``token_type_ids``, ``attention_mask`` ``(B, T)`` int64, ``next_sentence_label``
+        ``(B,)`` int64 (0 = IsNext, 1 = NotNext), and either ``labels`` ``(B, T)`` int64 (``-100`` where
+        not predicted) or ``masked_lm_positions`` / ``masked_lm_ids`` / ``masked_lm_weights``
+        ``(B, max_predictions_per_seq)`` (:func:`mlm_positions`).
     """
+    if mlm_format not in MLM_FORMATS:
+        raise ValueError(f"mlm_format must be one of {MLM_FORMATS}, got {mlm_format!r}")
     rows = store.gather(idx, pad_id=store.index["special_token_ids"]["[PAD]"])
     ids, lengths, len_a = rows["ids"], rows["lengths"], rows["len_a"]
     if store.static:
@@ -156,13 +207,16 @@ def build_batch(
         longest = int(lengths.max(initial=1))
         width = min(width, -(-longest // pad_to_multiple_of) * pad_to_multiple_of)
     types, attention = segment_ids(lengths, len_a, width)
-    return {
-        "input_ids": ids[:, :width],
-        "token_type_ids": types,
-        "attention_mask": attention,
-        "labels": labels[:, :width],
-        "next_sentence_label": rows["nsp"],
-    }
+    batch = {"input_ids": ids[:, :width], "token_type_ids": types, "attention_mask": attention}
+    if mlm_format == "labels":
+        batch["labels"] = labels[:, :width]
+    else:
+        try:
+            batch |= mlm_positions(labels[:, :width], int(store.index["max_predictions_per_seq"]))
+        except ValueError as e:
+            raise ValueError(f"{store.data_dir}: {e}") from e
+    batch["next_sentence_label"] = rows["nsp"]
+    return batch
 
 
 def masking_spec(data_dir: str | Path, index: dict[str, Any]) -> tuple[MaskingSpec, np.ndarray | None]:
@@ -194,6 +248,8 @@ class PretrainingLoader:
         pad_to_multiple_of: Dynamic padding to the batch's longest instance rounded up to this multiple;
             ``None`` (default) pads every batch to ``max_seq_length``.
         epoch: Epoch to start at.
+        mlm_format: ``"positions"`` (default: Google's static-shape ``masked_lm_*`` arrays) or
+            ``"labels"`` (transformers' ``labels``); see the module docstring.
 
     Raises:
         ValueError: bad arguments, a vocabulary mismatch, or fewer instances than one global batch.
@@ -212,6 +268,7 @@ class PretrainingLoader:
         expected_vocab_size: int | None = None,
         pad_to_multiple_of: int | None = None,
         epoch: int = 0,
+        mlm_format: str = "positions",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -219,6 +276,9 @@ class PretrainingLoader:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of must be >= 1 or None, got {pad_to_multiple_of}")
+        if mlm_format not in MLM_FORMATS:
+            raise ValueError(f"mlm_format must be one of {MLM_FORMATS}, got {mlm_format!r}")
+        self.mlm_format = mlm_format
         self.data_dir = Path(data_dir)
         self.store = InstanceStore(self.data_dir)
         if expected_vocab_size is not None:
@@ -304,6 +364,7 @@ class PretrainingLoader:
                 spec=self.spec,
                 continuation=self.continuation,
                 pad_to_multiple_of=self.pad_to_multiple_of,
+                mlm_format=self.mlm_format,
             )
             self.offset = (step + 1) * self.global_batch
             yield {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
