@@ -173,16 +173,26 @@ def _run_phase(
     phase = params.phases[i]
     accum = phase.global_batch // (phase.micro_batch * dist.world_size)
     seed = params.seed + 1000 * i
+    # The static-shape MLM targets (masked positions and weights) make the compiled step one graph; eager,
+    # where shapes cost nothing, transformers' dense labels are up to ~10% faster on CPU (docs/benchmarks.md,
+    # "Static-shape MLM step"). Both give the same loss, gradients and metrics (tests/test_static_mlm.py).
+    mlm_format = "positions" if params.compile else "labels"
     train = PretrainingLoader(
         data_dir / phase.name / "train", phase.micro_batch, rank=dist.rank, world_size=dist.world_size,
-        seed=seed, expected_vocab_size=model.config.vocab_size,
+        seed=seed, expected_vocab_size=model.config.vocab_size, mlm_format=mlm_format,
     )  # fmt: skip
     heldout_dir = data_dir / phase.name / "heldout"
     eval_bs = params.eval_batch_size or phase.micro_batch
 
     def heldout() -> PretrainingLoader:
         return PretrainingLoader(
-            heldout_dir, eval_bs, rank=dist.rank, world_size=dist.world_size, shuffle=False, drop_last=False
+            heldout_dir,
+            eval_bs,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            shuffle=False,
+            drop_last=False,
+            mlm_format=mlm_format,
         )
 
     steps, budget = params.phase_steps(i), params.phase_budget_s(i)
