@@ -139,12 +139,13 @@ class Progress:
         self.logger.log(self.level, "%s", self.line(now))
 
     def finish(self, note: str = "", *, done: int | None = None, examples: int | None = None) -> None:
-        """A closing ``<what>: done ...`` line (with the final counts when given), logged only when at least
-        one progress line was: a loop too short to report stays silent."""
+        """A closing ``<what>: done ...`` line (with the final counts when given), logged once and only when
+        at least one progress line was: a loop too short to report stays silent."""
         self.done = self.done if done is None else int(done)
         self.examples = self.examples if examples is None else int(examples)
         if self.lines:
             self.logger.log(self.level, "%s", self.line(done=True) + (f"; {note}" if note else ""))
+            self.lines = 0
 
     # ------------------------------------------------------------------ the line
     @property

@@ -85,6 +85,7 @@ def test_a_short_loop_is_silent_and_a_long_one_closes_with_a_done_line(clock, ca
             clock.now += 3
             long.advance(1, examples=32)
         long.finish()
+        long.finish()  # once
     lines = _lines(caplog)
     assert len(lines) == 3  # after 12 s, after 24 s, and the closing line
     assert lines[-1] == "sst2 train: done, step 10/10 (100.0%), 10.7 examples/s, elapsed 30s"
@@ -167,6 +168,11 @@ def test_finetune_on_a_few_rows_logs_progress(tmp_path, shared_data, monkeypatch
     assert evals and "batch 2/2 (100.0%)" in evals[-1]
     assert any(m.startswith("sst2 train: 24 rows -> 24 features in ") for m in lines)
     assert any(m.startswith("step 3 train: ") for m in lines)  # the metric lines stay
+    done, final_eval = (
+        lines.index(train[-1]),
+        next(i for i, m in enumerate(lines) if m.startswith("step 3 eval: ")),
+    )
+    assert done < final_eval  # training's closing line comes before the final evaluation's lines
 
 
 def test_squad_feature_building_reports_examples_and_features(caplog, monkeypatch):

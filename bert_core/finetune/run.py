@@ -242,6 +242,8 @@ def run_trial(
     last: dict[str, SplitScore] = {}
 
     def evaluator(m: nn.Module) -> dict[str, float]:
+        if train_data.drawn >= max_steps:  # the final evaluation: training is over
+            progress.finish(done=max_steps, examples=train_data.examples)
         t0 = time.perf_counter()
         outputs = predict(m, dev.features, batch_size=settings.eval_batch_size,
                           device=next(m.parameters()).device, precision=precision,
