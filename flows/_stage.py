@@ -52,10 +52,10 @@ def library_logs(level: int = logging.INFO) -> Iterator[None]:
     run, the run's logs in Prefect; the loggers are restored afterwards.
 
     Prefect's logging configuration leaves the root logger at WARNING, so ``bert_core``'s INFO lines
-    (progress, ``step N train: ...``) would be dropped, and only its ``prefect.*`` loggers send records to
-    the API. Its ``PREFECT_LOGGING_EXTRA_LOGGERS`` setting attaches the API handler to other loggers but
-    keeps their level (and is read once, when Prefect configures logging at import): this does both.
-    Records logged outside a flow run are not sent (no "without a flow run id" warning).
+    (progress, ``step N train: ...``) were dropped. ``PREFECT_LOGGING_EXTRA_LOGGERS=bert_core`` (set in
+    :mod:`flows`) attaches the API handler but keeps the level, and takes effect only when it is set
+    before Prefect configures logging: this sets the level and attaches the handler where it is missing
+    (records logged outside a flow run are then not sent: no "without a flow run id" warning).
     """
     from prefect.logging.handlers import APILogHandler
 

@@ -28,19 +28,33 @@ def _infos(caplog) -> list[str]:
 
 
 def test_library_info_lines_are_shown_in_the_block_only(prefect_like_levels, caplog):
-    from prefect.logging.handlers import APILogHandler
-
     log = logging.getLogger("bert_core.training.loop")
     bert = logging.getLogger("bert_core")
+    handlers = list(bert.handlers)  # PREFECT_LOGGING_EXTRA_LOGGERS (flows/__init__) may have added one
     log.info("before")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # outside a flow run: nothing sent, no "without a flow run id" warning
-        with library_logs():
-            assert any(isinstance(h, APILogHandler) for h in bert.handlers)
-            log.info("step 10 train: loss=2.3")
+    with library_logs():
+        log.info("step 10 train: loss=2.3")
     log.info("after")
     assert _infos(caplog) == ["step 10 train: loss=2.3"]
-    assert bert.level == logging.NOTSET and not any(isinstance(h, APILogHandler) for h in bert.handlers)
+    assert bert.level == logging.NOTSET and bert.handlers == handlers
+
+
+def test_an_api_handler_is_attached_where_prefect_did_not(prefect_like_levels, monkeypatch):
+    from prefect.logging.handlers import APILogHandler
+    from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
+
+    bert = logging.getLogger("bert_core")
+    monkeypatch.setattr(bert, "handlers", [h for h in bert.handlers if not isinstance(h, APILogHandler)])
+    # Outside a flow run nothing is sent: no "without a flow run id" warning (here: error) per record.
+    with (
+        temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "error"}),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("error")
+        with library_logs():
+            assert sum(isinstance(h, APILogHandler) for h in bert.handlers) == 1
+            logging.getLogger("bert_core.x").info("not in a flow run")
+    assert not any(isinstance(h, APILogHandler) for h in bert.handlers)
 
 
 @pytest.mark.slow
