@@ -12,7 +12,8 @@ A flow module is thin::
         return stats.as_metrics()
 
 The MLflow run itself (tracking store, standard tags, retries) is :mod:`bert_core.tracking`; this module's
-:func:`stage_run` adds the Prefect flow-run id to its tags.
+:func:`stage_run` adds the Prefect flow-run id to its tags, and shows the library's INFO lines (progress,
+metrics) on the console and in the flow run's Prefect logs (:func:`library_logs`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,49 @@ from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
 METRICS_DIR = REPO_ROOT / "metrics"
 
 log = logging.getLogger("bert_core.stage")
+
+#: The loggers whose INFO records every stage shows (the library logs on ``bert_core.<module>``).
+LIBRARY_LOGGERS = ("bert_core",)
+
+
+def _in_run(record: logging.LogRecord) -> bool:
+    """Whether a record can go to the Prefect API (it belongs to a flow or task run)."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return bool(getattr(record, "flow_run_id", None) or FlowRunContext.get() or TaskRunContext.get())
+
+
+@contextlib.contextmanager
+def library_logs(level: int = logging.INFO) -> Iterator[None]:
+    """Within the block, the library's records at ``level`` and above reach the console and, inside a flow
+    run, the run's logs in Prefect; the loggers are restored afterwards.
+
+    Prefect's logging configuration leaves the root logger at WARNING, so ``bert_core``'s INFO lines
+    (progress, ``step N train: ...``) were dropped. ``PREFECT_LOGGING_EXTRA_LOGGERS=bert_core`` (set in
+    :mod:`flows`) attaches the API handler but keeps the level, and takes effect only when it is set
+    before Prefect configures logging: this sets the level and attaches the handler where it is missing
+    (records logged outside a flow run are then not sent: no "without a flow run id" warning).
+    """
+    from prefect.logging.handlers import APILogHandler
+
+    added: list[tuple[logging.Logger, logging.Handler | None, int]] = []
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        handler = None
+        if not any(isinstance(h, APILogHandler) for h in logger.handlers):  # e.g. set by EXTRA_LOGGERS
+            handler = APILogHandler()
+            handler.addFilter(_in_run)
+            logger.addHandler(handler)
+        added.append((logger, handler, logger.level))
+        if logger.getEffectiveLevel() > level:
+            logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, handler, old_level in added:
+            logger.setLevel(old_level)
+            if handler is not None:
+                logger.removeHandler(handler)
 
 
 def prefect_tags() -> dict[str, str]:
@@ -55,8 +99,9 @@ def stage_run(
     tags: dict[str, Any] | None = None,
     nested: bool = False,
 ) -> Iterator[StageRun]:
-    """:func:`bert_core.tracking.stage_run` with the Prefect flow-run id among the run's tags."""
-    with tracking.stage_run(
+    """:func:`bert_core.tracking.stage_run` with the Prefect flow-run id among the run's tags, and the
+    library's INFO lines shown (:func:`library_logs`)."""
+    with library_logs(), tracking.stage_run(
         stage, params, experiment=experiment, run_name=run_name, tags={**prefect_tags(), **(tags or {})},
         nested=nested,
     ) as run:  # fmt: skip

@@ -36,6 +36,7 @@ from pydantic import Field
 
 from bert_core.constants import REPO_ROOT
 from bert_core.serving.batch import DEFAULT_BATCH_SIZE, DEFAULT_ID_FIELD, predict_file
+from flows._stage import library_logs
 
 FLOW_NAME = "predict"
 log = logging.getLogger("bert_core.flows.predict")
@@ -76,12 +77,10 @@ def predict_flow(
     Returns:
         model_uri, input, output, rows, blank_lines, seconds, predict_seconds, rows_per_second.
     """
-    bert_log = logging.getLogger("bert_core")
-    if bert_log.getEffectiveLevel() > logging.INFO:  # Prefect's root logger is at WARNING: show progress
-        bert_log.setLevel(logging.INFO)
-    result = predict_file(
-        model, _in_repo(input_path), _in_repo(output_path), batch_size=batch_size, id_field=id_field
-    )
+    with library_logs():  # progress on the console and in the run's logs (Prefect's root is at WARNING)
+        result = predict_file(
+            model, _in_repo(input_path), _in_repo(output_path), batch_size=batch_size, id_field=id_field
+        )
     return result.as_record()
 
 

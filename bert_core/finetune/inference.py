@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from torch import nn
 
 from bert_core.constants import TOKENIZER_VOCAB_FILES
 from bert_core.finetune.collate import LengthGroupedBatchSampler, feature_length, pad_collate
+from bert_core.progress import Progress
+
+log = logging.getLogger(__name__)
 
 #: The model's inputs in a batch, and the training targets (what the collator adds besides is bookkeeping).
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -65,8 +69,12 @@ def predict(
     batch_size: int,
     device: torch.device | str = "cpu",
     precision: str = "auto",
+    label: str | None = None,
 ) -> list[np.ndarray]:
     """Run the model over features; one float32 output per feature, in feature order, padding cut off.
+
+    With a ``label`` (e.g. ``"sst2 dev eval"``), long runs log their progress (:class:`~bert_core.progress.Progress`:
+    batches done / total, examples per second, ETA); served models pass none.
 
     Returns:
         Per feature: (num_labels,) for sequence classification/regression, (num_choices,) for multiple
@@ -80,6 +88,7 @@ def predict(
     try:
         # make_loader's evaluation batches (longest first), collated in place: a DataLoader adds ~1 ms per call
         sampler = LengthGroupedBatchSampler([feature_length(f) for f in features], batch_size, shuffle=False)
+        progress = Progress(label, len(sampler), noun="batch", logger=log) if label else None
         for index in sampler:
             batch = pad_collate([features[i] for i in index])
             inputs = {k: batch[k].to(device) for k in MODEL_INPUTS}
@@ -94,6 +103,10 @@ def predict(
             lengths = batch["attention_mask"].sum(-1).tolist()
             for j, i in enumerate(index):
                 out[i] = logits[j][: lengths[j]] if per_token else logits[j]
+            if progress is not None:
+                progress.advance(1, examples=len(index))
+        if progress is not None:
+            progress.finish()
     finally:
         if was_training:
             model.train()

@@ -37,6 +37,7 @@ from bert_core.finetune.inference import MODEL_INPUTS, TARGETS, load_tokenizer, 
 from bert_core.finetune.params import FinetuneParams, TaskSettings
 from bert_core.finetune.results import FinetuneResult, TrialResult
 from bert_core.kinds import SplitScore, get_kind, max_seq_length
+from bert_core.progress import Progress
 from bert_core.tasks import TaskSpec
 from bert_core.training import StepOutput, Task, TrainConfig, Trainer
 
@@ -89,10 +90,12 @@ class FinetuneObjective(Task):
 
 
 class _EpochLoader:
-    """A DataLoader the Trainer can re-seed per epoch (``set_epoch``) for a new length-grouped order."""
+    """A DataLoader the Trainer can re-seed per epoch (``set_epoch``) for a new length-grouped order; it
+    tells ``progress`` the steps done (one batch per step: when batch k+1 is drawn, k steps are done)."""
 
-    def __init__(self, loader: torch.utils.data.DataLoader) -> None:
-        self.loader = loader
+    def __init__(self, loader: torch.utils.data.DataLoader, progress: Progress | None = None) -> None:
+        self.loader, self.progress = loader, progress
+        self.drawn = self.examples = 0
 
     def set_epoch(self, epoch: int) -> None:
         sampler = self.loader.batch_sampler
@@ -100,7 +103,14 @@ class _EpochLoader:
             sampler.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self.loader)
+        for batch in self.loader:
+            if self.progress is not None and self.drawn == 0:
+                self.progress.reset()  # the clock starts with training, not with the model's setup
+            elif self.progress is not None:
+                self.progress.update(self.drawn, examples=self.examples)
+            self.drawn += 1
+            self.examples += int(batch["input_ids"].shape[0])
+            yield batch
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -155,7 +165,10 @@ def load_task_data(
             report = check_task_split(rows, spec, split, report_dir=report_dir)
             data.check_reports.append(report)
             report.raise_for_critical()
+        t0 = time.perf_counter()
         features = kind.encode(spec, list(rows), tokenizer, settings, training=split == "train")
+        log.info("%s %s: %d rows -> %d features in %.1fs", spec.name, split, len(rows), len(features),
+                 time.perf_counter() - t0)  # fmt: skip
         return SplitData(list(rows), features, rows.source)
 
     data = TaskData(train=SplitData([], []), dev={})
@@ -199,12 +212,17 @@ def run_trial(
     recorder = recorder or _NullRecorder()
     main_split = spec.dev_splits[0]
     dev = data.dev[main_split]
+    name = f"{spec.name}-{init}-lr{learning_rate:g}-seed{seed}"  # as finetune_task names the trial
     kind = get_kind(spec)
     model = kind.build_model(spec, source_dir, init=init, seed=seed)
     n_train = len(data.train.features)
     steps_per_epoch = math.ceil(n_train / settings.batch_size)
     max_steps = max(1, math.ceil(settings.epochs * steps_per_epoch))
     eval_every = max(1, math.ceil(steps_per_epoch / settings.evals_per_epoch))
+    log.info("%s: %d steps (%g epoch(s) of %d steps, batch %d), %d train features", name, max_steps,
+             settings.epochs, steps_per_epoch, settings.batch_size, n_train)  # fmt: skip
+    progress = Progress(f"{name} train", max_steps, logger=log,
+                        detail=lambda step: f"epoch {step / steps_per_epoch:.2f}/{settings.epochs:g}")  # fmt: skip
     loader = make_loader(data.train.features, settings.batch_size, shuffle=True, seed=seed,
                          group_by_length=settings.group_by_length)  # fmt: skip
     config = TrainConfig(
@@ -224,9 +242,12 @@ def run_trial(
     last: dict[str, SplitScore] = {}
 
     def evaluator(m: nn.Module) -> dict[str, float]:
+        if train_data.drawn >= max_steps:  # the final evaluation: training is over
+            progress.finish(done=max_steps, examples=train_data.examples)
         t0 = time.perf_counter()
         outputs = predict(m, dev.features, batch_size=settings.eval_batch_size,
-                          device=next(m.parameters()).device, precision=precision)  # fmt: skip
+                          device=next(m.parameters()).device, precision=precision,
+                          label=f"{name} {main_split} eval")  # fmt: skip
         result = kind.score(spec, dev.rows, dev.features, outputs, settings)
         last["dev"] = result
         eval_seconds.append(time.perf_counter() - t0)
@@ -237,8 +258,10 @@ def run_trial(
         renamed = {(k if k.startswith("dev.") else f"train.{k}"): float(v) for k, v in metrics.items()}
         recorder.log_metrics(renamed, step=step)
 
-    fit = Trainer(model, FinetuneObjective(), _EpochLoader(loader), config, evaluator=evaluator,
+    train_data = _EpochLoader(loader, progress)
+    fit = Trainer(model, FinetuneObjective(), train_data, config, evaluator=evaluator,
                   on_metrics=on_metrics).fit()  # fmt: skip
+    progress.finish(done=fit.step, examples=train_data.examples)
     history, evals = [], []
     for rec in fit.history:
         epoch = rec["step"] / steps_per_epoch
@@ -359,8 +382,10 @@ def finetune_task(
         trials: list[TrialResult] = []
         best: dict[str, _TrialOutcome] = {}
         open_trial = tracker.trial if tracker is not None else _no_tracking
-        for init, lr, seed in trial_grid(settings, params.model.init):
+        grid = trial_grid(settings, params.model.init)
+        for number, (init, lr, seed) in enumerate(grid, 1):
             name = f"{spec.name}-{init}-lr{lr:g}-seed{seed}"
+            log.info("trial %d/%d: %s", number, len(grid), name)
             trial_params = {
                 **settings.model_dump(mode="json"),
                 "learning_rate": lr,
@@ -428,14 +453,14 @@ def _write_outputs(
     for split in spec.dev_splits[1:]:
         d = data.dev[split]
         outputs = predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
-                          precision=params.precision)  # fmt: skip
+                          precision=params.precision, label=f"{spec.name} {split} predict")  # fmt: skip
         score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
         result.selected.other_splits[split] = dict(score.metrics)
         details[split] = score.details
         paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
     for split, d in data.test.items():
         outputs = predict(model, d.features, batch_size=settings.eval_batch_size, device=device,
-                          precision=params.precision)  # fmt: skip
+                          precision=params.precision, label=f"{spec.name} {split} predict")  # fmt: skip
         score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
         paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
     rel = {k: str(Path(out_dir) / Path(v).relative_to(tmp_out)) for k, v in paths.items()}

@@ -50,6 +50,7 @@ from bert_core.kinds.squad_post import (
     tune_null_threshold,
     write_squad_predictions,
 )
+from bert_core.progress import Progress
 from bert_core.tasks.registry import TaskSpec
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ def encode_squad(
     doc_stride: int = 128,
     max_query_length: int = 64,
     with_offsets: bool = True,
+    label: str | None = None,
 ) -> list[Feature]:
     """Encode SQuAD examples into sliding-window features (Google's ``convert_examples_to_features``).
 
@@ -103,6 +105,7 @@ def encode_squad(
         max_query_length: The question is cut to this many tokens.
         with_offsets: Keep ``offsets`` and ``max_context`` (needed to post-process predictions; training
             features leave them out, which saves several GB on the full SQuAD train set).
+        label: Log the progress of a long encoding under this name (examples done / total, ETA).
 
     Returns:
         Features (one or more per example): ``input_ids`` (L,), ``token_type_ids`` (L,), ``example_index``,
@@ -122,6 +125,8 @@ def encode_squad(
                       return_attention_mask=False, return_token_type_ids=False)  # fmt: skip
     by_context = {c: (ids, offs) for c, ids, offs in zip(unique, c_enc["input_ids"], c_enc["offset_mapping"])}
     features: list[Feature] = []
+    progress = (Progress(label, len(examples), noun="example", logger=log,
+                         detail=lambda _: f"{len(features)} features") if label else None)  # fmt: skip
     for ei, ex in enumerate(examples):
         q_ids = q_enc[ei][:max_query_length]
         c_ids, c_offs = by_context[contexts[ei]]
@@ -156,6 +161,10 @@ def encode_squad(
                     [False] * len(head) + [_is_max_context(spans, si, t) for t in window] + [False]
                 )
             features.append(feature)
+        if progress is not None:
+            progress.advance(1)
+    if progress is not None:
+        progress.finish()
     return features
 
 
@@ -208,7 +217,8 @@ class SpanQA(TaskKind):
     ) -> list[Feature]:
         return encode_squad(rows, tokenizer, max_seq_length=max_seq_length(spec, settings),
                             doc_stride=settings.doc_stride, max_query_length=settings.max_query_length,
-                            with_offsets=not training)  # fmt: skip
+                            with_offsets=not training,
+                            label=f"{spec.name} {'train' if training else 'eval'} features")  # fmt: skip
 
     def labelled(self, rows: Sequence[Row]) -> bool:
         return bool(rows)  # every SQuAD split we read is labelled

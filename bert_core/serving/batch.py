@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_core.atomic import atomic_path
+from bert_core.progress import Progress
 
 log = logging.getLogger("bert_core.serving.batch")
 
@@ -340,41 +341,6 @@ def _frame(rows: list[dict[str, Any]], fields: list[InputField] | None) -> Any:
     return pd.DataFrame(data, columns=present)
 
 
-# ---------------------------------------------------------------------------------------------- progress
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = round(seconds)
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
-
-
-class Progress:
-    """Logs ``rows <done>/<total> (<pct>%), <rate> rows/s, ETA <t>`` at most every ``interval_s``."""
-
-    def __init__(self, total: int, label: str, interval_s: float = 10.0) -> None:
-        self.total, self.label, self.interval_s = total, label, interval_s
-        self.start = self.last = time.monotonic()
-        self.done = 0
-
-    def line(self) -> str:
-        elapsed = max(time.monotonic() - self.start, 1e-9)
-        rate = self.done / elapsed
-        pct = 100.0 * self.done / self.total if self.total else 100.0
-        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-        return f"{self.label}: rows {self.done}/{self.total} ({pct:.1f}%), {rate:.1f} rows/s, ETA {_duration(eta)}"
-
-    def update(self, done: int) -> None:
-        self.done = done
-        now = time.monotonic()
-        if now - self.last >= self.interval_s:
-            self.last = now
-            log.info("%s", self.line())
-
-
 # ---------------------------------------------------------------------------------------------- entry
 
 
@@ -404,7 +370,7 @@ def predict_file(
     batch_size: int = DEFAULT_BATCH_SIZE,
     id_field: str = DEFAULT_ID_FIELD,
     model: Any = None,
-    progress_interval_s: float = 10.0,
+    progress_interval_s: float | None = None,
 ) -> BatchResult:
     """Predict every row of a JSON Lines file; write the predictions atomically (see the module docstring).
 
@@ -415,7 +381,8 @@ def predict_file(
         batch_size: Rows per ``model.predict`` call.
         id_field: Field copied from each input row to its output row (when present).
         model: An already loaded pyfunc model (``model_uri`` is then only its name in messages).
-        progress_interval_s: Seconds between progress log lines.
+        progress_interval_s: Least seconds between progress log lines (default: ``BERT_PROGRESS_INTERVAL_S``
+            or 20; see :class:`bert_core.progress.Progress`).
 
     Raises:
         BatchPredictionError: the model cannot be loaded or used, the input is missing, or a row is bad
@@ -441,7 +408,8 @@ def predict_file(
     total, blanks = check_file(src, fields, id_field)
     log.info("%s: %d row(s) checked (%d blank line(s) skipped) in %.1fs", src, total, blanks,
              time.monotonic() - t_check)  # fmt: skip
-    progress = Progress(total, f"{src.name} -> {dst.name}", progress_interval_s)
+    progress = Progress(f"{src.name} -> {dst.name}", total, noun="rows", unit="rows", logger=log,
+                        interval_s=progress_interval_s)  # fmt: skip
     done = 0
     with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8") as out:
         for ids, rows, _ in read_chunks(src, fields, batch_size, id_field):
@@ -463,7 +431,5 @@ def predict_file(
             done += len(rows)
             progress.update(done)
         out.flush()
-    log.info("%s; wrote %s", progress.line(), dst)
-    return BatchResult(
-        model_uri, src, dst, done, blanks, time.monotonic() - t0, names, time.monotonic() - progress.start
-    )
+    log.info("%s; wrote %s", progress.line(done=True), dst)
+    return BatchResult(model_uri, src, dst, done, blanks, time.monotonic() - t0, names, progress.elapsed_s)

@@ -1,0 +1,91 @@
+"""Stage flows show the library's INFO lines (progress, metrics) on the console and in Prefect's run logs,
+although Prefect's logging configuration leaves the root logger at WARNING (flows._stage.library_logs)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+
+from flows._stage import library_logs
+
+
+@pytest.fixture
+def prefect_like_levels(monkeypatch):
+    """The levels Prefect's logging.yml sets: root at WARNING, bert_core unset (inherits it)."""
+    root, bert = logging.getLogger(), logging.getLogger("bert_core")
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    monkeypatch.setattr(bert, "level", logging.NOTSET)
+
+
+def _infos(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("bert_core.") and r.levelno == logging.INFO
+    ]
+
+
+def test_library_info_lines_are_shown_in_the_block_only(prefect_like_levels, caplog):
+    log = logging.getLogger("bert_core.training.loop")
+    bert = logging.getLogger("bert_core")
+    handlers = list(bert.handlers)  # PREFECT_LOGGING_EXTRA_LOGGERS (flows/__init__) may have added one
+    log.info("before")
+    with library_logs():
+        log.info("step 10 train: loss=2.3")
+    log.info("after")
+    assert _infos(caplog) == ["step 10 train: loss=2.3"]
+    assert bert.level == logging.NOTSET and bert.handlers == handlers
+
+
+def test_an_api_handler_is_attached_where_prefect_did_not(prefect_like_levels, monkeypatch):
+    from prefect.logging.handlers import APILogHandler
+    from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
+
+    bert = logging.getLogger("bert_core")
+    monkeypatch.setattr(bert, "handlers", [h for h in bert.handlers if not isinstance(h, APILogHandler)])
+    # Outside a flow run nothing is sent: no "without a flow run id" warning (here: error) per record.
+    with (
+        temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "error"}),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("error")
+        with library_logs():
+            assert sum(isinstance(h, APILogHandler) for h in bert.handlers) == 1
+            logging.getLogger("bert_core.x").info("not in a flow run")
+    assert not any(isinstance(h, APILogHandler) for h in bert.handlers)
+
+
+@pytest.mark.slow
+def test_a_stage_run_under_prefect_sends_bert_core_info_lines_to_its_logs(prefect_like_levels, capfd):
+    """A flow that opens stage_run (as every stage flow does) and logs on a bert_core logger: the line is
+    on the console (Prefect's console handler) and in the flow run's logs on the Prefect server."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows._stage import stage_run
+
+    @flow(name="logs-demo")
+    def demo() -> None:
+        with stage_run("logs-demo", {"a": 1}):
+            logging.getLogger("bert_core.finetune.run").info("sst2 train: step 5/10 (50.0%), ETA 3s")
+
+    with prefect_test_harness(server_startup_timeout=120):
+        state = demo(return_state=True)
+        assert state.is_completed()
+        APILogHandler().flush()  # send what is queued
+
+        async def read() -> list[str]:
+            async with get_client() as client:
+                flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+                return [entry.message for entry in await client.read_logs(log_filter=flt)]
+
+        import asyncio
+
+        messages = asyncio.run(read())
+    assert "bert_core.finetune.run - sst2 train: step 5/10 (50.0%), ETA 3s" in capfd.readouterr().err
+    assert any("sst2 train: step 5/10 (50.0%), ETA 3s" in m for m in messages), messages
