@@ -167,6 +167,38 @@ def test_baselines_overlap_sentence_and_all_empty():
     assert set(v1) == {"overlap_sentence"} and v1["overlap_sentence"]["f1"] == pytest.approx(100 * 2 / 7)
 
 
+def test_labels_and_baselines_survive_the_summary_and_reach_the_report_pieces():
+    from bert_core.evaluate.datanotes import baseline_metrics, baseline_table, data_notes, task_label
+    from bert_core.finetune.results import FinetuneResult, TrialResult
+
+    label = "dev split: articles 18-35 of dev-v2.0, trained on 1-17"
+    trial = TrialResult("pretrained", 1e-3, 1, {"f1": 55.0, "exact": 52.0}, extra={"null_threshold": -1.25})
+    result = FinetuneResult("squad_v2", "span_qa", "f1", {"preset": "tiny"}, [trial],
+                            data_split={"origin": "dev_split", "label": label},
+                            baselines={"overlap_sentence": {"f1": 10.0}, "all_empty": {"f1": 49.1}})  # fmt: skip
+    again = FinetuneResult.from_json(json.loads(json.dumps(result.to_json())))
+    assert again.data_split == result.data_split and again.baselines == result.baselines
+    assert again.metrics()["baseline.all_empty.f1"] == 49.1
+    results = {"squad_v2": again}
+    assert task_label(results, "squad_v2", "squad_v2") == f"squad_v2 ({label})"
+    assert task_label(results, "sst2", "sst2") == "sst2"
+    notes = data_notes(results)
+    assert notes[0].startswith(f"squad_v2: {label}.") and "not official dev scores" in notes[0]
+    assert "null-answer threshold -1.250, tuned on the evaluated articles" in notes[1]
+    title, _, rows = baseline_table(results)
+    assert title.startswith("Trivial baselines")
+    assert [r[1] for r in rows] == ["overlap_sentence", "all_empty"] and rows[1][-1] == "+5.9"
+    assert baseline_metrics(results) == {
+        "squad_v2.baseline.overlap_sentence.f1": 10.0,
+        "squad_v2.baseline.all_empty.f1": 49.1,
+        "squad_v2.dev_split": 1.0,
+    }
+    official = FinetuneResult(
+        "sst2", "classification", "accuracy", {}, [TrialResult("pretrained", 1e-3, 1, {"accuracy": 80.0})]
+    )
+    assert data_notes({"sst2": official}) == [] and baseline_table({"sst2": official}) is None
+
+
 # Numbers the official evaluate-v2.0.py (rajpurkar/SQuAD-explorer) prints for leaderboard prediction files
 # on the real dev-v2.0.json, no na-prob file: (exact, f1, HasAns_f1, NoAns_f1).
 OFFICIAL_V20 = {
@@ -215,6 +247,7 @@ class _Tracker:
         pass
 
 
+@pytest.mark.slow
 def test_squad_v1_dev_split_is_labelled_in_summary_trials_and_report(tiny_model, dev_root, tmp_path):
     from bert_core.evaluate.report import evaluate_results
     from bert_core.finetune.run import finetune_task
