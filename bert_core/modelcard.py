@@ -417,8 +417,12 @@ def finetuned_card_for(
     run_ids: Mapping[str, str] | None = None,
     name: str | None = None,
     reference: Any = None,
+    data_label: str | None = None,
 ) -> str:
     """:func:`finetuned_card` for a :class:`bert_core.tasks.TaskSpec` and a fine-tuning run's flat metrics.
+
+    ``data_label`` names the evaluated rows when they are not the official dev split (a dev split: ``dev
+    split: articles 25-48 of dev-v1.1, trained on 1-24``); the card's dev scores are then headed by it.
 
     ``model_info`` is the pretrained model's provenance (:func:`bert_core.finetune.run.model_info`:
     ``preset``, ``source``, and ``model``/``model_version`` when it is a registered version);
@@ -444,7 +448,7 @@ def finetuned_card_for(
         kind=spec.kind,
         main_metric=spec.main_metric,
         dev_metrics=dev,
-        dev_split=spec.dev_splits[0],
+        dev_split=data_label or spec.dev_splits[0],
         datasets=[spec.hub_path] if getattr(spec, "hub_path", None) else [],
         hub_config=getattr(spec, "hub_config", None),
         preset=preset,

@@ -106,6 +106,7 @@ def finetune_flow(
     from bert_core.finetune.run import finetune_task
     from bert_core.serving import mlflow_model, serving_task
     from bert_core.tasks import get_task
+    from bert_core.tasks.datasource import split_tags
     from bert_core.tracking import (
         MlflowTrialTracker,
         git_commit,
@@ -170,6 +171,7 @@ def finetune_flow(
                 outputs=staged,
             )
             metrics = result.metrics()
+            run.set_tags(split_tags(result.data_split))  # data_split (+ its label unless official splits)
             log_headline_metric(
                 spec.main_metric, metrics
             )  # dev.main + tag main_metric: one column across tasks
@@ -180,6 +182,7 @@ def finetune_flow(
                     spec, metrics, result.model, params=settings.model_dump(mode="json"), git_commit=git_commit(),
                     lock_path=REPO_ROOT / "dvc.lock",
                     reference=reference_for(result.model.get("preset")), run_ids=run_ids, name=name,
+                    data_label=result.data_split.get("label") or None,
                 )  # fmt: skip
 
             modelcard.write_card(staged[model_dir], card())  # run-free: the directory is a DVC output

@@ -11,15 +11,24 @@ from bert_core.params import ParamsError, load_params, parse_params
 
 
 def test_shipped_params_parse_and_run_offline(shared_data):
-    from bert_core.tasks import load_task_split
+    from bert_core.tasks import get_task
+    from bert_core.tasks.datasource import resolve_task_source
 
     params = load_params(REPO / "params" / "finetune.yaml", "finetune", FinetuneParams)
     load_params(REPO / "params" / "evaluate.yaml", "evaluate", EvaluateParams)
     assert params.tasks, "the default profile fine-tunes at least one task"
     assert any(params.for_task(t).random_init_baseline for t in params.tasks), "a random-init baseline runs"
-    for task in params.tasks:  # the default profile must run offline against shared/data
+    for (
+        task
+    ) in params.tasks:  # the default profile must run offline against shared/data, as the stage reads it
+        s = params.for_task(task)
+        source = resolve_task_source(get_task(task), dev_split=s.dev_split, train_file=s.train_file,
+                                     dev_file=s.dev_file, data_root=shared_data)  # fmt: skip
         for split in ("train", "dev"):
-            assert load_task_split(task, split, data_root=shared_data, limit=1)
+            assert source.load(split, limit=1)
+    assert params.for_task("squad_v1").dev_split, (
+        "SQuAD v1.1 on real text: the dev split (no train file here)"
+    )
 
 
 def test_paper_protocol_is_the_code_default():

@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 
 from bert_core.atomic import atomic_path, write_json_atomic
+from bert_core.evaluate.datanotes import baseline_table, data_notes, task_label
 from bert_core.evaluate.plots import plot_learning_curves, plot_scores, plot_trials
 from bert_core.evaluate.summary import EvaluationSummary, summarize
 
@@ -34,7 +35,7 @@ def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[
     glue = summary.glue()
     ref_name = summary.reference.model if summary.reference else "none for this size"
     main = [
-        [r.name, r.metric, _fmt(r.ours) + (f" ± {_fmt(r.ours_std)} ({r.seeds} seeds)" if r.seeds > 1 else ""),
+        [task_label(summary.results, r.task, r.name), r.metric, _fmt(r.ours) + (f" ± {_fmt(r.ours_std)} ({r.seeds} seeds)" if r.seeds > 1 else ""),
          _fmt(r.random_init), _fmt(r.gap), _fmt(r.reference) + (f" ({r.reference_split})" if r.reference_split else "")]
         for r in summary.rows
     ]  # fmt: skip
@@ -54,8 +55,10 @@ def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[
             ", ".join(f"{k} {_fmt(v, 2)}" for k, v in sorted(best.dev.items())),
             _fmt(best.examples_per_second, 0),
         ])  # fmt: skip
+    baselines = baseline_table(summary.results)
     return [
         ("Per-task dev scores", header, main),
+        *([baselines] if baselines else []),
         ("GLUE average (WNLI excluded, MNLI-m and -mm counted separately, as the BERT paper)",
          ["", "score", "rows"], avg),
         ("Selected trials", ["task", "lr", "seed", "trials", "dev metrics", "train ex/s"], details),
@@ -105,7 +108,8 @@ def render_report(
     for name in plots:
         paths[f"plot.{name}"] = plot_dir / f"{name}.png"
 
-    md = [f"# {title}", "", _intro(summary), ""]
+    notes = data_notes(summary.results)
+    md = [f"# {title}", "", _intro(summary), "", *(f"- {n}" for n in notes), *([""] if notes else [])]
     for heading, header, rows in tables:
         md += [f"## {heading}", "", _markdown_table(header, rows), ""]
     for name, (caption, _) in plots.items():
@@ -120,6 +124,7 @@ def render_report(
         "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
         "th{background:#f2f2f2}img{max-width:100%}</style></head><body>",
         f"<h1>{html.escape(title)}</h1><p>{html.escape(_intro(summary))}</p>",
+        *([f"<ul>{''.join(f'<li>{html.escape(n)}</li>' for n in notes)}</ul>"] if notes else []),
     ]
     for heading, header, rows in tables:
         parts.append(f"<h2>{html.escape(heading)}</h2><table><tr>")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_core.evaluate.crosscheck import SummaryCheckError, check_lock, check_provenance, check_summary
+from bert_core.evaluate.datanotes import baseline_metrics
 from bert_core.evaluate.references import (
     GLUE_AVERAGE_ROWS,
     Reference,
@@ -93,6 +94,7 @@ class EvaluationSummary:
             out["glue.random_init_average"] = glue["random_init_average"]
             out["gap.glue_average"] = glue["pretrained_on_random_rows"] - glue["random_init_average"]
         out["tasks"] = float(len(self.results))
+        out.update(baseline_metrics(self.results))
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 

@@ -19,6 +19,8 @@ from bert_core.params import StrictModel
 
 PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
 SMALL_TASKS = ("rte", "mrpc", "stsb", "cola", "wnli")
+#: Settings that name one task's data (:mod:`bert_core.tasks.datasource`): allowed under ``tasks.<task>`` only.
+PER_TASK_DATA_KEYS = ("dev_split", "train_file", "dev_file")
 
 
 class TaskSettings(StrictModel):
@@ -42,6 +44,11 @@ class TaskSettings(StrictModel):
         doc_stride, max_query_length, n_best_size, max_answer_length: SQuAD windows and answer search.
         random_init_baseline: Also train the same architecture from random initialisation (same grid).
         predict_test: Write leaderboard predictions for the task's test splits (GLUE).
+        dev_split: Data-limited runs of SQuAD without its train file: train on the first articles of the
+            official dev file, evaluate on the last ones (:mod:`bert_core.tasks.datasource`); labelled, never
+            official dev scores; an error when the official train data is present. Per task only.
+        train_file, dev_file: Own files in the task's official format instead of the official train / main
+            dev split (absolute, or relative to the repository root). Per task only.
     """
 
     batch_size: int = Field(32, ge=1)
@@ -64,6 +71,9 @@ class TaskSettings(StrictModel):
     max_answer_length: int = Field(30, ge=1)
     random_init_baseline: bool = False
     predict_test: bool = True
+    dev_split: bool = False
+    train_file: str | None = Field(None, min_length=1)
+    dev_file: str | None = Field(None, min_length=1)
 
     @field_validator("learning_rates")
     @classmethod
@@ -104,6 +114,9 @@ class TaskOverrides(StrictModel):
     max_answer_length: int | None = Field(None, ge=1)
     random_init_baseline: bool | None = None
     predict_test: bool | None = None
+    dev_split: bool | None = None
+    train_file: str | None = Field(None, min_length=1)
+    dev_file: str | None = Field(None, min_length=1)
 
 
 class ModelSource(StrictModel):
@@ -165,6 +178,27 @@ class FinetuneParams(StrictModel):
         unknown = [t for t in (*self.tasks, *self.small_tasks) if t not in TASKS]
         if unknown:
             raise ValueError(f"unknown task(s) {unknown}; valid tasks: {', '.join(TASKS)}")
+        return self
+
+    @model_validator(mode="after")
+    def _data_keys_per_task(self) -> FinetuneParams:
+        """``dev_split`` / ``train_file`` / ``dev_file`` name one task's data: per task, and consistent."""
+        from bert_core.tasks import TASKS
+
+        for name in PER_TASK_DATA_KEYS:
+            if getattr(self.defaults, name) not in (None, False):
+                raise ValueError(f"defaults.{name}: set it per task, under tasks.<task>.{name}")
+        for task, overrides in self.tasks.items():
+            if overrides.dev_split and TASKS[task].dev_split is None:
+                with_split = [t for t, spec in TASKS.items() if spec.dev_split is not None]
+                raise ValueError(
+                    f"tasks.{task}.dev_split: {task} has no dev split (tasks with one: {', '.join(with_split)}); "
+                    "remove the key"
+                )
+            if overrides.dev_split and (overrides.train_file or overrides.dev_file):
+                raise ValueError(
+                    f"tasks.{task}: dev_split and train_file/dev_file exclude each other; keep one"
+                )
         return self
 
     def for_task(self, task: str) -> TaskSettings:

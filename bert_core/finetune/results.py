@@ -10,7 +10,8 @@ stage reads it) and flattened by :meth:`FinetuneResult.metrics` into the DVC met
 - ``selected.learning_rate`` / ``selected.seed``;
 - ``random_init.dev.<metric>`` and ``gap.dev.<main>`` (pretrained - random) when the baseline ran;
 - ``train.examples_per_second`` / ``train.seconds`` / ``train.examples``;
-- ``dev.null_threshold`` (SQuAD v2.0: the tuned null-answer threshold).
+- ``dev.null_threshold`` (SQuAD v2.0: the tuned null-answer threshold);
+- ``baseline.<name>.<metric>``: trivial baselines on the same evaluated rows (SQuAD).
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ class FinetuneResult:
             ``version``, ``num_hidden_layers``, ``hidden_size``, ``preset``).
         trials: Every trial, pretrained and random-init.
         outputs: Output kind -> path (model dir, predictions, submission files).
+        data_split: Where the train and evaluated rows came from (:meth:`bert_core.tasks.datasource.
+            TaskSource.describe`): ``origin`` (``official``, ``dev_split``, ``own_files``), ``label``
+            (what the report shows beside the task when not the official splits), the sources.
+        baselines: Trivial baselines scored on the same evaluated rows (name -> metrics), from
+            :meth:`bert_core.kinds.base.TaskKind.baselines` (SQuAD: :mod:`bert_core.kinds.squad_baselines`).
     """
 
     task: str
@@ -91,6 +97,8 @@ class FinetuneResult:
     model: dict[str, Any]
     trials: list[TrialResult]
     outputs: dict[str, str] = field(default_factory=dict)
+    data_split: dict[str, Any] = field(default_factory=dict)
+    baselines: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def _best(self, init: str) -> TrialResult | None:
         pool = [t for t in self.trials if t.init == init]
@@ -142,6 +150,8 @@ class FinetuneResult:
         out["train.examples_per_second"] = best.examples_per_second
         out["train.seconds"] = float(sum(t.train_seconds for t in self.trials))
         out["trials"] = float(len(self.trials))
+        for name, values in self.baselines.items():
+            out.update({f"baseline.{name}.{k}": float(v) for k, v in values.items()})
         return {k: v for k, v in out.items() if isinstance(v, float) and math.isfinite(v)}
 
     def write_curves(self, out_dir: str | Path) -> tuple[Path, Path]:
@@ -173,8 +183,9 @@ class FinetuneResult:
     def from_json(cls, data: dict[str, Any]) -> FinetuneResult:
         trials = [TrialResult(**t) for t in data["trials"]]
         return cls(
-            data["task"], data["kind"], data["main_metric"], data["model"], trials, data.get("outputs", {})
-        )
+            data["task"], data["kind"], data["main_metric"], data["model"], trials, data.get("outputs", {}),
+            data.get("data_split", {}), data.get("baselines", {}),
+        )  # fmt: skip
 
     @classmethod
     def load(cls, path: str | Path) -> FinetuneResult:

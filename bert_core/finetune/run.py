@@ -135,6 +135,7 @@ class TaskData:
     test: dict[str, SplitData] = field(default_factory=dict)
     check_reports: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    split_info: dict[str, Any] = field(default_factory=dict)  # where the rows came from (tasks.datasource)
 
 
 def load_task_data(
@@ -151,12 +152,16 @@ def load_task_data(
     A missing test split is noted and skipped (leaderboard files are optional); a missing train or dev
     split, malformed rows or a failed critical data check raise.
     """
-    from bert_core.tasks import TaskDataError, load_task_split
+    from bert_core.tasks import TaskDataError
+    from bert_core.tasks.datasource import resolve_task_source
 
     kind = get_kind(spec)
+    source = resolve_task_source(spec, dev_split=settings.dev_split, train_file=settings.train_file,
+                                 dev_file=settings.dev_file, data_root=data_root)  # fmt: skip
+    loaded: dict[str, Any] = {}
 
     def load(split: str, limit: int | None) -> SplitData:
-        rows = load_task_split(spec, split, data_root=data_root, limit=limit)
+        rows = loaded[split] = source.load(split, limit)
         if data_checks and split in ("train", *spec.dev_splits):
             from bert_core.kinds.checks import check_task_split
 
@@ -177,6 +182,7 @@ def load_task_data(
         raise ValueError(f"{spec.name}: the training split is empty")
     for split in spec.dev_splits:
         data.dev[split] = load(split, settings.eval_limit)
+    data.split_info = source.describe(loaded["train"], loaded[spec.main_dev_split])
     if settings.predict_test:
         for split in spec.test_splits:
             try:
@@ -355,6 +361,7 @@ def finetune_task(
         The :class:`FinetuneResult` (also written as ``out_dir/summary.json``).
     """
     from bert_core.tasks import get_task
+    from bert_core.tasks.datasource import split_tags
 
     spec = get_task(task)
     settings = params.for_task(spec.name)
@@ -392,7 +399,8 @@ def finetune_task(
                 "seed": seed,
                 "init": init,
             }
-            tags = {"task": spec.name, "init": init, "trial": name, "pretrained_source": info["source"]}
+            tags = {"task": spec.name, "init": init, "trial": name, "pretrained_source": info["source"],
+                    **split_tags(data.split_info)}  # fmt: skip
             provenance = ("model", "model_version", "uri", "sha")
             tags.update({f"pretrained_{k}": str(v) for k, v in info.items() if k in provenance})
             with open_trial(name, trial_params, tags) as recorder:
@@ -410,7 +418,8 @@ def finetune_task(
                     shutil.rmtree(target)
                 model.save_pretrained(target)
             del model
-        result = FinetuneResult(spec.name, spec.kind, spec.main_metric, info, trials)
+        result = FinetuneResult(spec.name, spec.kind, spec.main_metric, info, trials, data_split=data.split_info,
+                                baselines=get_kind(spec).baselines(spec, data.dev[spec.main_dev_split].rows))  # fmt: skip
         selected_init = result.selected.init
         best_dir = tmp / f"best-{selected_init}"
         with contextlib.ExitStack() as stack:

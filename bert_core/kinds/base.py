@@ -252,6 +252,10 @@ class TaskKind(ABC):
     ) -> dict[str, str]:
         """Write one split's predictions in the task's official format under ``out_dir``; return the paths."""
 
+    def baselines(self, spec: TaskSpec, rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+        """Trivial baselines scored on the evaluated ``rows`` like the model (name -> metrics); none by default."""
+        return {}
+
     # -- serving (bert_core.serving: the registered MLflow Model's predict)
     def serving_inputs(self, spec: TaskSpec) -> list[ServingColumn]:
         """The input columns of the served model (its MLflow signature's inputs)."""

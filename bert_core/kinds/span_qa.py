@@ -277,6 +277,12 @@ class SpanQA(TaskKind):
         written = write_squad_predictions(Path(out_dir) / split, squad.predictions, null_odds=odds)
         return {f"{split}.{k}": str(v) for k, v in written.items()}
 
+    def baselines(self, spec: TaskSpec, rows: Sequence[Row]) -> dict[str, dict[str, float]]:
+        """The overlap-sentence baseline, and for v2.0 the all-empty one (:mod:`bert_core.kinds.squad_baselines`)."""
+        from bert_core.kinds.squad_baselines import squad_baselines
+
+        return squad_baselines(rows, version_2=self.version_2(spec), metric_keys=spec.metric_keys)
+
     # -- serving
     def serving_inputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
         return [("question", "string", True), ("context", "string", True)]

@@ -61,6 +61,8 @@ class TaskRows(list):
         source: The local file read, or ``hf://<dataset id>[/<config>]:<split>``.
         skipped: Rows left out on purpose, by reason (``{"malformed row": 3}``): only rows that the official
             format is known to contain (e.g. QQP's broken lines), never silently anything else.
+        available: Rows the source holds before a ``limit`` was applied, when the loader counted them
+            (the SQuAD reader does); ``None`` otherwise.
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class TaskRows(list):
         self.split = split
         self.source = source
         self.skipped: dict[str, int] = dict(skipped or {})
+        self.available: int | None = None
 
     @property
     def n_skipped(self) -> int:

@@ -93,8 +93,13 @@ def load_task_split(
     ):
         relative = CONLL_IOB2_FILES[split]
     path = require_file(root, relative, spec.name, split)
+    return read_local(spec, split, path, limit)
+
+
+def read_local(spec: TaskSpec, split: str, path: Path, limit: int | None = None) -> TaskRows:
+    """Read one local file in ``spec``'s official format (errors name the file, and the line where known)."""
     try:
-        return reader.local(spec, split, path, limit)
+        return READERS[spec.data_format].local(spec, split, path, limit)
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
     except csv.Error as err:  # e.g. a field over the csv module's 128 KB limit

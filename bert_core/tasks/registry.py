@@ -19,6 +19,29 @@ MNLI_LABELS: tuple[str, ...] = ("entailment", "neutral", "contradiction")
 
 
 @dataclass(frozen=True)
+class DevSplit:
+    """A stand-in for a missing official train file: two disjoint halves of the official dev file, by article.
+
+    The first ``train_articles`` articles of the dev file are trained on, the last ``eval_articles``
+    evaluated on; the file must hold exactly ``train_articles + eval_articles`` articles (the official
+    file does), so the halves never share an article (questions about one paragraph never straddle them).
+    Data-limited runs only (``finetune.tasks.<task>.dev_split: true``): the scores are not official dev
+    scores, and :mod:`bert_core.tasks.datasource` refuses the option when the official train file exists.
+
+    Attributes:
+        train_articles: Articles 1..N of the dev file, the training half.
+        eval_articles: The last M articles, the evaluated half.
+    """
+
+    train_articles: int
+    eval_articles: int
+
+    @property
+    def total(self) -> int:
+        return self.train_articles + self.eval_articles
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """Everything the pipeline needs to know about one downstream task.
 
@@ -43,6 +66,8 @@ class TaskSpec:
         submission_labels: How a predicted index is written in the submission (the official label strings;
             empty for STS-B, which writes the float score).
         paper_reference: The BERT paper's reported score, for reports.
+        dev_split: How to split the official dev file into train and evaluation halves when the train file
+            is unobtainable (``None``: the task has no such option).
     """
 
     name: str
@@ -61,6 +86,7 @@ class TaskSpec:
     submission_files: dict[str, str] = field(default_factory=dict)
     submission_labels: tuple[str, ...] = ()
     paper_reference: str = ""
+    dev_split: DevSplit | None = None
 
     def __post_init__(self) -> None:
         missing = set(self.splits) - set(self.local_files)
@@ -211,6 +237,7 @@ TASKS: dict[str, TaskSpec] = {
             hub_splits={"train": "train", "dev": "validation"},
             local_files={"train": "squad/train-v1.1.json", "dev": "squad/dev-v1.1.json"},
             paper_reference="BERT-Base dev EM 80.8 / F1 88.5",
+            dev_split=DevSplit(train_articles=24, eval_articles=24),  # dev-v1.1.json: 48 articles
         ),
         TaskSpec(
             name="squad_v2",
@@ -227,6 +254,7 @@ TASKS: dict[str, TaskSpec] = {
             hub_splits={"train": "train", "dev": "validation"},
             local_files={"train": "squad/train-v2.0.json", "dev": "squad/dev-v2.0.json"},
             paper_reference="BERT-Large dev EM 78.7 / F1 81.9",
+            dev_split=DevSplit(train_articles=17, eval_articles=18),  # dev-v2.0.json: 35 articles
         ),
         TaskSpec(
             name="swag",

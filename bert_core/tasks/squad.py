@@ -57,6 +57,12 @@ def _version_ok(spec: TaskSpec, version: str) -> bool:
 
 def load_squad_json(spec: TaskSpec, split: str, path: Path, limit: int | None = None) -> TaskRows:
     """Read an official SQuAD JSON file into canonical rows, checking every answer offset."""
+    articles = read_squad_articles(spec, path)
+    return squad_rows(spec, split, path, articles, range(len(articles)), limit)
+
+
+def read_squad_articles(spec: TaskSpec, path: Path) -> list[Any]:
+    """The ``data`` list (articles) of an official SQuAD JSON file, its version checked against ``spec``."""
     try:
         with path.open(encoding="utf-8") as f:
             doc = json.load(f)
@@ -67,9 +73,31 @@ def load_squad_json(spec: TaskSpec, split: str, path: Path, limit: int | None = 
     version = str(doc.get("version", ""))
     if version and not _version_ok(spec, version):
         raise TaskDataError(f"{path}: file says version {version!r}, which is not a {spec.name} file")
+    return doc["data"]
+
+
+def squad_rows(
+    spec: TaskSpec,
+    split: str,
+    path: Path,
+    articles: list[Any],
+    indices: range,
+    limit: int | None = None,
+) -> TaskRows:
+    """Canonical rows of the articles ``indices`` of ``articles`` (errors name ``data[<index>]`` in ``path``).
+
+    The returned rows' ``available`` attribute is the number of questions in those articles before ``limit``.
+    """
     rows: list[dict[str, Any]] = []
     seen: dict[str, str] = {}  # question id -> where it first appeared
-    for a, article in enumerate(doc["data"]):
+    available = sum(
+        len(p["qas"]) for a in indices if isinstance(articles[a], dict)
+        for p in articles[a].get("paragraphs") or [] if isinstance(p, dict) and isinstance(p.get("qas"), list)
+    )  # fmt: skip
+    for a in indices:
+        article = articles[a]
+        if not isinstance(article, dict):
+            raise TaskDataError(f"{path} data[{a}]: expected an article object with 'title' and 'paragraphs'")
         for p, paragraph in enumerate(article.get("paragraphs", [])):
             for q, qa in enumerate(paragraph.get("qas", [])):
                 where = f"{path} data[{a}].paragraphs[{p}].qas[{q}]"
@@ -102,8 +130,8 @@ def load_squad_json(spec: TaskSpec, split: str, path: Path, limit: int | None = 
                 check_answer_offsets(row, str(path))
                 rows.append(row)
                 if limit is not None and len(rows) >= limit:
-                    return TaskRows(rows, task=spec.name, split=split, source=str(path))
-    return TaskRows(rows, task=spec.name, split=split, source=str(path))
+                    return _counted(TaskRows(rows, task=spec.name, split=split, source=str(path)), available)
+    return _counted(TaskRows(rows, task=spec.name, split=split, source=str(path)), available)
 
 
 def load_squad_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskRows:
@@ -128,3 +156,8 @@ def load_squad_hub(spec: TaskSpec, split: str, limit: int | None = None) -> Task
         check_answer_offsets(row, source)
         rows.append(row)
     return TaskRows(rows, task=spec.name, split=split, source=source)
+
+
+def _counted(rows: TaskRows, available: int) -> TaskRows:
+    rows.available = available
+    return rows

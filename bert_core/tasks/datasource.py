@@ -1,0 +1,216 @@
+"""Where a task's training and evaluation rows come from: the official splits, a dev split, or own files.
+
+Chosen per task (``finetune.tasks.<task>`` in ``params/finetune.yaml``; :func:`resolve_task_source`):
+
+* **official** (the default): :func:`~bert_core.tasks.load_task_split` -- the Hugging Face Hub, or the
+  official files under the data root (``BERT_DATA_ROOT``).
+* **dev split** (``dev_split: true``; SQuAD v1.1 and v2.0, whose train files are sometimes unobtainable):
+  train on the first articles of the official dev file and evaluate on the last ones
+  (:class:`~bert_core.tasks.registry.DevSplit`: 24 / 24 of ``dev-v1.1.json``, 17 / 18 of
+  ``dev-v2.0.json``). The halves share no article; the scores are labelled as such (summary, report,
+  MLflow) and are not official dev scores. When the official train data is there (the Hub, or the data
+  root has the train file) the option is an error: the official splits are the ones to use, and silently
+  preferring either would make a run's scores mean something else than its params say.
+* **own files** (``train_file`` / ``dev_file``): files in the task's official format (a SQuAD JSON, a GLUE
+  TSV, ...), absolute or relative to the repository root; either one alone replaces only its split (the
+  other comes from the official source). ``dev_file`` is the task's main dev split (MNLI: matched).
+
+DVC tracks none of these files (a data root lies outside the repository, like ``BERT_DATA_ROOT``): the
+stage re-runs when the keys change, not when a file's contents do; the rows' digest is logged to MLflow.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bert_core.constants import REPO_ROOT
+from bert_core.tasks.base import TaskDataError, TaskRows, resolve_data_root
+from bert_core.tasks.loader import load_task_split, read_local
+from bert_core.tasks.registry import TaskSpec
+
+#: ``TaskSource.origin`` values.
+ORIGINS = ("official", "dev_split", "own_files")
+
+
+@dataclass
+class TaskSource:
+    """How one task's splits are read (build it with :func:`resolve_task_source`).
+
+    Attributes:
+        spec: The task.
+        origin: ``official``, ``dev_split`` or ``own_files``.
+        key: The params key of the task's settings (``finetune.tasks.squad_v1``), for messages.
+        data_root: The local data root (``None``: the Hub).
+        train_file: The file the train split is read from, when not the official source.
+        dev_file: The file the main dev split is read from (for a dev split: the official dev file).
+    """
+
+    spec: TaskSpec
+    origin: str
+    key: str
+    data_root: Path | None = None
+    train_file: Path | None = None
+    dev_file: Path | None = None
+    _articles: list[Any] | None = field(default=None, repr=False)
+
+    def load(self, split: str, limit: int | None = None) -> TaskRows:
+        """The rows of ``split`` (the first ``limit``), read as this source says."""
+        spec = self.spec
+        if self.origin == "dev_split" and split in ("train", spec.main_dev_split):
+            return self._dev_split_rows(split, limit)
+        own = {"train": self.train_file, spec.main_dev_split: self.dev_file}.get(split)
+        if self.origin == "own_files" and own is not None:
+            name = "train_file" if split == "train" else "dev_file"
+            try:
+                return read_local(spec, split, own, limit)
+            except TaskDataError as err:
+                raise TaskDataError(f"{self.key}.{name}: {err}") from None
+        try:
+            return load_task_split(spec, split, data_root=self.data_root, limit=limit)
+        except TaskDataError as err:
+            if split == "train" and spec.dev_split is not None and self.data_root is not None:
+                raise TaskDataError(
+                    f"{err} For a data-limited run without it, set {self.key}.dev_split: true (train on "
+                    f"articles 1-{spec.dev_split.train_articles} of {spec.local_files[spec.main_dev_split]}, "
+                    f"evaluate on the last {spec.dev_split.eval_articles}; not official dev scores)."
+                ) from None
+            raise
+
+    def _dev_split_rows(self, split: str, limit: int | None) -> TaskRows:
+        from bert_core.tasks.squad import read_squad_articles, squad_rows
+
+        spec, plan, path = self.spec, self.spec.dev_split, self.dev_file
+        assert plan is not None and path is not None
+        if self._articles is None:
+            articles = read_squad_articles(spec, path)
+            if len(articles) != plan.total:
+                raise TaskDataError(
+                    f"{path}: {len(articles)} articles, but {self.key}.dev_split needs the official "
+                    f"{path.name} ({plan.total} articles: {plan.train_articles} to train on, "
+                    f"{plan.eval_articles} to evaluate); use the official file, or point {self.key}.train_file "
+                    "and dev_file at your own split"
+                )
+            self._articles = articles
+        indices = self.article_range(split)
+        rows = squad_rows(spec, split, path, self._articles, indices, limit)
+        rows.source = f"{path} articles {indices.start + 1}-{indices.stop}"
+        return rows
+
+    def article_range(self, split: str) -> range:
+        """0-based article indices of ``split`` in the dev file (dev split only)."""
+        plan = self.spec.dev_split
+        assert plan is not None
+        return range(plan.train_articles) if split == "train" else range(plan.train_articles, plan.total)
+
+    def describe(self, train: TaskRows | None = None, dev: TaskRows | None = None) -> dict[str, Any]:
+        """What the summary, the report and MLflow say about the data: ``origin``, ``label`` (empty for
+        the official splits) and the sources (``train_source``, ``eval_source``, with question counts)."""
+        info: dict[str, Any] = {"origin": self.origin, "label": ""}
+        for name, rows in (("train", train), ("eval", dev)):
+            if rows is not None:
+                info[f"{name}_source"] = rows.source
+                info[f"{name}_rows"] = len(rows)
+        if self.origin == "dev_split":
+            assert self.dev_file is not None
+            ev, tr = self.article_range(self.spec.main_dev_split), self.article_range("train")
+            label = (
+                f"dev split: articles {ev.start + 1}-{ev.stop} of {self.dev_file.stem}{_cut(dev)}, trained on "
+                f"{tr.start + 1}-{tr.stop}{_cut(train)}"
+            )
+            info.update(label=label, file=str(self.dev_file))
+        elif self.origin == "own_files":
+            parts = [f"train {self.train_file}"] if self.train_file else []
+            parts += [f"dev {self.dev_file}"] if self.dev_file else []
+            info["label"] = "own files: " + ", ".join(parts)
+        return info
+
+
+def split_tags(info: dict[str, Any]) -> dict[str, str]:
+    """MLflow tags of :meth:`TaskSource.describe`'s ``info``: ``data_split`` (the origin) and, unless the
+    splits are the official ones, ``data_split_label``."""
+    label = str(info.get("label") or "")
+    return {
+        "data_split": str(info.get("origin", "official")),
+        **({"data_split_label": label} if label else {}),
+    }
+
+
+def _cut(rows: TaskRows | None) -> str:
+    """`` (first N of M questions)`` when a limit cut the rows, else empty."""
+    if rows is None or rows.available is None or len(rows) >= rows.available:
+        return ""
+    return f" (first {len(rows)} of {rows.available} questions)"
+
+
+def resolve_task_source(
+    spec: TaskSpec,
+    *,
+    dev_split: bool = False,
+    train_file: str | os.PathLike[str] | None = None,
+    dev_file: str | os.PathLike[str] | None = None,
+    data_root: str | os.PathLike[str] | None = None,
+    base_dir: str | os.PathLike[str] = REPO_ROOT,
+    key: str | None = None,
+) -> TaskSource:
+    """Decide where ``spec``'s rows come from, and fail early (naming the key and the fix) when that is wrong.
+
+    Args:
+        spec: The task.
+        dev_split: Train and evaluate on two halves of the official dev file (``spec.dev_split``).
+        train_file, dev_file: Own files in the task's official format (relative paths: to ``base_dir``).
+        data_root: Local data root (default ``BERT_DATA_ROOT``; unset: the Hub).
+        base_dir: What relative own-file paths are relative to (the repository root, where DVC runs).
+        key: The params key named in errors (default ``finetune.tasks.<task>``).
+
+    Raises:
+        ValueError: ``dev_split`` on a task without one, or together with own files.
+        TaskDataError: ``dev_split`` while the official train data is available, a missing dev file, or a
+            missing own file.
+    """
+    key = key or f"finetune.tasks.{spec.name}"
+    root = resolve_data_root(data_root)
+    if dev_split:
+        plan = spec.dev_split
+        if plan is None:
+            raise ValueError(
+                f"{key}.dev_split: {spec.name} has no dev split (only squad_v1, squad_v2); remove it"
+            )
+        if train_file is not None or dev_file is not None:
+            raise ValueError(f"{key}: dev_split and train_file/dev_file exclude each other; keep one")
+        train_rel, dev_rel = spec.local_files["train"], spec.local_files[spec.main_dev_split]
+        if root is None:
+            raise TaskDataError(
+                f"{key}.dev_split: true, but {spec.name}'s official train split is available (BERT_DATA_ROOT is "
+                f"unset, so data comes from the Hugging Face Hub, {spec.hub_path}): remove dev_split to use "
+                "the official train and dev splits, or set BERT_DATA_ROOT to a local data root"
+            )
+        if (root / train_rel).is_file():
+            raise TaskDataError(
+                f"{key}.dev_split: true, but the official train file {root / train_rel} is present: remove "
+                f"dev_split, so {spec.name} trains on it and is scored on the official dev set"
+            )
+        path = root / dev_rel
+        if not path.is_file():
+            raise TaskDataError(
+                f"{key}.dev_split: the official dev file {path} does not exist; put {dev_rel} under the data root"
+            )
+        return TaskSource(spec, "dev_split", key, root, dev_file=path)
+    own = {name: _own_file(value, base_dir, f"{key}.{name}") for name, value in
+           (("train_file", train_file), ("dev_file", dev_file)) if value is not None}  # fmt: skip
+    if own:
+        return TaskSource(spec, "own_files", key, root, own.get("train_file"), own.get("dev_file"))
+    return TaskSource(spec, "official", key, root)
+
+
+def _own_file(value: str | os.PathLike[str], base_dir: str | os.PathLike[str], key: str) -> Path:
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else Path(base_dir) / path
+    if not path.is_file():
+        raise TaskDataError(
+            f"{key}: {path} does not exist (relative paths are taken from the repository root); point it at a "
+            "file in the task's official format"
+        )
+    return path
