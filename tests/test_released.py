@@ -204,7 +204,10 @@ def _result(task: str, trials: list[tuple[str, float]], status: str | None = Non
     }
     if status:
         model["reference_checkpoint"] = status
-    made = [TrialResult(init=i, learning_rate=1e-4, seed=1, dev={"accuracy": v}) for i, v in trials]
+    made = [
+        TrialResult(init=i, learning_rate=1e-4, seed=1, dev={"accuracy": v}, train_examples=64)
+        for i, v in trials
+    ]
     return FinetuneResult(task, "classification", "accuracy", model, made)
 
 
@@ -223,7 +226,9 @@ def test_the_report_shows_ours_the_reference_checkpoint_and_random_init(tmp_path
         -3.5
     )
     md = paths["markdown"].read_text()
-    assert "| sst2 | accuracy | 80.0 | 83.5 | -3.5 | 60.0 | +20.0 | 83.2 |" in md  # Turc et al. BERT-Tiny
+    assert (
+        "| sst2 | accuracy | 64 | 80.0 | 83.5 | -3.5 | 60.0 | +20.0 | 83.2 |" in md
+    )  # Turc et al. BERT-Tiny
     assert "Reference checkpoint: reference checkpoint X." in md
 
 
@@ -242,7 +247,7 @@ def test_the_report_says_why_there_is_no_reference_column(tmp_path):
     _, paths = evaluate_results(results, tmp_path / "m.json", tmp_path / "reports")
     md = paths["markdown"].read_text()
     assert f"reference checkpoint {missing} not found locally" in md
-    assert "| sst2 | accuracy | 80.0 | – | – | – | – |" in md
+    assert "| sst2 | accuracy | 64 | 80.0 | – | – | – | – |" in md
 
 
 # ------------------------------------------------------------------------------ a real released checkpoint
