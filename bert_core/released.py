@@ -50,6 +50,10 @@ class CheckpointSourceError(ValueError):
     """A checkpoint that cannot be used; the message names the key or path and what to do."""
 
 
+class MissingTokenizerError(CheckpointSourceError, FileNotFoundError):
+    """A checkpoint directory without ``tokenizer.json`` or ``vocab.txt`` (also a ``FileNotFoundError``)."""
+
+
 # ------------------------------------------------------------------------------------------ sources
 
 
@@ -168,7 +172,7 @@ def check_checkpoint(model_dir: str | Path, *, key: str = "finetune.model.source
     config = read_config(model_dir)
     if not any((model_dir / name).is_file() for name in TOKENIZER_VOCAB_FILES):
         present = ", ".join(sorted(p.name for p in model_dir.iterdir())) or "(empty)"
-        raise CheckpointSourceError(
+        raise MissingTokenizerError(
             f"{key}: {model_dir} has no tokenizer files (need {' or '.join(TOKENIZER_VOCAB_FILES)}; present: "
             f"{present}). Copy the tokenizer.json or vocab.txt the checkpoint was released with into it"
         )
