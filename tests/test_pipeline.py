@@ -330,3 +330,29 @@ def test_flow_rejects_bad_input_before_running_dvc(harness, scripted, repo):
     with pytest.raises(ValueError, match="experiment_name"):
         pipeline.pipeline_flow(experiment_name="bad name")
     assert calls == []
+
+
+def test_a_profile_with_targets_runs_only_those_from_a_local_checkpoint(harness, scripted, repo):
+    """The released profile: `dvc repro evaluate` (its targets), the source as a local dir DVC tracks."""
+    install, calls = scripted
+    install(["Running stage 'finetune@sst2':", "Running stage 'evaluate':", "done"], 0)
+    (repo / "params" / "finetune.yaml").write_text(
+        "finetune:\n  model: {source: models/pretrained}\n  defaults: {learning_rates: [5.0e-5], seeds: [1]}\n"
+        "  small_task_seeds: [1, 2]\n  tasks:\n    sst2: {train_limit: 100}\n"
+    )
+    (repo / "params" / "profiles" / "released.yaml").write_text(
+        "targets: [evaluate]\nparams/finetune.yaml:\n  finetune.model.source: models/released/m\n"
+    )
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "released")
+    with pytest.raises(
+        overrides.ProfileError, match=r"models/released/m' is not a Hugging Face model directory"
+    ):
+        pipeline.pipeline_flow(profile="released", as_experiment=False)
+    assert calls == []  # refused before DVC started
+    _write(repo / "models" / "released" / "m" / "config.json", "{}")()
+    result = pipeline.pipeline_flow(profile="released", as_experiment=False)
+    assert calls == [["repro", "evaluate"]]
+    assert set(result["stages"]) == {"finetune@sst2", "evaluate"}
+    source = yaml.safe_load((repo / "params" / "finetune.yaml").read_text())["finetune"]["model"]["source"]
+    assert source == "models/released/m"

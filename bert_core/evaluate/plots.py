@@ -103,7 +103,11 @@ def plot_trials(summary: EvaluationSummary, dpi: int = 110) -> bytes:
     """Per task: the dev main metric of every trial against its learning rate (one dot per seed)."""
     fig, axes, tasks = _task_grid(summary, 4.2, 2.8)
     for ax, result in zip(axes.flat, tasks):
-        for init, marker, color in (("pretrained", "o", "#1f77b4"), ("random", "s", "#ff7f0e")):
+        for init, marker, color in (
+            ("pretrained", "o", "#1f77b4"),
+            ("random", "s", "#ff7f0e"),
+            ("reference", "^", "#2ca02c"),
+        ):
             trials = [t for t in result.trials if t.init == init]
             if trials:
                 ax.scatter([t.learning_rate for t in trials], [t.dev.get(result.main_metric, math.nan) for t in trials],

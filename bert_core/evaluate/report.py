@@ -24,6 +24,7 @@ from bert_core.atomic import atomic_path, write_json_atomic
 from bert_core.evaluate.datanotes import baseline_table, data_notes, task_label
 from bert_core.evaluate.plots import plot_learning_curves, plot_scores, plot_trials
 from bert_core.evaluate.summary import EvaluationSummary, summarize
+from bert_core.evaluate.value import reference_notes, value_metrics, value_table
 
 
 def _fmt(value: float | None, digits: int = 1) -> str:
@@ -58,6 +59,7 @@ def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[
     baselines = baseline_table(summary.results)
     return [
         ("Per-task dev scores", header, main),
+        value_table(summary),
         *([baselines] if baselines else []),
         ("GLUE average (WNLI excluded, MNLI-m and -mm counted separately, as the BERT paper)",
          ["", "score", "rows"], avg),
@@ -85,7 +87,7 @@ def _intro(summary: EvaluationSummary) -> str:
         + f"Fine-tuned from {', '.join(sorted(models))} (size: {size}). Our scores are on the *dev* sets (the "
         "selected learning rate and seed, as the BERT paper selects on dev); published GLUE scores are "
         "mostly *test* scores, so the comparison is indicative. Spread: mean ± std over the seeds of the "
-        "selected learning rate."
+        "selected learning rate. " + " ".join(reference_notes(summary))
     )
 
 
@@ -173,6 +175,6 @@ def evaluate_results(
     # nothing is written before every check passed: a refused summary never leaves a partial report
     report_dir = Path(report_dir)
     paths = render_report(summary, report_dir / "evaluate.md", report_dir / "evaluate.html", dpi=dpi)
-    metrics = summary.metrics()
+    metrics = {**summary.metrics(), **value_metrics(summary)}
     paths["metrics"] = write_json_atomic(metrics_path, metrics)
     return metrics, paths

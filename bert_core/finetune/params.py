@@ -43,6 +43,8 @@ class TaskSettings(StrictModel):
         group_by_length: Length-grouped batches (dynamic padding is always on).
         doc_stride, max_query_length, n_best_size, max_answer_length: SQuAD windows and answer search.
         random_init_baseline: Also train the same architecture from random initialisation (same grid).
+        reference_baseline: Also fine-tune ``finetune.reference.source`` (same grid and seeds), when that
+            checkpoint is on local disk (:mod:`bert_core.finetune.reference`).
         predict_test: Write leaderboard predictions for the task's test splits (GLUE).
         dev_split: Data-limited runs of SQuAD without its train file: train on the first articles of the
             official dev file, evaluate on the last ones (:mod:`bert_core.tasks.datasource`); labelled, never
@@ -70,6 +72,7 @@ class TaskSettings(StrictModel):
     n_best_size: int = Field(20, ge=1)
     max_answer_length: int = Field(30, ge=1)
     random_init_baseline: bool = False
+    reference_baseline: bool = False
     predict_test: bool = True
     dev_split: bool = False
     train_file: str | None = Field(None, min_length=1)
@@ -113,6 +116,7 @@ class TaskOverrides(StrictModel):
     n_best_size: int | None = Field(None, ge=1)
     max_answer_length: int | None = Field(None, ge=1)
     random_init_baseline: bool | None = None
+    reference_baseline: bool | None = None
     predict_test: bool | None = None
     dev_split: bool | None = None
     train_file: str | None = Field(None, min_length=1)
@@ -130,6 +134,17 @@ class ModelSource(StrictModel):
 
     source: str = "models/pretrained"
     init: Literal["pretrained", "random"] = "pretrained"
+
+
+class ReferenceSource(StrictModel):
+    """A released checkpoint fine-tuned beside ours, for the tasks with ``reference_baseline: true``.
+
+    Attributes:
+        source: A local Hugging Face BERT directory, or ``None`` for no reference column. A directory that
+            does not exist is reported (not an error), so the default run works offline.
+    """
+
+    source: str | None = None
 
 
 class RegistryParams(StrictModel):
@@ -151,6 +166,7 @@ class FinetuneParams(StrictModel):
 
     Attributes:
         model: The pretrained encoder to start from.
+        reference: A released checkpoint to fine-tune beside it (the report's reference column).
         defaults: Settings of every task.
         small_tasks: Tasks that get ``small_task_seeds`` unless they set ``seeds`` themselves.
         small_task_seeds: Restarts for the small tasks (the paper reports the best of several).
@@ -162,6 +178,7 @@ class FinetuneParams(StrictModel):
     """
 
     model: ModelSource = Field(default_factory=ModelSource)
+    reference: ReferenceSource = Field(default_factory=ReferenceSource)
     defaults: TaskSettings = Field(default_factory=TaskSettings)
     small_tasks: list[str] = Field(default_factory=lambda: list(SMALL_TASKS))
     small_task_seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)

@@ -29,7 +29,7 @@ class TrialResult:
     """One (init, learning rate, seed) trial.
 
     Attributes:
-        init: ``"pretrained"`` or ``"random"``.
+        init: ``"pretrained"``, ``"random"`` or ``"reference"`` (a released checkpoint, never selected).
         learning_rate: Peak learning rate.
         seed: Seed of the head init, dropout and data order.
         dev: Metrics of the main dev split (numbers only, 0-100).
@@ -116,6 +116,11 @@ class FinetuneResult:
         """The best random-init trial, if the baseline ran (and pretrained trials exist too)."""
         return self._best("random") if self._best("pretrained") is not None else None
 
+    @property
+    def selected_reference(self) -> TrialResult | None:
+        """The best trial of the reference checkpoint (``finetune.reference.source``), if it ran."""
+        return self._best("reference")
+
     def seed_spread(self, trial: TrialResult) -> tuple[float, float, int]:
         """Mean, sample std (0 for one seed) and count of the main metric over ``trial``'s seeds."""
         values = [
@@ -146,6 +151,9 @@ class FinetuneResult:
             out[f"gap.dev.{self.main_metric}"] = float(best.dev[self.main_metric]) - float(
                 baseline.dev[self.main_metric]
             )
+        reference = self.selected_reference
+        if reference is not None:
+            out.update({f"reference.dev.{k}": float(v) for k, v in reference.dev.items()})
         out["train.examples"] = float(best.train_examples)
         out["train.examples_per_second"] = best.examples_per_second
         out["train.seconds"] = float(sum(t.train_seconds for t in self.trials))

@@ -35,9 +35,11 @@ from bert_core.config import preset_for
 from bert_core.finetune.collate import make_loader
 from bert_core.finetune.inference import MODEL_INPUTS, TARGETS, load_tokenizer, predict
 from bert_core.finetune.params import FinetuneParams, TaskSettings
+from bert_core.finetune.reference import run_reference_trials
 from bert_core.finetune.results import FinetuneResult, TrialResult
 from bert_core.kinds import SplitScore, get_kind, max_seq_length
 from bert_core.progress import Progress
+from bert_core.released import check_checkpoint
 from bert_core.tasks import TaskSpec
 from bert_core.training import StepOutput, Task, TrainConfig, Trainer
 
@@ -376,6 +378,7 @@ def finetune_task(
             f"finetune.tasks.{spec.name}.max_seq_length to at most {info['max_position_embeddings']}"
         )
     check_writable(out_dir, model_out)  # fail fast, before hours of training
+    check_checkpoint(source_dir)  # tokenizer files present, vocab sizes agree (released checkpoints)
     tokenizer = load_tokenizer(source_dir, info["vocab_size"])
     with tempfile.TemporaryDirectory(prefix=f"finetune-{spec.name}-") as tmp_name:
         tmp = Path(tmp_name)
@@ -418,6 +421,10 @@ def finetune_task(
                     shutil.rmtree(target)
                 model.save_pretrained(target)
             del model
+        trials += run_reference_trials(
+            spec, settings, params, info=info, run_trial=run_trial, open_trial=open_trial,
+            load_data=lambda tok: load_task_data(spec, settings, tok, data_root=data_root, data_checks=False),
+        )  # fmt: skip
         result = FinetuneResult(spec.name, spec.kind, spec.main_metric, info, trials, data_split=data.split_info,
                                 baselines=get_kind(spec).baselines(spec, data.dev[spec.main_dev_split].rows))  # fmt: skip
         selected_init = result.selected.init

@@ -9,6 +9,9 @@ model and capped data that run end to end on a 2-core CPU. A named profile is an
       pretrain.model.preset: base
       pretrain.optimizer.lr: 1.0e-4
 
+A profile may also list ``targets:``, the DVC stages it runs (``released`` runs ``evaluate`` and the
+fine-tuning it depends on, no pretraining); without it the whole pipeline runs.
+
 A profile fully determines every key that *any* profile sets: keys it does not set itself go back to
 their committed default (``git show HEAD:<file>``). Switching from ``gpu-base`` back to ``cpu-small``
 therefore restores the defaults instead of leaving GPU values behind. Keys that no profile touches keep
@@ -57,6 +60,7 @@ from flows.overrides import (
 
 PROFILES_SUBDIR = Path("params") / "profiles"
 DEFAULT_PROFILE = "cpu-small"
+TARGETS_KEY = "targets"  # a profile's list of DVC stages to run (default: all)
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
@@ -106,6 +110,7 @@ def load_profile(name: str, root: Path = REPO_ROOT) -> Overrides:
     data = data or {}
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: top level must map params files to overrides, got {type(data).__name__}")
+    data = {k: v for k, v in data.items() if k != TARGETS_KEY}
     out: Overrides = {}
     for file, keys in data.items():
         if not (isinstance(file, str) and file.startswith("params/") and file.endswith(".yaml")):
@@ -116,6 +121,26 @@ def load_profile(name: str, root: Path = REPO_ROOT) -> Overrides:
             raise ProfileError(f"{path}: '{file}' must map dotted keys to values")
         out[file] = dict(keys)
     return out
+
+
+def profile_targets(name: str, root: Path = REPO_ROOT) -> list[str]:
+    """The DVC stages profile ``name`` runs (its ``targets:`` list); ``[]``: the whole pipeline.
+
+    The released-checkpoint profile runs ``evaluate`` only (and, through its deps, every
+    ``finetune@<task>``), so no corpus, vocab or pretraining stage runs.
+    """
+    path = profile_path(name, root)
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    targets = data.get(TARGETS_KEY, []) if isinstance(data, dict) else []
+    if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
+        raise ProfileError(f"{path}: '{TARGETS_KEY}' must be a list of DVC stage names, got {targets!r}")
+    known = {s.name for s in stages.STAGES}
+    unknown = [t for t in targets if t.split("@", 1)[0] not in known]
+    if unknown:
+        raise ProfileError(
+            f"{path}: '{TARGETS_KEY}' names unknown stage(s) {unknown}; stages: {sorted(known)}"
+        )
+    return list(targets)
 
 
 def _committed_text(root: str, file: str) -> str | None:

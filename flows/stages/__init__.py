@@ -198,7 +198,9 @@ STAGES: tuple[Stage, ...] = (
         outs=("models/finetuned/${key}", "results/finetune/${key}"),
         metrics=("metrics/finetune/${key}.json",),
         plots=("plots/finetune/${key}/train.csv", "plots/finetune/${key}/dev.csv"),
-        data_deps=("models/pretrained",),
+        # the checkpoint it starts from: models/pretrained (the pretrain stage's output, so DVC runs
+        # pretraining first) or, in the released profile, a released checkpoint's directory (no upstream)
+        data_deps=("${finetune.model.source}",),
         foreach="finetune.tasks",
     ),
     Stage(

@@ -1,0 +1,51 @@
+"""The pipeline's starting checkpoint as a path DVC can track (``finetune.model.source``).
+
+The ``finetune@<task>`` stages depend on ``${finetune.model.source}`` (``dvc.yaml``): ``models/pretrained``
+links them to the pretrain stage; a released checkpoint's directory has no upstream stage, so DVC runs no
+pretraining and ``dvc status`` reports a changed checkpoint as a changed dep. Before DVC starts,
+:func:`track_model_source` turns a Hub id into that directory (``models/released/<owner>--<name>``,
+downloaded once; offline, an error within seconds) and refuses what DVC could not track.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from bert_core.released import MINILM_DIR, download_hub_checkpoint, hub_local_dir, is_hub_id
+from flows import profiles
+from flows.overrides import Overrides, ProfileError, get_dotted
+
+FILE, KEY = "params/finetune.yaml", "finetune.model.source"
+PRETRAINED = "models/pretrained"  # the pretrain stage's output
+
+
+def track_model_source(overrides: Overrides, root: Path, log: Callable[[str], None] = print) -> Overrides:
+    """``overrides`` with ``finetune.model.source`` as a local directory DVC can use as a dep.
+
+    Raises:
+        ProfileError: a registry URI, or a local directory that does not exist.
+        bert_core.released.CheckpointSourceError: a Hub id that cannot be downloaded (offline).
+    """
+    source = get_dotted(profiles.effective_params(FILE, overrides, root), KEY)
+    if not isinstance(source, str) or source == PRETRAINED:
+        return overrides
+    if source.startswith("models:/"):
+        raise ProfileError(
+            f"{FILE}: {KEY}={source!r}: the pipeline tracks the starting checkpoint as a DVC dep, and a "
+            f"registry URI is not a path; run `python -m flows.finetune TASK` for it, or set {KEY} to a directory"
+        )
+    if is_hub_id(source):
+        local = hub_local_dir(source, root)
+        if not (local / "config.json").is_file():
+            log(f"downloading the Hub checkpoint {source} into {local.relative_to(root)}")
+            download_hub_checkpoint(source, local, key=KEY)
+        out = {f: dict(k) for f, k in overrides.items()}
+        out.setdefault(FILE, {})[KEY] = str(local.relative_to(root))
+        return out
+    if not (Path(root) / source / "config.json").is_file():
+        raise ProfileError(
+            f"{FILE}: {KEY}={source!r} is not a Hugging Face model directory (no config.json). Point it at a "
+            f"released BERT directory, e.g. `python -m flows.checkpoints unpack-minilm` writes {MINILM_DIR}"
+        )
+    return overrides

