@@ -6,9 +6,10 @@ A flow module is thin::
     def corpus_flow(params_file: str = "params/corpus.yaml") -> dict:
         params = load_params(params_file, "corpus", CorpusParams)
         with stage_run("corpus", params) as run:
-            stats = build_corpus(params, ...)          # the typed bert_core function
-            run.log_metrics(stats.as_metrics())
-            finish_stage("corpus", stats.as_metrics(), run)   # metrics/corpus.json + Prefect artifact
+            with stage_outputs("corpus", out_dir) as staged:        # every out: all or none
+                stats = build_corpus(params, staged[out_dir], ...)     # the typed bert_core function
+                write_stage_metrics("corpus", stats.as_metrics(), outputs=staged)  # metrics/corpus.json
+            finish_stage("corpus", stats.as_metrics(), run, written=True)  # MLflow + Prefect artifact
         return stats.as_metrics()
 
 The MLflow run itself (tracking store, standard tags, retries) is :mod:`bert_core.tracking`; this module's
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_core import tracking
-from bert_core.atomic import write_json_atomic
+from bert_core.atomic import OutputSet, atomic_outputs, write_json_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
 from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
@@ -108,12 +109,42 @@ def stage_run(
         yield run
 
 
+def metrics_file(stage: str, path: str | os.PathLike[str] | None = None) -> Path:
+    """The stage's DVC metrics file: ``path``, or ``metrics/<stage>.json`` in the repository."""
+    return Path(path) if path is not None else METRICS_DIR / f"{stage}.json"
+
+
+@contextlib.contextmanager
+def stage_outputs(
+    stage: str,
+    *outs: str | os.PathLike[str],
+    metrics_path: str | os.PathLike[str] | None = None,
+    dirs: tuple[str | os.PathLike[str], ...] = (),
+) -> Iterator[OutputSet]:
+    """Stage every out of ``stage`` (``outs`` and its metrics file) and commit them all together, or none.
+
+    :func:`bert_core.atomic.atomic_outputs` over ``outs`` + :func:`metrics_file`: write each out to
+    ``staged[out]`` (a ``.<name>.tmp-*`` sibling; a builder that stages its own directory with
+    ``atomic_path(staged[out])`` only adds a rename) and the metrics with :func:`write_stage_metrics`
+    (``outputs=staged``). An error anywhere, the metrics file included, leaves every previous out in place
+    and no temporaries.
+    """
+    with atomic_outputs([*outs, metrics_file(stage, metrics_path)], dirs=dirs) as staged:
+        yield staged
+
+
 def write_stage_metrics(
-    stage: str, metrics: dict[str, Any], path: str | os.PathLike[str] | None = None
+    stage: str,
+    metrics: dict[str, Any],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    outputs: OutputSet | None = None,
 ) -> Path:
-    """Write the stage's DVC metrics file (``metrics/<stage>.json``) atomically."""
-    path = Path(path) if path is not None else METRICS_DIR / f"{stage}.json"
-    return write_json_atomic(path, metrics)
+    """Write the stage's DVC metrics file (``metrics/<stage>.json``): atomically, or into ``outputs``'s
+    staged temporary (committed with the stage's other outs); return the final path."""
+    path = metrics_file(stage, path)
+    write_json_atomic(outputs[path] if outputs is not None else path, metrics)
+    return path
 
 
 def markdown_table(metrics: dict[str, Any], title: str | None = None) -> str:
@@ -149,10 +180,16 @@ def finish_stage(
     metrics: dict[str, Any],
     run: StageRun | None = None,
     metrics_path: str | os.PathLike[str] | None = None,
+    *,
+    written: bool = False,
 ) -> Path:
-    """Log metrics to MLflow (if a run is given), write the DVC metrics file, publish the Prefect artifact."""
+    """Log metrics to MLflow (if a run is given), write the DVC metrics file, publish the Prefect artifact.
+
+    ``written=True``: the metrics file was already committed with the stage's other outs
+    (:func:`stage_outputs`); it is not written again.
+    """
     if run is not None:
         run.log_metrics(metrics)
-    path = write_stage_metrics(stage, metrics, metrics_path)
+    path = metrics_file(stage, metrics_path) if written else write_stage_metrics(stage, metrics, metrics_path)
     publish_artifact(stage, metrics)
     return path

@@ -21,7 +21,7 @@ from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.sources import data_root
 from bert_core.tracking.ui import log_corpus_sources
 from flows._cli import run_stage
-from flows._stage import METRICS_DIR, finish_stage, stage_run
+from flows._stage import METRICS_DIR, finish_stage, stage_outputs, stage_run, write_stage_metrics
 from flows.stages import get
 
 STAGE = get("corpus")
@@ -50,19 +50,23 @@ def corpus_flow(
     shutil.rmtree(REPO_ROOT / "reports" / "data_checks" / "corpus", ignore_errors=True)
     report_dir = REPO_ROOT / "reports" / "data_checks" / "corpus" / "corpus"
     with stage_run("corpus", params) as run:
-        try:
-            stats = build_corpus(
-                params, Path(out_dir), data_root=root, workers=workers, report_dir=report_dir
-            )
-        finally:
-            if report_dir.exists():  # keep the Data Docs even when a check failed the stage
-                run.log_artifact(report_dir, artifact_path="data_checks/corpus")
+        # The corpus and its metrics file are committed together or not at all; the builder stages its
+        # directory inside the staged one (renames only, no copy).
+        with stage_outputs("corpus", out_dir, metrics_path=metrics_path) as staged:
+            try:
+                stats = build_corpus(
+                    params, staged[out_dir], data_root=root, workers=workers, report_dir=report_dir
+                )
+            finally:
+                if report_dir.exists():  # keep the Data Docs even when a check failed the stage
+                    run.log_artifact(report_dir, artifact_path="data_checks/corpus")
+            metrics = stats.as_metrics()
+            write_stage_metrics("corpus", metrics, metrics_path, outputs=staged)
         run.log_check_report(stats.check_report)
         log_corpus_sources(params, stats, root)  # the Dataset column and lineage in the MLflow UI
         run.log_artifact(Path(out_dir) / "manifest.json")
         run.set_tags({"corpus.params_hash": stats.params_hash, "corpus.workers": stats.workers})
-        metrics = stats.as_metrics()
-        finish_stage("corpus", metrics, run, metrics_path)
+        finish_stage("corpus", metrics, run, metrics_path, written=True)
     return metrics
 
 

@@ -21,7 +21,7 @@ from bert_core.constants import REPO_ROOT
 from bert_core.pretrain_data.build import build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
 from flows._cli import run_stage
-from flows._stage import METRICS_DIR, finish_stage, stage_run
+from flows._stage import METRICS_DIR, finish_stage, stage_outputs, stage_run, write_stage_metrics
 from flows.stages import get
 
 STAGE = get("pretrain_data")
@@ -56,13 +56,27 @@ def pretrain_data_flow(
     report_dir = REPO_ROOT / "reports" / "data_checks" / "pretrain_data"
     shutil.rmtree(report_dir, ignore_errors=True)
     with stage_run("pretrain_data", params) as run:
-        try:
-            result = build_pretrain_data(
-                params, corpus_dir=corpus_dir, vocab_dir=vocab_dir, output_dir=out_dir, report_dir=report_dir
-            )
-        finally:
-            if report_dir.exists():  # keep the Data Docs even when a check failed the stage
-                run.log_artifact(report_dir, artifact_path="data_checks/pretrain_data")
+        # The instances and the metrics file are committed together or not at all; the builder stages its
+        # directory inside the staged one (renames only, no copy).
+        with stage_outputs("pretrain_data", out_dir, metrics_path=metrics_path) as staged:
+            try:
+                result = build_pretrain_data(
+                    params, corpus_dir=corpus_dir, vocab_dir=vocab_dir, output_dir=staged[out_dir],
+                    report_dir=report_dir,
+                )  # fmt: skip
+            finally:
+                if report_dir.exists():  # keep the Data Docs even when a check failed the stage
+                    run.log_artifact(report_dir, artifact_path="data_checks/pretrain_data")
+            metrics: dict = dict(result.metrics)
+            instances = sum(m["instances"] for ph in result.metrics.values() for m in ph.values())
+            tokens = sum(m["tokens"] for ph in result.metrics.values() for m in ph.values())
+            metrics |= {
+                "elapsed_s": round(result.seconds, 3),
+                "instances_per_s": instances / max(result.seconds, 1e-9),
+                "tokens_per_s": tokens / max(result.seconds, 1e-9),
+                "workers": params.num_workers,
+            }
+            write_stage_metrics("pretrain_data", metrics, metrics_path, outputs=staged)
         for report in result.reports:
             run.log_check_report(report)
         for phase in params.phases:
@@ -70,19 +84,10 @@ def pretrain_data_flow(
                 run.log_artifact(
                     Path(out_dir) / phase / split / "index.json", artifact_path=f"index/{phase}/{split}"
                 )
-        metrics: dict = dict(result.metrics)
-        instances = sum(m["instances"] for ph in result.metrics.values() for m in ph.values())
-        tokens = sum(m["tokens"] for ph in result.metrics.values() for m in ph.values())
-        metrics |= {
-            "elapsed_s": round(result.seconds, 3),
-            "instances_per_s": instances / max(result.seconds, 1e-9),
-            "tokens_per_s": tokens / max(result.seconds, 1e-9),
-            "workers": params.num_workers,
-        }
         run.set_tags(
             {"pretrain_data.masking": params.masking, "pretrain_data.phases": ",".join(params.phases)}
         )
-        finish_stage("pretrain_data", metrics, run, metrics_path)
+        finish_stage("pretrain_data", metrics, run, metrics_path, written=True)
     return metrics
 
 

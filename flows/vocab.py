@@ -21,7 +21,7 @@ from bert_core.constants import REPO_ROOT
 from bert_core.sources import data_root
 from bert_core.vocab import VocabParams, train_vocab
 from flows._cli import run_stage
-from flows._stage import METRICS_DIR, finish_stage, stage_run
+from flows._stage import METRICS_DIR, finish_stage, stage_outputs, stage_run, write_stage_metrics
 from flows.stages import get
 
 STAGE = get("vocab")
@@ -75,17 +75,20 @@ def vocab_flow(
         from bert_core.tracking.ui import log_corpus_data
 
         log_corpus_data(corpus_dir)  # the Dataset column and lineage in the MLflow UI
-        try:
-            stats = train_vocab(
-                params, Path(corpus_dir), Path(out_dir), reference_vocab=ref, report_dir=report_dir
-            )
-        finally:
-            if report_dir.exists():
-                run.log_artifact(report_dir, artifact_path="data_checks/vocab")
+        # The vocab and its metrics file are committed together or not at all.
+        with stage_outputs("vocab", out_dir, metrics_path=metrics_path) as staged:
+            try:
+                stats = train_vocab(
+                    params, Path(corpus_dir), staged[out_dir], reference_vocab=ref, report_dir=report_dir
+                )
+            finally:
+                if report_dir.exists():
+                    run.log_artifact(report_dir, artifact_path="data_checks/vocab")
+            metrics = stats.as_metrics()
+            write_stage_metrics("vocab", metrics, metrics_path, outputs=staged)
         run.log_check_report(stats.check_report)
         run.log_artifact(Path(out_dir), artifact_path="vocab")
-        metrics = stats.as_metrics()
-        finish_stage("vocab", metrics, run, metrics_path)
+        finish_stage("vocab", metrics, run, metrics_path, written=True)
     return metrics
 
 

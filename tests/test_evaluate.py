@@ -268,3 +268,23 @@ def test_results_that_differ_from_what_dvc_lock_recorded_are_named(tmp_path):
     assert summarize(root, lock_path=tmp_path / "elsewhere" / "dvc.lock").results
     (tmp_path / "dvc.lock").write_text("stages: [not: a mapping")  # DVC itself reports a broken lock
     assert summarize(root, lock_path=lock).results
+
+
+def test_staged_outputs_give_the_same_bytes_and_commit_together(results_dir, tmp_path):
+    from bert_core.atomic import atomic_outputs
+
+    def tree_digest(path):
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        return [(f.name, f.read_bytes()) for f in files]
+
+    _, direct = evaluate_results(results_dir, tmp_path / "a" / "evaluate.json", tmp_path / "a" / "reports")
+    b = tmp_path / "b"
+    outs = [b / "reports" / "evaluate.md", b / "reports" / "evaluate.html", b / "reports" / "evaluate"]
+    with atomic_outputs([*outs, b / "evaluate.json"], dirs=[outs[2]]) as staged:
+        _, paths = evaluate_results(results_dir, b / "evaluate.json", b / "reports", outputs=staged)
+        assert not any(p.exists() for p in [*outs, b / "evaluate.json"])  # nothing before the commit
+    assert paths["markdown"] == outs[0] and paths["metrics"] == b / "evaluate.json"
+    for a_path, b_path in [(direct["markdown"], outs[0]), (direct["html"], outs[1]),
+                           (direct["plot.scores"].parent, outs[2]), (direct["metrics"], b / "evaluate.json")]:  # fmt: skip
+        assert tree_digest(a_path) == tree_digest(b_path), b_path
+    assert not list(b.rglob(".*.tmp-*"))

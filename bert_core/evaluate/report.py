@@ -16,11 +16,13 @@ Reads each task's ``summary.json`` (written by :func:`bert_core.finetune.run.fin
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import math
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from bert_core.atomic import atomic_path, write_json_atomic
+from bert_core.atomic import OutputSet, atomic_path, write_json_atomic
 from bert_core.evaluate.datanotes import baseline_table, data_notes, task_label
 from bert_core.evaluate.plots import plot_learning_curves, plot_scores, plot_trials
 from bert_core.evaluate.summary import EvaluationSummary, summarize
@@ -91,10 +93,30 @@ def _intro(summary: EvaluationSummary) -> str:
     )
 
 
+def _written(final: Path, outputs: OutputSet | None, *, is_dir: bool = False) -> AbstractContextManager[Path]:
+    """Where to write ``final``: its staged temporary in ``outputs`` (committed with the others), else an
+    :func:`~bert_core.atomic.atomic_path` of its own."""
+    if outputs is None:
+        return atomic_path(final, is_dir=is_dir)
+    staged = outputs[final]
+    if is_dir:
+        staged.mkdir(exist_ok=True)
+    return contextlib.nullcontext(staged)
+
+
 def render_report(
-    summary: EvaluationSummary, out_md: Path, out_html: Path, *, dpi: int = 110
+    summary: EvaluationSummary,
+    out_md: Path,
+    out_html: Path,
+    *,
+    dpi: int = 110,
+    outputs: OutputSet | None = None,
 ) -> dict[str, Path]:
-    """Write the Markdown report (+ its PNGs in ``<out_md stem>/``) and the self-contained HTML report."""
+    """Write the Markdown report (+ its PNGs in ``<out_md stem>/``) and the self-contained HTML report.
+
+    With ``outputs`` (:func:`bert_core.atomic.atomic_outputs` over the three), each is written to its
+    staged temporary and committed by the caller with the stage's other outs; else each atomically.
+    """
     plots = {
         "scores": ("Dev scores vs published scores", plot_scores(summary, dpi)),
         "trials": ("Learning-rate grid and seeds", plot_trials(summary, dpi)),
@@ -104,7 +126,7 @@ def render_report(
     title = "Fine-tuning evaluation"
     plot_dir = out_md.parent / out_md.stem
     paths: dict[str, Path] = {}
-    with atomic_path(plot_dir, is_dir=True) as tmp_dir:
+    with _written(plot_dir, outputs, is_dir=True) as tmp_dir:
         for name, (_, png) in plots.items():
             (tmp_dir / f"{name}.png").write_bytes(png)
     for name in plots:
@@ -116,7 +138,7 @@ def render_report(
         md += [f"## {heading}", "", _markdown_table(header, rows), ""]
     for name, (caption, _) in plots.items():
         md += [f"## {caption}", "", f"![{caption}]({plot_dir.name}/{name}.png)", ""]
-    with atomic_path(out_md) as tmp:
+    with _written(out_md, outputs) as tmp:
         tmp.write_text("\n".join(md), encoding="utf-8")
     paths["markdown"] = out_md
 
@@ -140,7 +162,7 @@ def render_report(
             f"<h2>{html.escape(caption)}</h2><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
         )
     parts.append("</body></html>")
-    with atomic_path(out_html) as tmp:
+    with _written(out_html, outputs) as tmp:
         tmp.write_text("\n".join(parts), encoding="utf-8")
     paths["html"] = out_html
     return paths
@@ -155,6 +177,7 @@ def evaluate_results(
     reference_size: str = "auto",
     dpi: int = 110,
     lock_path: str | Path | None = None,
+    outputs: OutputSet | None = None,
 ) -> tuple[dict[str, float], dict[str, Path]]:
     """The ``evaluate`` stage function: summary metrics JSON + Markdown/HTML report with plots.
 
@@ -167,6 +190,9 @@ def evaluate_results(
         dpi: Plot resolution.
         lock_path: ``dvc.lock`` whose ``finetune@<task>`` outputs the results must match (``None``: not
             compared; see :mod:`bert_core.evaluate.crosscheck`).
+        outputs: Write the metrics file and the reports into these staged temporaries (all four are
+            then committed together by the caller: :func:`bert_core.atomic.atomic_outputs`); ``None``:
+            each is written atomically on its own.
 
     Returns:
         ``(metrics, written paths)``.
@@ -174,7 +200,11 @@ def evaluate_results(
     summary = summarize(results_dir, tasks=tasks, reference_size=reference_size, lock_path=lock_path)
     # nothing is written before every check passed: a refused summary never leaves a partial report
     report_dir = Path(report_dir)
-    paths = render_report(summary, report_dir / "evaluate.md", report_dir / "evaluate.html", dpi=dpi)
+    paths = render_report(
+        summary, report_dir / "evaluate.md", report_dir / "evaluate.html", dpi=dpi, outputs=outputs
+    )
     metrics = {**summary.metrics(), **value_metrics(summary)}
-    paths["metrics"] = write_json_atomic(metrics_path, metrics)
+    metrics_path = Path(metrics_path)
+    write_json_atomic(outputs[metrics_path] if outputs is not None else metrics_path, metrics)
+    paths["metrics"] = metrics_path
     return metrics, paths

@@ -1,0 +1,68 @@
+"""flows/_stage.py::stage_outputs: a stage's outs and its metrics file are committed together or not at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bert_core.atomic import atomic_path
+from flows._stage import stage_outputs, write_stage_metrics
+
+
+def _previous(tmp_path: Path) -> tuple[Path, Path]:
+    out, metrics = tmp_path / "data" / "corpus", tmp_path / "metrics" / "corpus.json"
+    out.mkdir(parents=True)
+    (out / "part.txt").write_text("old")
+    metrics.parent.mkdir()
+    metrics.write_text('{"old": true}')
+    return out, metrics
+
+
+def _build(final: Path) -> None:
+    """A builder that stages its own directory (as build_corpus does): inside the staged one."""
+    with atomic_path(final, is_dir=True) as tmp:
+        (tmp / "part.txt").write_text("new")
+
+
+def _names(tmp_path: Path) -> list[str]:
+    return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+
+
+def test_a_failing_metrics_write_keeps_every_previous_out(tmp_path, monkeypatch):
+    out, metrics = _previous(tmp_path)
+    before = _names(tmp_path)
+
+    def failing(path, text):
+        Path(path).write_text(text[:3])
+        raise OSError("disk error while writing the metrics")
+
+    monkeypatch.setattr("bert_core.atomic.write_text_atomic", failing)
+    with (
+        pytest.raises(OSError, match="disk error"),
+        stage_outputs("corpus", out, metrics_path=metrics) as staged,
+    ):
+        _build(staged[out])
+        write_stage_metrics("corpus", {"documents": 2}, metrics, outputs=staged)
+    assert (out / "part.txt").read_text() == "old"
+    assert metrics.read_text() == '{"old": true}'
+    assert _names(tmp_path) == before  # no temporaries
+
+
+def test_all_outs_are_committed_together(tmp_path):
+    out, metrics = _previous(tmp_path)
+    with stage_outputs("corpus", out, metrics_path=metrics) as staged:
+        _build(staged[out])
+        path = write_stage_metrics("corpus", {"documents": 2}, metrics, outputs=staged)
+        assert metrics.read_text() == '{"old": true}'  # not before the block ends
+    assert path == metrics
+    assert (out / "part.txt").read_text() == "new"
+    assert json.loads(metrics.read_text()) == {"documents": 2}
+    assert _names(tmp_path) == [
+        "data",
+        "data/corpus",
+        "data/corpus/part.txt",
+        "metrics",
+        "metrics/corpus.json",
+    ]
