@@ -39,13 +39,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch._dynamo
 
 from bench._common import CLOCKS, interleaved_timing, machine_info, median, paired_ratios, print_table
 from bert_core.config import PRESETS, BertConfig
 from bert_core.constants import IGNORE_INDEX
 from bert_core.model import BertForPreTraining
 from bert_core.training.flops import bert_train_flops, peak_tflops
+from bert_core.unpad import allow_data_dependent_shapes
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 VOCAB = SHARED / "checkpoints" / "bert-base-uncased" / "vocab.txt"
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import transformers
 
     torch.set_num_threads(args.threads)
-    torch._dynamo.config.capture_dynamic_output_shape_ops = True  # nonzero in the graph, not a break
+    allow_data_dependent_shapes()  # nonzero in the graph, not a break (as the Trainer does with compile)
     device = torch.device(args.device)
     vocab_size = sum(1 for _ in VOCAB.open(encoding="utf-8")) if VOCAB.is_file() else 30522
     config = BertConfig.from_preset(args.preset, vocab_size=vocab_size)

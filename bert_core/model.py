@@ -32,6 +32,10 @@ Deviations from transformers' implementation, and why:
    failing inside ``forward``.
 6. Outputs are small dataclasses with only the fields listed on each, not ``ModelOutput``; there is no
    ``hidden_states``/``attentions`` capture.
+7. **Unpadded encoding** (``config.unpad``, off by default; MosaicBERT's unpadding): embeddings,
+   projections, feed-forward and LayerNorms run on the real tokens only, attention per sequence
+   (:mod:`bert_core.unpad`); identical at real tokens, zeros at padding positions of
+   ``last_hidden_state``. Question answering, whose loss reads padding positions, stays padded.
 """
 
 from __future__ import annotations
@@ -635,6 +639,10 @@ class BertForTokenClassification(BertPreTrainedModel):
 class BertForQuestionAnswering(BertPreTrainedModel):
     """Span extraction (SQuAD): a start and an end logit per token."""
 
+    # The span loss's softmax covers padding positions too (as transformers'), so ``config.unpad``
+    # (zeros at padding) would change it: this head always encodes padded.
+    reads_padding: ClassVar[bool] = True
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
         if config.num_labels != 2:
@@ -643,7 +651,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
             )
         self.num_labels = 2
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.bert.unpad = False  # the span loss's softmax covers padding positions (as transformers')
+        self.bert.unpad = False  # see reads_padding
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 

@@ -22,14 +22,15 @@ padded path computes a meaningless encoding of ``[PAD]`` there). No head reads t
 answering, whose loss (as in transformers) takes its softmax over all T positions, padding included: its
 loss differs by those terms, so the QA head keeps the padded path (``BertForQuestionAnswering``).
 
-``torch.compile``: the number of real tokens N is data-dependent (``nonzero``). Compile the model with
-``torch._dynamo.config.capture_dynamic_output_shape_ops = True`` (see :func:`compile_settings`) and N
-becomes a symbolic size in one graph; without it Dynamo breaks the graph at the ``nonzero``.
+``torch.compile``: the number of real tokens N is data-dependent (``nonzero``: one host synchronisation
+per forward, as in MosaicBERT). Under :func:`allow_data_dependent_shapes` (the Trainer calls it when
+``compile`` is on) N is a symbolic size and the whole forward and backward compile to one graph, reused
+for every batch (``tests/test_unpad.py`` checks ``fullgraph=True``); without it Dynamo breaks the
+graph at the ``nonzero``.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -114,10 +115,28 @@ def embed_packed(
     return embeddings.dropout(embeddings.LayerNorm(x))
 
 
-@contextlib.contextmanager
-def compile_settings():
-    """Dynamo settings under which the unpadded model compiles to one graph (N symbolic, no break)."""
+def allow_data_dependent_shapes() -> None:
+    """Let ``torch.compile`` keep data-dependent sizes in the graph instead of breaking it.
+
+    Sets ``torch._dynamo.config.capture_dynamic_output_shape_ops`` (process-wide, read whenever Dynamo
+    traces, so also at later recompiles): ``nonzero`` and boolean indexing (the unpadding, the sparse MLM
+    gather) give a symbolic size and the forward compiles to one graph. The Trainer calls it when
+    ``compile`` is on. Without it each such op is a graph break (a host synchronisation on a GPU).
+    """
     import torch._dynamo
 
-    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
-        yield
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
+
+
+def set_unpad(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Switch a built or loaded model (any ``bert_core.model`` class) to or from the unpadded encoder.
+
+    ``from_pretrained`` reads ``config.json``, which never carries ``unpad`` (a runtime choice), so
+    fine-tuning turns it on here. Heads whose loss reads padding positions (question answering) stay padded.
+    """
+    base = getattr(model, "bert", model)
+    base.unpad = bool(enabled) and not getattr(model, "reads_padding", False)
+    model.config = model.config.replace(unpad=base.unpad)
+    if base is not model:
+        base.config = model.config
+    return model

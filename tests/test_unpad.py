@@ -17,7 +17,7 @@ from bert_core.model import (
     BertForTokenClassification,
     BertModel,
 )
-from bert_core.unpad import Packing
+from bert_core.unpad import Packing, set_unpad
 
 B, T, V = 6, 11, 99
 TOL = 1e-5
@@ -224,11 +224,9 @@ def test_compiled_unpadded_encoder_is_one_graph_and_matches_eager():
     different padding run in the same compiled graph."""
     import torch._dynamo
 
-    from bert_core.unpad import compile_settings
-
     torch._dynamo.reset()
     padded, unpadded = pair(BertModel, make_config())
-    with compile_settings():
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         compiled = torch.compile(unpadded, fullgraph=True)
         for extra in (None, {0: slice(5, T)}):
             batch = make_batch(extra)
@@ -240,3 +238,25 @@ def test_compiled_unpadded_encoder_is_one_graph_and_matches_eager():
             probe_loss(ref, keep).backward()
             assert_grads_close(padded, unpadded)
             padded.zero_grad(), unpadded.zero_grad()
+
+
+def test_set_unpad_switches_a_loaded_model_and_leaves_qa_padded(tmp_path):
+    model = BertForSequenceClassification(make_config())
+    model.save_pretrained(tmp_path / "m")
+    loaded = BertForSequenceClassification.from_pretrained(tmp_path / "m")
+    assert loaded.bert.unpad is False  # config.json never carries it
+    set_unpad(loaded)
+    assert loaded.bert.unpad and loaded.config.unpad
+    qa = set_unpad(BertForQuestionAnswering(make_config().replace(num_labels=2)))
+    assert qa.bert.unpad is False and qa.config.unpad is False
+
+
+def test_pretrain_and_finetune_params_expose_unpad():
+    from bert_core.finetune.params import TaskSettings
+    from bert_core.pretrain.params import ModelParams
+
+    assert ModelParams(unpad=True).config(vocab_size=V).unpad
+    assert not ModelParams().config(vocab_size=V).unpad
+    with pytest.raises(ValueError, match=r"pretrain\.model\.unpad"):
+        ModelParams(overrides={"unpad": True})
+    assert TaskSettings(unpad=True).unpad and not TaskSettings().unpad

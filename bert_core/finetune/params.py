@@ -42,6 +42,8 @@ class TaskSettings(StrictModel):
         doc_stride, max_query_length, n_best_size, max_answer_length: SQuAD windows and answer search.
         random_init_baseline: Also train the same architecture from random initialisation (same grid).
         predict_test: Write leaderboard predictions for the task's test splits (GLUE).
+        unpad: Encode the real tokens only (``bert_core.unpad``; same results, no compute on padding).
+            Off by default: length-grouped dynamic padding leaves little padding in fine-tuning batches.
     """
 
     batch_size: int = Field(32, ge=1)
@@ -64,6 +66,7 @@ class TaskSettings(StrictModel):
     max_answer_length: int = Field(30, ge=1)
     random_init_baseline: bool = False
     predict_test: bool = True
+    unpad: bool = False
 
     @field_validator("learning_rates")
     @classmethod
@@ -104,6 +107,7 @@ class TaskOverrides(StrictModel):
     max_answer_length: int | None = Field(None, ge=1)
     random_init_baseline: bool | None = None
     predict_test: bool | None = None
+    unpad: bool | None = None
 
 
 class ModelSource(StrictModel):

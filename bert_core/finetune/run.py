@@ -39,6 +39,7 @@ from bert_core.finetune.results import FinetuneResult, TrialResult
 from bert_core.kinds import SplitScore, get_kind, max_seq_length
 from bert_core.tasks import TaskSpec
 from bert_core.training import StepOutput, Task, TrainConfig, Trainer
+from bert_core.unpad import set_unpad
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def run_trial(
     main_split = spec.dev_splits[0]
     dev = data.dev[main_split]
     kind = get_kind(spec)
-    model = kind.build_model(spec, source_dir, init=init, seed=seed)
+    model = set_unpad(kind.build_model(spec, source_dir, init=init, seed=seed), settings.unpad)
     n_train = len(data.train.features)
     steps_per_epoch = math.ceil(n_train / settings.batch_size)
     max_steps = max(1, math.ceil(settings.epochs * steps_per_epoch))
