@@ -81,6 +81,11 @@ class BertConfig:
         problem_type: Sequence-classification loss; ``None`` infers it like transformers
             (1 label -> regression, integer labels -> cross-entropy, float labels -> BCE).
         id2label: Optional label names by id, written to ``config.json`` for pipelines.
+        unpad: Run the encoder on the real tokens only (``bert_core.unpad``: embeddings, projections,
+            feed-forward and LayerNorms on the packed ``(N, H)`` tokens of a padded batch; hidden states
+            at padding come back as zeros). Same results at real tokens; question answering keeps the
+            padded path. A runtime choice like transformers' ``attn_implementation``: not written to
+            ``config.json``.
     """
 
     vocab_size: int
@@ -100,6 +105,7 @@ class BertConfig:
     classifier_dropout: float | None = None
     problem_type: str | None = None
     id2label: dict[int, str] | None = None
+    unpad: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -143,6 +149,8 @@ class BertConfig:
                 f"BertConfig.pad_token_id={self.pad_token_id!r} is invalid: expected an integer in "
                 f"[0, vocab_size={self.vocab_size})"
             )
+        if not isinstance(self.unpad, bool):
+            raise ValueError(f"BertConfig.unpad={self.unpad!r} is invalid: expected true or false")
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
             raise ValueError(
                 f"BertConfig.problem_type={self.problem_type!r} is invalid; valid: None or one of {PROBLEM_TYPES}"

@@ -37,6 +37,10 @@ Deviations from transformers' implementation, and why:
    failing inside ``forward``.
 6. Outputs are small dataclasses with only the fields listed on each, not ``ModelOutput``; there is no
    ``hidden_states``/``attentions`` capture.
+7. **Unpadded encoding** (``config.unpad``, off by default; MosaicBERT's unpadding): embeddings,
+   projections, feed-forward and LayerNorms run on the real tokens only, attention per sequence
+   (:mod:`bert_core.unpad`); identical at real tokens, zeros at padding positions of
+   ``last_hidden_state``. Question answering, whose loss reads padding positions, stays padded.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from torch.utils.checkpoint import checkpoint
 from bert_core.config import BertConfig
 from bert_core.constants import IGNORE_INDEX
 from bert_core.masked_lm import mlm_outputs
+from bert_core.unpad import Packing, embed_packed
 
 _ACTIVATIONS = {
     "gelu": F.gelu,  # exact erf GELU, as transformers' "gelu"
@@ -173,14 +178,17 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        """x (B, T, H), additive mask (B, 1, 1, T) or None -> context (B, T, H)."""
+    def forward(self, x: Tensor, mask: Tensor | Packing | None) -> Tensor:
+        """x (B, T, H), additive mask (B, 1, 1, T) or None -> context (B, T, H);
+        or packed x (N, H) with its :class:`~bert_core.unpad.Packing` -> context (N, H)."""
+        dropout_p = self.dropout_p if self.training else 0.0
+        if isinstance(mask, Packing):
+            return mask.attention(self.query(x), self.key(x), self.value(x), self.num_heads, dropout_p)
         B, T, H = x.shape
         shape = (B, T, self.num_heads, self.head_size)
         q = self.query(x).view(shape).transpose(1, 2)  # (B, A, T, D)
         k = self.key(x).view(shape).transpose(1, 2)  # (B, A, T, D)
         v = self.value(x).view(shape).transpose(1, 2)  # (B, A, T, D)
-        dropout_p = self.dropout_p if self.training else 0.0
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (B, A, T, D)
         return ctx.transpose(1, 2).reshape(B, T, H)
 
@@ -207,7 +215,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertResidualOutput(config, config.hidden_size)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | Packing | None) -> Tensor:
         return self.output(self.self(x, mask), x)  # (B, T, H)
 
 
@@ -232,7 +240,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertResidualOutput(config, config.intermediate_size)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | Packing | None) -> Tensor:
         x = self.attention(x, mask)  # (B, T, H)
         return self.output(self.intermediate(x), x)  # (B, T, H)
 
@@ -245,7 +253,7 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | Packing | None) -> Tensor:
         for layer in self.layer:
             if self.gradient_checkpointing and self.training:
                 x = checkpoint(layer, x, mask, use_reentrant=False)
@@ -390,6 +398,7 @@ class BertModel(BertPreTrainedModel):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.unpad = config.unpad  # a head whose loss reads padding positions turns it off
         self.post_init()
 
     def forward(
@@ -405,8 +414,13 @@ class BertModel(BertPreTrainedModel):
             attention_mask: (B, T) 1 for real tokens, 0 for padding; None = no padding.
             token_type_ids: (B, T) segment ids (0 = sentence A, 1 = sentence B); None = all 0.
         """
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        x = self.encoder(x, padding_mask(attention_mask, x.dtype))  # (B, T, H)
+        if self.unpad and attention_mask is not None:  # deviation 7: no compute on padding
+            packing = Packing.from_mask(attention_mask)
+            x = embed_packed(self.embeddings, input_ids, token_type_ids, packing)  # (N, H)
+            x = packing.scatter(self.encoder(x, packing))  # (N, H) -> (B, T, H), zeros at padding
+        else:
+            x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+            x = self.encoder(x, padding_mask(attention_mask, x.dtype))  # (B, T, H)
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, H)
         return BertModelOutput(last_hidden_state=x, pooler_output=pooled)
 
@@ -620,6 +634,10 @@ class BertForTokenClassification(BertPreTrainedModel):
 class BertForQuestionAnswering(BertPreTrainedModel):
     """Span extraction (SQuAD): a start and an end logit per token."""
 
+    # The span loss's softmax covers padding positions too (as transformers'), so ``config.unpad``
+    # (zeros at padding) would change it: this head always encodes padded.
+    reads_padding: ClassVar[bool] = True
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
         if config.num_labels != 2:
@@ -628,6 +646,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
             )
         self.num_labels = 2
         self.bert = BertModel(config, add_pooling_layer=False)
+        self.bert.unpad = False  # see reads_padding
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.post_init()
 

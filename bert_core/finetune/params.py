@@ -51,6 +51,8 @@ class TaskSettings(StrictModel):
             official dev scores; an error when the official train data is present. Per task only.
         train_file, dev_file: Own files in the task's official format instead of the official train / main
             dev split (absolute, or relative to the repository root). Per task only.
+        unpad: Encode the real tokens only (``bert_core.unpad``; same results, no compute on padding).
+            Off by default: length-grouped dynamic padding leaves little padding in fine-tuning batches.
     """
 
     batch_size: int = Field(32, ge=1)
@@ -77,6 +79,7 @@ class TaskSettings(StrictModel):
     dev_split: bool = False
     train_file: str | None = Field(None, min_length=1)
     dev_file: str | None = Field(None, min_length=1)
+    unpad: bool = False
 
     @field_validator("learning_rates")
     @classmethod
@@ -121,6 +124,7 @@ class TaskOverrides(StrictModel):
     dev_split: bool | None = None
     train_file: str | None = Field(None, min_length=1)
     dev_file: str | None = Field(None, min_length=1)
+    unpad: bool | None = None
 
 
 class ModelSource(StrictModel):

@@ -42,6 +42,7 @@ from bert_core.progress import Progress
 from bert_core.released import check_checkpoint
 from bert_core.tasks import TaskSpec
 from bert_core.training import StepOutput, Task, TrainConfig, Trainer
+from bert_core.unpad import set_unpad
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ def run_trial(
     dev = data.dev[main_split]
     name = f"{spec.name}-{init}-lr{learning_rate:g}-seed{seed}"  # as finetune_task names the trial
     kind = get_kind(spec)
-    model = kind.build_model(spec, source_dir, init=init, seed=seed)
+    model = set_unpad(kind.build_model(spec, source_dir, init=init, seed=seed), settings.unpad)
     n_train = len(data.train.features)
     steps_per_epoch = math.ceil(n_train / settings.batch_size)
     max_steps = max(1, math.ceil(settings.epochs * steps_per_epoch))

@@ -19,17 +19,24 @@ class ModelParams(StrictModel):
     from the vocabulary, never from here)."""
 
     preset: Preset = "tiny"
+    unpad: bool = Field(
+        False,
+        description="encode the real tokens only (BertConfig.unpad, bert_core/unpad.py): same loss and "
+        "gradients, no matmuls on padding; see docs/benchmarks.md for where it is faster",
+    )
     overrides: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> ModelParams:
         if "vocab_size" in self.overrides:
             raise ValueError("vocab_size is read from the vocabulary (vocab.txt); remove it from overrides")
+        if "unpad" in self.overrides:
+            raise ValueError("set pretrain.model.unpad, not overrides.unpad")
         BertConfig.from_preset(self.preset, vocab_size=30522, **self.overrides)  # validates the fields
         return self
 
     def config(self, vocab_size: int) -> BertConfig:
-        return BertConfig.from_preset(self.preset, vocab_size=vocab_size, **self.overrides)
+        return BertConfig.from_preset(self.preset, vocab_size=vocab_size, unpad=self.unpad, **self.overrides)
 
 
 class OptimizerParams(StrictModel):

@@ -191,6 +191,9 @@ class Trainer:
         self._resume()
         net: nn.Module = self.model
         if cfg.compile:
+            from bert_core.unpad import allow_data_dependent_shapes
+
+            allow_data_dependent_shapes()  # unpadding / sparse gathers stay in the graph
             net = torch.compile(net)
         if self.dist.distributed:
             from torch.nn.parallel import DistributedDataParallel
