@@ -121,6 +121,10 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
     removed), so readers see either the old or the new output.
     """
     final = Path(final)
+    outer = staged_final(final)
+    if outer is not None:  # already a temporary of atomic_outputs, which commits it: write it in place
+        yield from _write_in_place(final, outer, is_dir)
+        return
     final.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{final.name}{TEMP_MARKER}"
     _remove_dead_writers_temps(final.parent, prefix)
@@ -149,6 +153,46 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
             isinstance(err, Exception)
             and not isinstance(err, DiskFullError)  # already names the inner output
             and _looks_like_disk_full(err, final.parent)
+        )
+        _remove(tmp)
+        if full:
+            raise DiskFullError(
+                errno.ENOSPC,
+                f"no space left on the device while writing {final} ({type(err).__name__}: {err}); the "
+                "partial output was removed. Free space there, or write the output to another disk, and "
+                "run again",
+            ) from err
+        raise
+
+
+def staged_final(path: Path) -> Path | None:
+    """The output a temporary of :func:`atomic_outputs` / :func:`atomic_path` stands for, else ``None``
+    (``.corpus.tmp-<owner>-<random>`` -> ``corpus``)."""
+    name = path.name
+    if name.startswith(".") and TEMP_MARKER in name:
+        return path.with_name(name[1 : name.index(TEMP_MARKER)])
+    return None
+
+
+def _write_in_place(tmp: Path, final: Path, is_dir: bool | None) -> Iterator[Path]:
+    """:func:`atomic_path` on a path that is already a staged temporary (a stage's builder called with
+    ``staged[out]``): no second temporary inside the first; errors name the real output ``final``."""
+    if tmp.is_dir() and not tmp.is_symlink() and not any(tmp.iterdir()):
+        tmp.rmdir()  # the caller may create the directory itself, as with a fresh temporary
+    elif tmp.exists() or tmp.is_symlink():
+        _remove(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    if is_dir:
+        tmp.mkdir()
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise FileNotFoundError(f"atomic_path: nothing was written to {tmp} for {final}")
+    except BaseException as err:
+        full = (
+            isinstance(err, Exception)
+            and not isinstance(err, DiskFullError)
+            and _looks_like_disk_full(err, tmp.parent)
         )
         _remove(tmp)
         if full:

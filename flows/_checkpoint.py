@@ -27,6 +27,8 @@ def track_model_source(overrides: Overrides, root: Path, log: Callable[[str], No
         ProfileError: a registry URI, or a local directory that does not exist.
         bert_core.released.CheckpointSourceError: a Hub id that cannot be downloaded (offline).
     """
+    if not (Path(root) / FILE).is_file():  # a workspace without fine-tuning stages (e.g. a trimmed dvc.yaml)
+        return overrides
     source = get_dotted(profiles.effective_params(FILE, overrides, root), KEY)
     if not isinstance(source, str) or source == PRETRAINED:
         return overrides
