@@ -26,7 +26,7 @@ import socket
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 TEMP_MARKER = ".tmp-"
 _LOW_SPACE_BYTES = 1 << 20
@@ -149,20 +149,26 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
         if old is not None:
             _remove(old)
     except BaseException as err:
-        full = (
-            isinstance(err, Exception)
-            and not isinstance(err, DiskFullError)  # already names the inner output
-            and _looks_like_disk_full(err, final.parent)
-        )
-        _remove(tmp)
-        if full:
-            raise DiskFullError(
-                errno.ENOSPC,
-                f"no space left on the device while writing {final} ({type(err).__name__}: {err}); the "
-                "partial output was removed. Free space there, or write the output to another disk, and "
-                "run again",
-            ) from err
-        raise
+        _discard_and_reraise(err, tmp, final)
+
+
+def _discard_and_reraise(err: BaseException, tmp: Path, final: Path) -> NoReturn:
+    """Remove the partial output ``tmp``; re-raise ``err``, as :class:`DiskFullError` naming ``final`` when
+    the device is full (one that already is names the inner output)."""
+    full = (
+        isinstance(err, Exception)
+        and not isinstance(err, DiskFullError)
+        and _looks_like_disk_full(err, tmp.parent)
+    )
+    _remove(tmp)
+    if full:
+        raise DiskFullError(
+            errno.ENOSPC,
+            f"no space left on the device while writing {final} ({type(err).__name__}: {err}); the "
+            "partial output was removed. Free space there, or write the output to another disk, and "
+            "run again",
+        ) from err
+    raise err
 
 
 def staged_final(path: Path) -> Path | None:
@@ -189,20 +195,7 @@ def _write_in_place(tmp: Path, final: Path, is_dir: bool | None) -> Iterator[Pat
         if not tmp.exists():
             raise FileNotFoundError(f"atomic_path: nothing was written to {tmp} for {final}")
     except BaseException as err:
-        full = (
-            isinstance(err, Exception)
-            and not isinstance(err, DiskFullError)
-            and _looks_like_disk_full(err, tmp.parent)
-        )
-        _remove(tmp)
-        if full:
-            raise DiskFullError(
-                errno.ENOSPC,
-                f"no space left on the device while writing {final} ({type(err).__name__}: {err}); the "
-                "partial output was removed. Free space there, or write the output to another disk, and "
-                "run again",
-            ) from err
-        raise
+        _discard_and_reraise(err, tmp, final)
 
 
 def _umask() -> int:

@@ -67,6 +67,18 @@ def copy_repository(dest: Path) -> Path:
     return dest
 
 
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group of ``proc`` (started with ``start_new_session``), SIGKILL it after 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
 def kill_strays(root: Path) -> list[int]:
     """SIGKILL processes whose working directory is inside ``root`` (all started by this test)."""
     killed = []
@@ -222,14 +234,7 @@ def serve_repository(root: Path, tmp: Path, extra_env: dict[str, str] | None = N
             time.sleep(1)
         yield served
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_group(proc)
         time.sleep(1)
         kill_strays(root)
 

@@ -15,9 +15,7 @@ run's id, with its dev metrics and the registered model. Every process started h
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +26,7 @@ import mlflow
 import pytest
 
 from bert_core.tracking import FINETUNE_EXPERIMENT
-from tests.e2e.conftest import FINAL_STATES, copy_repository, kill_strays, serve_repository
+from tests.e2e.conftest import FINAL_STATES, copy_repository, kill_strays, serve_repository, stop_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -78,14 +76,7 @@ def run_worker(root: Path, env: dict[str, str], log_path: Path) -> Iterator[subp
     try:
         yield proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_group(proc)
         kill_strays(root)
 
 
