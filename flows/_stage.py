@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,31 @@ def stage_outputs(
     """
     with atomic_outputs([*outs, metrics_file(stage, metrics_path)], dirs=dirs) as staged:
         yield staged
+
+
+@contextlib.contextmanager
+def withdrawn_unless_committed() -> Iterator[Callable[[tracking.Registration], tracking.Registration]]:
+    """For a stage that registers a model before its outs are committed (pretrain: the registry record
+    goes into its metrics file). Wrap the :func:`stage_outputs` block; pass each registration through the
+    yielded function. If the block fails, the commit included, each one is withdrawn
+    (:meth:`~bert_core.tracking.Registration.withdraw`), so the registry never names a model that the
+    workspace does not hold."""
+    registrations: list[tracking.Registration] = []
+
+    def keep(registration: tracking.Registration) -> tracking.Registration:
+        registrations.append(registration)
+        return registration
+
+    try:
+        yield keep
+    except BaseException:
+        for registration in reversed(registrations):
+            try:
+                registration.withdraw()
+            except Exception as err:  # the stage's own error is the one to report
+                log.error("could not withdraw %s version %s: %s; delete it in the MLflow UI",
+                          registration.name, registration.version, err)  # fmt: skip
+        raise
 
 
 def write_stage_metrics(

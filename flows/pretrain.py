@@ -54,7 +54,13 @@ def pretrain_flow_fn(
     from bert_core.tracking import git_commit, mlflow_sink, pipeline_run_id, register
     from bert_core.tracking.ui import log_pretrain_data
     from bert_core.training.distributed import setup_distributed, teardown_distributed
-    from flows._stage import finish_stage, stage_outputs, stage_run, write_stage_metrics
+    from flows._stage import (
+        finish_stage,
+        stage_outputs,
+        stage_run,
+        withdrawn_unless_committed,
+        write_stage_metrics,
+    )
 
     params: PretrainParams = STAGE.load_params(params_file)
     dist = setup_distributed(params.device)
@@ -70,7 +76,10 @@ def pretrain_flow_fn(
             # The model, the curves and the metrics file are committed together or not at all (the
             # checkpoints live in checkpoint_root, outside them: an interrupted run resumes from there).
             outs = [out_dir, loss_plot, heldout_plot]
-            with stage_outputs("pretrain", *outs, metrics_path=metrics_path) as staged:
+            with (
+                withdrawn_unless_committed() as registered,
+                stage_outputs("pretrain", *outs, metrics_path=metrics_path) as staged,
+            ):
                 try:
                     result = pretrain(
                         params, data_dir, vocab_dir, staged[out_dir], checkpoint_root=checkpoint_root,
@@ -83,17 +92,18 @@ def pretrain_flow_fn(
                 tags, description = version_metadata(result, params)
                 log_pretrain_data(data_dir, [phase.name for phase in params.phases])
                 # The registered copy's card names its runs; models/pretrained keeps the run-free one (a
-                # DVC output). The registry record goes into the metrics file, so it comes first.
+                # DVC output). The registry record goes into the metrics file, so it comes first, and is
+                # withdrawn if the outs are then not committed.
                 run_ids = {"pipeline_run_id": pipeline_run_id(), "mlflow_run_id": run.run_id,
                            "registered_model": params.registered_model}  # fmt: skip
                 with modelcard.staged_with_card(
                     result.model_dir, card(result.metrics, result.data_stats, run_ids)
                 ) as staged_model:
-                    registration = register(
+                    registration = registered(register(
                         staged_model, name=params.registered_model, run_id=run.run_id,
                         alias=params.registry_alias, description=REGISTERED_MODEL_DESCRIPTION, tags=tags,
                         version_description=description, save_model=mlflow_model(fill_mask_task()),
-                    )  # fmt: skip
+                    ))  # fmt: skip
                 metrics = {**result.metrics, "registry": registration.as_record()}
                 write_stage_metrics("pretrain", metrics, metrics_path, outputs=staged)
             run.log_artifact(loss_plot, artifact_path="plots")

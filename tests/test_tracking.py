@@ -131,3 +131,32 @@ def test_the_flows_stage_run_tags_the_prefect_flow_run(monkeypatch):
     with stage_run("unit", None) as run:
         pass
     assert "prefect_flow_run_id" not in mlflow.get_run(run.run_id).data.tags
+
+
+@pytest.mark.parametrize("stage", sorted(POLICIES))
+def test_a_withdrawn_registration_leaves_the_registry_as_it_was(stage, model):
+    """A stage that fails to commit its outs after registering takes the version back (issue 15)."""
+    client = MlflowClient()
+    alias = POLICIES[stage]["alias"]
+    first = register(model, name="bert-x", run_id=_run_id(), **POLICIES[stage])
+    policy = {**POLICIES[stage], **({"value": 60.0} if "value" in POLICIES[stage] else {})}
+    second = register(model, name="bert-x", run_id=_run_id(), **policy)
+    assert (second.version, second.alias_moved, second.previous_version) == ("2", True, "1")
+    second.withdraw()
+    assert [str(v.version) for v in client.search_model_versions("name = 'bert-x'")] == ["1"]
+    assert str(client.get_model_version_by_alias("bert-x", alias).version) == first.version
+    first.withdraw()  # the alias pointed nowhere before the first version: it is removed
+    assert client.search_model_versions("name = 'bert-x'") == []
+    assert client.get_registered_model("bert-x").aliases == {}
+
+
+def test_the_stage_withdraws_its_registrations_when_its_block_fails(model):
+    from flows._stage import withdrawn_unless_committed
+
+    with pytest.raises(OSError, match="disk full"), withdrawn_unless_committed() as registered:
+        registered(register(model, name="bert-pretrained", run_id=_run_id(), alias="newest"))
+        raise OSError("disk full while committing")
+    assert MlflowClient().search_model_versions("name = 'bert-pretrained'") == []
+    with withdrawn_unless_committed() as registered:
+        registered(register(model, name="bert-pretrained", run_id=_run_id(), alias="newest"))
+    assert len(MlflowClient().search_model_versions("name = 'bert-pretrained'")) == 1

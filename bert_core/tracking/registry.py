@@ -44,6 +44,24 @@ class Registration:
             f"alias_{self.alias}_version": self.version if self.alias_moved else str(self.previous_version),
         }
 
+    def withdraw(self) -> None:
+        """Take this registration back: the alias returns to the version it pointed to before (or is
+        removed) and the new version is deleted. For a stage that registers before committing its outputs
+        and then fails to commit: the registry must not name a model the workspace does not have."""
+        from mlflow import MlflowClient
+
+        client = MlflowClient()
+        if self.alias_moved:
+            if self.previous_version is not None:
+                retry_tracking(client.set_registered_model_alias)(
+                    self.name, self.alias, self.previous_version
+                )
+            else:
+                retry_tracking(client.delete_registered_model_alias)(self.name, self.alias)
+        retry_tracking(client.delete_model_version)(self.name, self.version)
+        log.warning("withdrew %s version %s (alias %s back on %s)", self.name, self.version, self.alias,
+                    self.previous_version or "nothing")  # fmt: skip
+
     def as_record(self) -> dict[str, Any]:
         """``{"registered_model", "version", "alias"}`` (the pretrain stage's metrics entry)."""
         return {"registered_model": self.name, "version": int(self.version), "alias": self.alias}
@@ -134,9 +152,11 @@ def register(
         description=version_description,
     )  # fmt: skip
     if metric_key is None:
+        previous = retry_tracking(client.get_registered_model)(name).aliases.get(alias)
         retry_tracking(client.set_registered_model_alias)(name, alias, mv.version)
         log.info("registered %s version %s (alias %s)", name, mv.version, alias)
-        return Registration(name, str(mv.version), alias, True)
+        return Registration(name, str(mv.version), alias, True,
+                            previous_version=None if previous is None else str(previous))  # fmt: skip
 
     previous_version, previous_value = None, None
     current = retry_tracking(client.get_registered_model)(name).aliases.get(alias)

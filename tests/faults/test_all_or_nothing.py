@@ -4,8 +4,8 @@ Each stage writes its DVC metrics file last. In a copy of the built tiny pipelin
 outs (data or model directories, metrics file, plot files, reports) are marked as a previous run's, then
 the stage command runs with the write of its metrics file failing halfway (``bert_core.atomic``'s text
 writer patched in the stage process). The stage must fail, every previous out must be exactly as it was
-(nothing new next to a stale file, no half-written metrics file) and no ``.<name>.tmp-*`` temporary may be
-left. Before the fix the data directory, model or reports were already replaced when the metrics file
+(nothing new next to a stale file, no half-written metrics file), no ``.<name>.tmp-*`` temporary may be
+left, and the registry must hold the same versions and aliases (pretrain registers before it commits). Before the fix the data directory, model or reports were already replaced when the metrics file
 failed.
 """
 
@@ -56,6 +56,14 @@ def _stage(pipe: TinyPipeline, name: str) -> tuple[list[str], list[str], str]:
     return outs, argv[3:], metrics
 
 
+def _registry(root: Path) -> set[tuple[str, str, tuple[str, ...]]]:
+    """Every registered version in the workspace's MLflow store, with its aliases."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    return {(v.name, str(v.version), tuple(sorted(v.aliases or ()))) for v in client.search_model_versions()}
+
+
 def _mark_previous(root: Path, outs: list[str]) -> None:
     """Make each out recognisably a previous run's (a rerun with the same inputs would rewrite the same
     bytes, and an unchanged digest would prove nothing)."""
@@ -86,6 +94,7 @@ def test_a_failing_last_write_leaves_every_previous_out_and_no_temporaries(stage
     before = {rel: tree_digest(clone / rel) for rel in outs}
     assert all(before.values()), f"the built pipeline lacks an out of {stage}: {before}"
     leftovers = set(temp_leftovers(clone))
+    registry = _registry(clone)
 
     env = {**pipe.env(clone), "PYTHONPATH": str(clone)}  # the copy's code: its REPO_ROOT is the copy
     res = run_cmd([PY, "-c", INJECT, Path(metrics).name, *command], cwd=clone, env=env, timeout=900)
@@ -96,3 +105,5 @@ def test_a_failing_last_write_leaves_every_previous_out_and_no_temporaries(stage
     changed = [rel for rel in outs if after[rel] != before[rel]]
     assert not changed, f"{stage}: outs replaced although the stage failed: {changed}"
     assert set(temp_leftovers(clone)) == leftovers, sorted(set(temp_leftovers(clone)) - leftovers)
+    # pretrain registers before it commits (the record goes into its metrics file): it must withdraw.
+    assert _registry(clone) == registry, f"{stage}: the registry changed although the stage failed"
