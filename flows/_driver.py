@@ -193,7 +193,7 @@ def drive(args: list[str], *, root: Path, env: dict[str, str]) -> tuple[int, lis
         interrupted = not isinstance(err, Exception)
         raise
     finally:
-        proc.stop()
+        proc.stop(on_line=lambda line: current[1].put(line) if current is not None else logger.info(line))
         finish("interrupted" if interrupted else "ran" if proc.wait() == 0 else "failed")
     for future in futures:
         future.wait()

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -96,7 +97,7 @@ class DvcRun(Protocol):
 
     def wait(self) -> int: ...
 
-    def stop(self) -> None: ...
+    def stop(self, on_line: Callable[[str], None] | None = None) -> None: ...
 
 
 class DvcProcess:
@@ -128,12 +129,16 @@ class DvcProcess:
     def wait(self) -> int:
         return self.proc.wait()
 
-    def stop(self, grace_s: float = 30.0) -> None:
+    def stop(self, on_line: Callable[[str], None] | None = None, grace_s: float = 30.0) -> None:
         """SIGTERM the whole process group, SIGKILL what is left after ``grace_s``.
 
         Waits for the whole group, not just DVC: DVC dies at once on SIGTERM, while the stage it ran may
-        still be writing its checkpoint (and reporting to this process's Prefect server).
+        still be writing its checkpoint (and reporting to this process's Prefect server). The output that
+        is still coming (the stage's own "interrupted" line) goes to ``on_line``; it is read either way, so
+        a stage never blocks on a full pipe while it shuts down.
         """
+        reader = threading.Thread(target=self._drain, args=(on_line,), daemon=True)
+        reader.start()
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -145,6 +150,13 @@ class DvcProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
+        reader.join(timeout=5)
+
+    def _drain(self, on_line: Callable[[str], None] | None) -> None:
+        with contextlib.suppress(ValueError, OSError):  # the pipe closed under the reader
+            for line in self.lines():
+                if on_line is not None:
+                    on_line(line)
 
     def _group_alive(self) -> bool:
         if self.proc.poll() is None:

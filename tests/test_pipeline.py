@@ -184,7 +184,7 @@ class FakeDvc:
     def wait(self) -> int:
         return self.returncode
 
-    def stop(self) -> None:
+    def stop(self, on_line=None) -> None:
         self.stopped = True
 
 

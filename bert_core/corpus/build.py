@@ -148,6 +148,21 @@ def params_hash(params: CorpusParams, root: Path | None) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate ``pool``'s worker processes now and drop its queued work (``shutdown`` alone waits for
+    the running tasks; Python 3.14's ``terminate_workers`` does this)."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in workers:
+        proc.terminate()
+    for proc in workers:
+        proc.join(timeout=5)
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def build_corpus(
     params: CorpusParams,
     out_dir: str | Path,
@@ -228,6 +243,12 @@ def build_corpus(
                         else:
                             merger.consume(unit, result)
                         submit_next()
+                except BaseException:
+                    # Interrupted (Ctrl-C, SIGTERM) or failed: abandon the units in flight. Without this the
+                    # pool's exit waits for every running unit, and a worker spawned after a signal to the
+                    # process group never got that signal (measured: 15 s to stop under DVC on CI).
+                    stop_workers(pool)
+                    raise
                 finally:
                     for _, fut in pending:
                         fut.cancel()
