@@ -130,12 +130,8 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
     _remove_dead_writers_temps(final.parent, prefix)
     tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{_OWNER}-", dir=final.parent))
     tmp.rmdir()
-    if is_dir:
-        tmp.mkdir()
+    yield from _filled(tmp, final, is_dir)
     try:
-        yield tmp
-        if not tmp.exists():
-            raise FileNotFoundError(f"atomic_path: nothing was written to {tmp} for {final}")
         if tmp.is_file():
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
@@ -188,6 +184,12 @@ def _write_in_place(tmp: Path, final: Path, is_dir: bool | None) -> Iterator[Pat
     elif tmp.exists() or tmp.is_symlink():
         _remove(tmp)
     tmp.parent.mkdir(parents=True, exist_ok=True)
+    yield from _filled(tmp, final, is_dir)
+
+
+def _filled(tmp: Path, final: Path, is_dir: bool | None) -> Iterator[Path]:
+    """Hand ``tmp`` (created as a directory when ``is_dir``) to the caller to write ``final``'s new output
+    into; afterwards it must exist. On any error the partial output is removed (:func:`_discard_and_reraise`)."""
     if is_dir:
         tmp.mkdir()
     try:
