@@ -254,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="sst2,squad")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--squad-seeds", type=int, default=None, help="default: --seeds")
+    parser.add_argument("--first-seed", type=int, default=1,
+                        help="seeds run are first-seed .. first-seed + seeds - 1 (to split seeds over processes)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4)
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{len(data['ours_dev'])} / hf {len(data['hf_dev'])} dev features", file=sys.stderr, flush=True)  # fmt: skip
             results: dict[str, list[dict]] = {"ours": [], "hf": []}
             seeds = args.squad_seeds if task == "squad" and args.squad_seeds else args.seeds
-            for seed in range(1, seeds + 1):
+            for seed in range(args.first_seed, args.first_seed + seeds):
                 init = init_dir(task, model_dir, tmp, seed)
                 for name in ("ours", "hf") if seed % 2 else ("hf", "ours"):
                     res = (run_ours if name == "ours" else run_hf)(task, init, data, args, seed)
