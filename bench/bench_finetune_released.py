@@ -254,8 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="sst2,squad")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--squad-seeds", type=int, default=None, help="default: --seeds")
-    parser.add_argument("--first-seed", type=int, default=1,
-                        help="seeds run are first-seed .. first-seed + seeds - 1 (to split seeds over processes)")
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=1,
+        help="seeds run are first-seed .. first-seed + seeds - 1 (to split seeds over processes)",
+    )
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4)
