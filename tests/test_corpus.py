@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 import signal
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -164,6 +165,13 @@ def test_an_interrupt_stops_the_workers_at_once(built, monkeypatch):
     def stop_workers(pool):
         workers = list(pool._processes.values())
         real_stop(pool)
+        for p in workers:
+            # The pool's manager thread reaps dead workers too: when it wins the race for waitpid, our
+            # poll sees ECHILD and reads None until the manager records the code (a dead worker, not a
+            # running one: a worker left to finish its unit would exit 0 and fail the assertion below).
+            deadline = time.monotonic() + 5
+            while p.exitcode is None and time.monotonic() < deadline:
+                time.sleep(0.01)
         exit_codes.extend(p.exitcode for p in workers)
 
     monkeypatch.setattr(build.Merger, "consume", interrupted)
