@@ -129,6 +129,30 @@ def restore_signal_handlers(old: dict[int, Any]) -> None:
         signal.signal(signum, handler)
 
 
+class SignalRedelivery:
+    """A ``sys.unraisablehook`` that sends a swallowed signal again.
+
+    A signal handler's exception raised while Python runs a weakref callback or a finaliser is printed as
+    "Exception ignored in ..." and dropped: the stage would run on to the end as if it had never been
+    signalled (seen on CI: SIGTERM inside a ``WeakValueDictionary`` callback, Prefect's handler's
+    ``TerminationSignal`` lost). For such an exception this hook sends the same signal to the process again
+    from a short-lived thread, so its handler runs once more at the main thread's next bytecode boundary,
+    outside the callback. Other unraisable exceptions go to the previous hook unchanged.
+    """
+
+    def __init__(self, previous: Callable[[Any], Any]) -> None:
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        err = unraisable.exc_value
+        signum = signal_of(err) if isinstance(err, BaseException) else None
+        if signum is not None:
+            resend = threading.Timer(0.01, os.kill, args=(os.getpid(), signum))
+            resend.daemon = True
+            resend.start()
+        self.previous(unraisable)
+
+
 def signal_of(err: BaseException) -> int | None:
     """The signal an exception stands for: KeyboardInterrupt (SIGINT), Prefect's TerminationSignal ..."""
     if isinstance(err, Interrupted):
@@ -171,9 +195,11 @@ def run_stage(
         log_to_stderr: Configure logging to stderr first.
     """
     old_handlers = install_signal_handlers()
+    old_hook, sys.unraisablehook = sys.unraisablehook, SignalRedelivery(sys.unraisablehook)
     try:
         return _run_stage(name, flow, argv, doc=doc, interrupted=interrupted, log_to_stderr=log_to_stderr)
     finally:
+        sys.unraisablehook = old_hook
         restore_signal_handlers(old_handlers)
 
 
