@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from flows.stages import Stage, get
 
@@ -111,22 +111,34 @@ def _raise_interrupted(signum: int, _frame: Any) -> None:
     raise Interrupted(signum)
 
 
-def install_signal_handlers() -> dict[int, Any]:
-    """SIGINT -> ``KeyboardInterrupt`` (even when inherited as ignored), SIGTERM -> :class:`Interrupted`.
+class SavedHandlers(NamedTuple):
+    """What :func:`install_signal_handlers` replaced, for :func:`restore_signal_handlers`."""
 
-    Returns the previous handlers (empty off the main thread, where handlers cannot be set).
+    signals: dict[int, Any]
+    unraisablehook: Callable[[Any], Any] | None
+
+
+def install_signal_handlers() -> SavedHandlers:
+    """SIGINT -> ``KeyboardInterrupt`` (even when inherited as ignored), SIGTERM -> :class:`Interrupted`, and a
+    :class:`SignalRedelivery` ``sys.unraisablehook`` so that neither is lost inside a callback.
+
+    Returns what was replaced (nothing off the main thread, where handlers cannot be set).
     """
     if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {
+        return SavedHandlers({}, None)
+    hook, sys.unraisablehook = sys.unraisablehook, SignalRedelivery(sys.unraisablehook)
+    signals = {
         signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
         signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupted),
     }
+    return SavedHandlers(signals, hook)
 
 
-def restore_signal_handlers(old: dict[int, Any]) -> None:
-    for signum, handler in old.items():
+def restore_signal_handlers(old: SavedHandlers) -> None:
+    for signum, handler in old.signals.items():
         signal.signal(signum, handler)
+    if old.unraisablehook is not None:
+        sys.unraisablehook = old.unraisablehook
 
 
 class SignalRedelivery:
@@ -195,11 +207,9 @@ def run_stage(
         log_to_stderr: Configure logging to stderr first.
     """
     old_handlers = install_signal_handlers()
-    old_hook, sys.unraisablehook = sys.unraisablehook, SignalRedelivery(sys.unraisablehook)
     try:
         return _run_stage(name, flow, argv, doc=doc, interrupted=interrupted, log_to_stderr=log_to_stderr)
     finally:
-        sys.unraisablehook = old_hook
         restore_signal_handlers(old_handlers)
 
 

@@ -13,17 +13,17 @@ from flows import _cli
 
 
 @pytest.fixture
-def stage_handlers():
-    """The stage runner's signal handlers and hook, as ``run_stage`` installs them; ``seen`` collects what
-    reaches the previous hook."""
+def stage_handlers(monkeypatch):
+    """The stage runner's signal handlers and hook (``install_signal_handlers``, as ``run_stage`` and the
+    pipeline install them); ``seen`` collects what reaches the previous hook."""
     seen: list = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
     old = _cli.install_signal_handlers()
-    old_hook, sys.unraisablehook = sys.unraisablehook, _cli.SignalRedelivery(seen.append)
     try:
         yield seen
     finally:
-        sys.unraisablehook = old_hook
         _cli.restore_signal_handlers(old)
+    assert sys.unraisablehook == seen.append  # put back
 
 
 def _swallowed(exc: BaseException) -> None:
