@@ -7,6 +7,9 @@ Everything is written to a temporary sibling of the final path (same filesystem,
 after the writing host and process, and the next write of the same output removes those whose process is
 dead.
 
+Which existing paths an output may replace, and the marker every directory output carries, is
+:mod:`bert_core.owned`.
+
 A write that fails for lack of space (``ENOSPC``, a quota, or a library that reports it in its own words,
 like ``torch.save``'s "unexpected pos") raises :class:`DiskFullError` naming the output, after the partial
 output was removed.
@@ -27,6 +30,8 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+
+from bert_core.owned import check_replaceable, dir_mode, mark_output
 
 TEMP_MARKER = ".tmp-"
 _LOW_SPACE_BYTES = 1 << 20
@@ -125,6 +130,7 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
     if outer is not None:  # already a temporary of atomic_outputs, which commits it: write it in place
         yield from _write_in_place(final, outer, is_dir)
         return
+    check_replaceable(final, is_dir=is_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{final.name}{TEMP_MARKER}"
     _remove_dead_writers_temps(final.parent, prefix)
@@ -132,6 +138,7 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
     tmp.rmdir()
     yield from _filled(tmp, final, is_dir)
     try:
+        check_replaceable(final, is_dir=tmp.is_dir())  # the kind is known now: a file never replaces a dir
         if tmp.is_file():
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
@@ -191,27 +198,15 @@ def _filled(tmp: Path, final: Path, is_dir: bool | None) -> Iterator[Path]:
     """Hand ``tmp`` (created as a directory when ``is_dir``) to the caller to write ``final``'s new output
     into; afterwards it must exist. On any error the partial output is removed (:func:`_discard_and_reraise`)."""
     if is_dir:
-        tmp.mkdir()
+        tmp.mkdir(mode=dir_mode())
     try:
         yield tmp
         if not tmp.exists():
             raise FileNotFoundError(f"atomic_path: nothing was written to {tmp} for {final}")
+        if tmp.is_dir() and not tmp.is_symlink():
+            mark_output(tmp)
     except BaseException as err:
         _discard_and_reraise(err, tmp, final)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def share_like_umask(path: str | os.PathLike[str]) -> None:
-    """Give a file written by a library that creates it private (safetensors: 0600) the umask's mode (0644).
-
-    Outputs in a shared workspace must be readable by the people the umask allows, like every other file.
-    """
-    os.chmod(path, 0o666 & ~_umask())
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
@@ -260,17 +255,23 @@ def _nearest_existing(path: Path) -> Path:
     return Path("/")
 
 
-def check_writable(*finals: str | os.PathLike[str]) -> None:
+def check_writable(*finals: str | os.PathLike[str], is_dir: bool | None = None) -> None:
     """Fail fast, before any work, unless every output in ``finals`` can be written and replaced.
+
+    An existing output must be the pipeline's own (:func:`check_replaceable`; ``is_dir`` says which kind
+    of output goes there, when the caller knows).
 
     For each output, the directory its temporary sibling goes to (the nearest existing ancestor when the
     parent does not exist yet) must accept a new file (probed for real: a read-only mount refuses even
     root), and an existing output directory must be writable (it is removed once replaced).
 
     Raises:
+        ForeignOutputError: something the pipeline did not write sits at an output location
+            (:mod:`bert_core.owned`).
         OutputNotWritableError: naming the output and the location that refused, and what to do.
     """
     for final in map(Path, finals):
+        check_replaceable(final, is_dir=is_dir)
         where = _nearest_existing(final.parent)
         reason = None
         if not where.is_dir():
@@ -356,7 +357,8 @@ def atomic_outputs(
     dir_set = {Path(d) for d in dirs}
     if len(set(finals)) != len(finals):
         raise ValueError(f"atomic_outputs: an output is named twice in {[str(f) for f in finals]}")
-    check_writable(*finals)
+    for final in finals:
+        check_writable(final, is_dir=True if final in dir_set else None)
     pairs: dict[Path, Path] = {}  # committed by renames
     inner: dict[Path, Path] = {}  # outputs inside a directory output: staged inside its temporary
     created: list[Path] = []  # parent directories made here, removed again when nothing is committed
@@ -379,11 +381,15 @@ def atomic_outputs(
                 inner[final] = pairs[outer] / final.relative_to(outer)
                 inner[final].parent.mkdir(parents=True, exist_ok=True)
                 if final in dir_set:
-                    inner[final].mkdir()
+                    inner[final].mkdir(mode=dir_mode())
         yield OutputSet({f: pairs.get(f) or inner[f] for f in finals})
         missing = [str(f) for f, t in (*pairs.items(), *inner.items()) if not t.exists()]
         if missing:
             raise FileNotFoundError(f"atomic_outputs: nothing was written for {missing}")
+        for final, tmp in (*inner.items(), *pairs.items()):
+            if tmp.is_dir() and not tmp.is_symlink():
+                mark_output(tmp)
+            check_replaceable(final, is_dir=tmp.is_dir())
         for tmp in pairs.values():
             if tmp.is_file():
                 with open(tmp, "rb+") as fh:

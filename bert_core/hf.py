@@ -38,8 +38,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bert_core.atomic import atomic_path, share_like_umask, write_json_atomic
+from bert_core.atomic import atomic_path, write_json_atomic
 from bert_core.config import BertConfig
+from bert_core.owned import share_like_umask
 
 if TYPE_CHECKING:
     from torch import nn

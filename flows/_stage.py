@@ -34,6 +34,26 @@ from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
 
 METRICS_DIR = REPO_ROOT / "metrics"
 
+
+def in_repo(path: str | os.PathLike[str], what: str = "path") -> Path:
+    """A path from params or a run form: an absolute path as given (the user's explicit choice); a relative
+    one is relative to the repository and must stay inside it (a form's ``../..`` never leaves it).
+
+    Raises:
+        ValueError: naming ``what`` and the path, when a relative path leads out of the repository.
+    """
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p
+    full = (REPO_ROOT / p).resolve()
+    if not full.is_relative_to(REPO_ROOT.resolve()):
+        raise ValueError(
+            f"{what} {str(path)!r} is relative and leads out of the repository (to {full}); give an "
+            "absolute path to write or read outside it"
+        )
+    return REPO_ROOT / p
+
+
 log = logging.getLogger("bert_core.stage")
 
 #: The loggers whose INFO records every stage shows (the library logs on ``bert_core.<module>``).

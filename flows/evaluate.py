@@ -20,16 +20,11 @@ from bert_core.evaluate.params import EvaluateParams
 from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
 from flows._cli import run_stage
-from flows._stage import finish_stage, stage_outputs, stage_run
+from flows._stage import finish_stage, in_repo, stage_outputs, stage_run
 from flows.stages import get
 
 STAGE = get("evaluate")
 log = logging.getLogger("bert_core.flows.evaluate")
-
-
-def _in_repo(path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
 
 
 @flow(name="evaluate", log_prints=True)
@@ -53,13 +48,13 @@ def evaluate_flow(
     tasks = sorted(finetune.tasks) or None
     (default_metrics,) = STAGE.metrics
     metrics_file = Path(metrics_path) if metrics_path else REPO_ROOT / default_metrics
-    report_dir = _in_repo(params.report_dir)
+    report_dir = in_repo(params.report_dir, "evaluate.report_dir")
     outs = [report_dir / "evaluate.md", report_dir / "evaluate.html", report_dir / "evaluate"]
     with stage_run("evaluate", {**params.model_dump(mode="json"), "tasks": tasks}) as run:
         # The reports and the metrics file are committed together or not at all.
         with stage_outputs("evaluate", *outs, metrics_path=metrics_file, dirs=(outs[2],)) as staged:
             metrics, paths = evaluate_results(
-                _in_repo(params.results_dir),
+                in_repo(params.results_dir, "evaluate.results_dir"),
                 metrics_file,
                 report_dir,
                 tasks=tasks,

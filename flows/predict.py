@@ -36,7 +36,7 @@ from pydantic import Field
 
 from bert_core.constants import REPO_ROOT
 from bert_core.serving.batch import DEFAULT_BATCH_SIZE, DEFAULT_ID_FIELD, predict_file
-from flows._stage import library_logs
+from flows._stage import in_repo, library_logs
 
 FLOW_NAME = "predict"
 log = logging.getLogger("bert_core.flows.predict")
@@ -48,11 +48,6 @@ class PredictInterrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}; no output was written")
         self.exit_code = 128 + signum
-
-
-def _in_repo(path: str) -> Path:
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else REPO_ROOT / p
 
 
 @flow(name=FLOW_NAME, log_prints=True, retries=0, validate_parameters=True)
@@ -79,7 +74,11 @@ def predict_flow(
     """
     with library_logs():  # progress on the console and in the run's logs (Prefect's root is at WARNING)
         result = predict_file(
-            model, _in_repo(input_path), _in_repo(output_path), batch_size=batch_size, id_field=id_field
+            model,
+            in_repo(input_path, "input_path"),
+            in_repo(output_path, "output_path"),
+            batch_size=batch_size,
+            id_field=id_field,
         )
     return result.as_record()
 

@@ -78,7 +78,7 @@ def test_output_layout_schema_and_manifest(built):
     out = tmp / "out"
     manifest = read_manifest(out)
     assert manifest["format"] == "bert-corpus/1"
-    assert sorted(p.name for p in out.iterdir()) == ["heldout", "manifest.json", "train"]
+    assert sorted(p.name for p in out.iterdir()) == [".bert-output", "heldout", "manifest.json", "train"]
     for split in ("train", "heldout"):
         files = sorted(p.name for p in (out / split).iterdir())
         assert files == [s["file"] for s in manifest["splits"][split]["shards"]]

@@ -18,6 +18,7 @@ from bert_core.corpus import (
     build_corpus,
     iter_documents,
 )
+from bert_core.owned import mark_output
 from bert_core.params import ParamsError, load_params
 
 SENT = "The quick brown fox jumps over the lazy dog near the river bank. It was a sunny day in the old town. "
@@ -50,6 +51,7 @@ def prev_out(tmp_path) -> Path:
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("previous good output")
+    mark_output(out)  # an earlier run's output
     return out
 
 

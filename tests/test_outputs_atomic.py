@@ -6,13 +6,14 @@ import os
 
 import pytest
 
-from bert_core import atomic
+from bert_core import atomic, owned
 from bert_core.atomic import OutputNotWritableError, atomic_outputs, check_writable
 
 
 def _previous(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "summary.json").write_text("old")
+    owned.mark_output(tmp_path / "results")  # an earlier run's output
     (tmp_path / "metrics.json").write_text("old")
     return [tmp_path / "results", tmp_path / "model", tmp_path / "metrics.json"]
 
@@ -112,3 +113,82 @@ def test_a_failure_leaves_no_new_parent_directories(tmp_path):
         staged[plot].write_text("x")
         raise RuntimeError("data error")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- never destroy what the pipeline did not write -----------------------------------------------------
+def test_a_foreign_directory_is_refused_and_left_intact(tmp_path):
+    foreign = tmp_path / "out"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("years of work")
+    with (
+        pytest.raises(owned.ForeignOutputError, match=r"out is an existing directory that this pipeline"),
+        atomic.atomic_path(foreign, is_dir=True) as tmp,
+    ):
+        (tmp / "x").write_text("new")
+    with pytest.raises(owned.ForeignOutputError), atomic_outputs([foreign], dirs=[foreign]):
+        pytest.fail("the block must not run")
+    with pytest.raises(owned.ForeignOutputError):
+        check_writable(foreign)
+    assert (foreign / "thesis.tex").read_text() == "years of work"
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_directory_where_a_file_goes_is_refused_even_when_it_is_ours(tmp_path):
+    out = tmp_path / "predictions.jsonl"
+    with atomic.atomic_path(out, is_dir=True) as tmp:
+        (tmp / "a").write_text("x")
+    with pytest.raises(owned.ForeignOutputError, match="a file goes there"):
+        check_writable(out, is_dir=False)
+    with pytest.raises(owned.ForeignOutputError, match="a file goes there"), atomic.atomic_path(out) as tmp:
+        tmp.write_text("rows")
+    assert (out / "a").read_text() == "x"
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_fifo_is_refused(tmp_path):
+    fifo = tmp_path / "out.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(owned.ForeignOutputError, match="FIFO"):
+        atomic.write_text_atomic(fifo, "x")
+    assert fifo.exists()
+
+
+def test_our_own_outputs_and_empty_directories_are_replaced(tmp_path):
+    out = tmp_path / "model"
+    out.mkdir()  # empty: nothing to lose
+    for text in ("one", "two"):
+        with atomic.atomic_path(out, is_dir=True) as tmp:
+            (tmp / "w").write_text(text)
+    assert (out / "w").read_text() == "two"
+    assert (out / owned.OUTPUT_MARK).is_file()
+    results, metrics = tmp_path / "results", tmp_path / "m.json"
+    for text in ("one", "two"):
+        with atomic_outputs([results, metrics], dirs=[results]) as staged:
+            (staged[results] / "s").write_text(text)
+            staged[metrics].write_text(text)
+    assert (results / "s").read_text() == "two" and (results / owned.OUTPUT_MARK).is_file()
+
+
+def test_repository_output_folders_written_before_the_marker_are_ours(tmp_path, monkeypatch):
+    import bert_core.constants
+
+    monkeypatch.setattr(bert_core.constants, "REPO_ROOT", tmp_path)
+    legacy = tmp_path / "data" / "corpus"
+    legacy.mkdir(parents=True)
+    (legacy / "manifest.json").write_text("{}")
+    with atomic.atomic_path(legacy, is_dir=True) as tmp:
+        (tmp / "manifest.json").write_text("new")
+    assert (legacy / "manifest.json").read_text() == "new"
+
+
+def test_staged_directories_get_the_umask_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with atomic_outputs([tmp_path / "r"], dirs=[tmp_path / "r"]) as staged:
+            (staged[tmp_path / "r"] / "f").write_text("x")
+        with atomic.atomic_path(tmp_path / "d", is_dir=True) as tmp:
+            (tmp / "f").write_text("x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755

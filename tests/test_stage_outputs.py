@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bert_core.atomic import atomic_path
+from bert_core.owned import mark_output
 from flows._stage import stage_outputs, write_stage_metrics
 
 
@@ -15,6 +16,7 @@ def _previous(tmp_path: Path) -> tuple[Path, Path]:
     out, metrics = tmp_path / "data" / "corpus", tmp_path / "metrics" / "corpus.json"
     out.mkdir(parents=True)
     (out / "part.txt").write_text("old")
+    mark_output(out)  # an earlier run's output
     metrics.parent.mkdir()
     metrics.write_text('{"old": true}')
     return out, metrics

@@ -70,7 +70,7 @@ def test_layout_matches_the_released_vocab(shared_data):
 def test_trained_vocab_files_and_layout(uncased):
     params, out, stats = uncased
     assert sorted(p.name for p in out.iterdir()) == [
-        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+        ".bert-output", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
     ]  # fmt: skip
     tokens = read_vocab(out / "vocab.txt")
     assert len(tokens) == stats.vocab_size == 3000

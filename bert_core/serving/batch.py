@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bert_core.atomic import atomic_path
+from bert_core.atomic import atomic_path, check_writable
 from bert_core.progress import Progress
 
 log = logging.getLogger("bert_core.serving.batch")
@@ -391,10 +391,14 @@ def predict_file(
     if batch_size < 1:
         raise BatchPredictionError(f"batch_size must be at least 1, got {batch_size}")
     src, dst = Path(input_path), Path(output_path)
-    if not src.is_file():
+    if not src.exists():
         raise BatchPredictionError(f"{src}: no such input file (JSON Lines, one object per line)")
+    if not src.is_file():
+        kind = "a directory" if src.is_dir() else "not a regular file (a FIFO, device or socket)"
+        raise BatchPredictionError(f"{src}: the input is {kind}; give a JSON Lines file, one object per line")
     if src.resolve() == dst.resolve():
         raise BatchPredictionError(f"{dst}: the output would replace the input; choose another output path")
+    check_writable(dst, is_dir=False)  # before any work: never replace a directory or a device
     t0 = time.monotonic()
     if model is None:
         log.info("loading %s", model_uri)
