@@ -9,8 +9,9 @@ be pinned from Python.
 
 So the trainer here splits the work. :func:`count_words` lets ``tokenizers`` do the costly part, the
 normalisation, pre-tokenisation and counting of every word (Rust, parallel; the counts are sums, so the
-same whatever the thread count or order). :func:`learn_wordpiece` then runs the same algorithm as the
-library's trainer over those counts, with every choice made by a total order:
+same whatever the thread count or order). :func:`learn_wordpiece` then learns the merges over those
+counts as the library's trainer does (frequency-ranked pair merges, ``##`` on continuing pieces), with
+every choice made by a total order:
 
 - the alphabet keeps the ``limit_alphabet`` most frequent characters, equal counts by code point;
 - ids: special tokens in the given order, the alphabet by code point, the ``##`` pieces by code point,
@@ -39,8 +40,8 @@ def count_words(batches: Iterable[list[str]], normalizer: Any, pre_tokenizer: An
     """Count the words of ``batches`` exactly as ``tokenizers``' trainers count them.
 
     A ``WordLevelTrainer`` is fed through ``Tokenizer.train_from_iterator`` (normalise, pre-tokenise and
-    count in Rust, in parallel); its ``vocab_size=0`` makes the training step after the count a no-op, and
-    the counts are read from the trainer's pickled state. The result equals counting
+    count in Rust, in parallel); its ``vocab_size=0`` leaves the training step after the count next to
+    nothing to do, and the counts are read from the trainer's pickled state. The result equals counting
     ``pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))`` over every text, only faster.
 
     Args:
