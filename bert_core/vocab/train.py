@@ -1,13 +1,19 @@
 """The ``vocab`` stage: a WordPiece vocabulary trained on a bounded sample of the corpus.
 
-Training uses Hugging Face ``tokenizers``. Its ``WordPieceTrainer`` builds the vocabulary by
-frequency-based pair merges (BPE-style) and then writes the pieces with the ``##`` continuation prefix; it
-is *not* Google's original WordPiece criterion (merge the pair that most increases the likelihood of a
-unigram language model of the training data). The resulting vocab is used exactly like BERT's:
-greedy longest-match-first segmentation of each word. The trainer breaks ties between equally frequent
-pairs in hash-map order, so two runs on the same sample can differ in a few entries
-(huggingface/tokenizers#1794); the sample itself is deterministic, and DVC's cache keeps a trained vocab
-from being retrained while nothing changed.
+The algorithm is that of Hugging Face ``tokenizers``' ``WordPieceTrainer``: frequency-based pair merges
+(BPE-style) whose pieces are written with the ``##`` continuation prefix; it is *not* Google's original
+WordPiece criterion (merge the pair that most increases the likelihood of a unigram language model of the
+training data). The resulting vocab is used exactly like BERT's: greedy longest-match-first segmentation
+of each word.
+
+The same corpus and params give the same ``vocab.txt`` and ``tokenizer.json``, byte for byte, in any
+process and with any thread count, so a rerun (``dvc repro --force``, a colleague's checkout) reproduces
+the lineage the pretraining data was built with. The library's trainer cannot promise that: it numbers
+pieces and breaks ties between equally frequent pairs (and between characters at the ``limit_alphabet``
+cut) in the order of hash maps whose keys are random per process. So ``tokenizers`` only normalises,
+pre-tokenises and counts the words (fast, and exact in any order), and :mod:`bert_core.vocab.wordpiece`
+learns the merges from those counts, breaking every tie by a total order (count, then the pieces' text).
+The sample is deterministic too: a seeded hash of each ``doc_id``.
 
 Special-token layout (checked against the released ``bert-base-uncased`` vocab, 30,522 entries)::
 
@@ -330,36 +336,39 @@ def train_vocab(
         VocabError: the sample is empty or too small to reach ``vocab_size``.
         bert_core.checks.DataCheckError: a critical vocab check failed.
     """
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers
 
     from bert_core.checks import validate
+    from bert_core.vocab.wordpiece import WordCountError, count_words, learn_wordpiece
 
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     if reference_vocab is not None and not Path(reference_vocab).is_file():
         raise FileNotFoundError(f"reference vocab {reference_vocab} not found")
     strip = params.effective_strip_accents
     layout = special_layout(params.unused_slots)
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
-    tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=strip, lowercase=params.lowercase
-    )
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=params.vocab_size,
-        min_frequency=params.min_frequency,
-        special_tokens=layout,
-        limit_alphabet=params.limit_alphabet,
-        continuing_subword_prefix="##",
-        show_progress=False,
-    )
     sample = _Sample()
     t0 = time.perf_counter()
-    tok.train_from_iterator(_sample_batches(corpus_dir, params, sample), trainer=trainer)
-    train_s = time.perf_counter() - t0
+    try:
+        word_counts = count_words(
+            _sample_batches(corpus_dir, params, sample),
+            normalizers.BertNormalizer(
+                clean_text=True, handle_chinese_chars=True, strip_accents=strip, lowercase=params.lowercase
+            ),
+            pre_tokenizers.BertPreTokenizer(),
+        )
+    except WordCountError as err:
+        raise VocabError(str(err)) from None
     if sample.documents == 0:
         raise VocabError(f"{corpus_dir}: the train split has no documents to learn a vocab from")
-    vocab = tok.get_vocab()
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    tokens = learn_wordpiece(
+        word_counts,
+        vocab_size=params.vocab_size,
+        special_tokens=layout,
+        min_frequency=params.min_frequency,
+        limit_alphabet=params.limit_alphabet,
+        prefix="##",
+    )
+    train_s = time.perf_counter() - t0
     if len(tokens) < params.vocab_size:
         raise VocabError(
             f"the sample ({sample.documents} documents, {sample.bytes} bytes) yields only {len(tokens)} "

@@ -35,11 +35,9 @@ SEED = int(os.environ.get("FAULTS_SEED", str(time.time_ns() % 2**31)))
 # In the fault run: the first data stage (its kill must not leak into the stages after it) and pretraining.
 FAST = ("corpus", "pretrain")
 SLOW = ("vocab", "pretrain_data", "finetune@sst2", "evaluate")
-# Outputs that an uninterrupted run reproduces byte for byte (CPU, deterministic pretraining), unless the
-# stage that reran was `vocab`: the tokenizers WordPiece trainer breaks ties in hash-map order, so a new
-# vocab may order a few entries differently (huggingface/tokenizers#1794) and everything after it changes.
+# Outputs that an uninterrupted run reproduces byte for byte (CPU, deterministic pretraining; the vocab's
+# merges break ties by a total order, so a rerun of `vocab` reproduces it and everything after it).
 EXACT = ("data/corpus", "data/vocab", "data/pretrain_data", "models/pretrained")
-NOT_REPRODUCIBLE_AFTER = {"vocab": ("data/vocab", "data/pretrain_data", "models/pretrained")}
 
 
 def _checkpoints(root: Path) -> list[int]:
@@ -147,7 +145,7 @@ def test_sigkill_at_a_random_point_then_dvc_repro_completes_with_the_same_output
     # Same outputs as the uninterrupted run, bit for bit (DVC's hashes), for the stages whose outputs are
     # deterministic; the fine-tuning results and the report hold timings, so they are only checked complete.
     after = pipe.lock_outs(clone)
-    exact = set(EXACT) - set(NOT_REPRODUCIBLE_AFTER.get(stage, ()))
+    exact = set(EXACT)
     different = {p: (md5, after.get(p)) for p, md5 in reference.items() if p in exact and after.get(p) != md5}
     assert not different, f"outputs differ from the uninterrupted run after the {where}: {different}"
     assert {p for p in reference if p not in EXACT} <= set(after), "an output is missing from dvc.lock"
