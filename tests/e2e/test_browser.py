@@ -163,7 +163,7 @@ def test_custom_run_from_the_ui_completes(browser, served):
     shutil.rmtree(served.shots, ignore_errors=True)
 
 
-# ====================================================================== the MLflow UI (issue 12, item 5)
+# ====================================================================== the MLflow UI
 def _free_port() -> int:
     import socket
 

@@ -1,12 +1,11 @@
-"""All-or-nothing stage outputs (issue 15): the last write of a stage fails, and every previous out stays.
+"""All-or-nothing stage outputs: the last write of a stage fails, and every previous out stays.
 
 Each stage writes its DVC metrics file last. In a copy of the built tiny pipeline, the stage's previous
 outs (data or model directories, metrics file, plot files, reports) are marked as a previous run's, then
 the stage command runs with the write of its metrics file failing halfway (``bert_core.atomic``'s text
 writer patched in the stage process). The stage must fail, every previous out must be exactly as it was
 (nothing new next to a stale file, no half-written metrics file), no ``.<name>.tmp-*`` temporary may be
-left, and the registry must hold the same versions and aliases (pretrain registers before it commits). Before the fix the data directory, model or reports were already replaced when the metrics file
-failed.
+left, and the registry must hold the same versions and aliases (pretrain registers before it commits).
 """
 
 from __future__ import annotations

@@ -153,8 +153,8 @@ def test_a_stage_killed_while_creating_the_tracking_store_leaves_no_broken_store
     killed = subprocess.run([sys.executable, "-c", KILLED_DURING_STORE_CREATION], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert killed.returncode == -9, killed.stderr[-2000:]
-    assert not (tmp_path / "store" / "mlflow.db").exists()  # before the fix: a half-migrated store on
-    # which every later run failed with "table datasets already exists"
+    assert not (tmp_path / "store" / "mlflow.db").exists()  # no half-migrated store, on which every later
+    # run would fail with "table datasets already exists"
     again = subprocess.run([sys.executable, "-c", STAGE_RUN], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=300)  # fmt: skip
     assert again.returncode == 0 and "logged" in again.stdout, again.stderr[-3000:]

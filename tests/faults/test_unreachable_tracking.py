@@ -1,9 +1,9 @@
 """A tracking URI that does not answer, through a real stage command: a clear error in seconds, no output.
 
 ``MLFLOW_TRACKING_URI=http://127.0.0.1:<port>`` with nothing listening (a typo in the address, a server
-not started): before the fix every tracking call retried for about 4 minutes (urllib3 backoff inside
-MLflow's REST client), then the stage's own retries started another cycle; training never started. Now
-``stage_run``'s pre-flight check fails the stage before it does any work. The library-level cases (a
+not started): left to MLflow, every tracking call would retry for about 4 minutes (urllib3 backoff inside
+MLflow's REST client) and the stage's own retries would start another cycle; ``stage_run``'s pre-flight
+check fails the stage before it does any work. The library-level cases (a
 server that accepts and never answers, 401/503 answers, a store removed mid-run) are in
 ``tests/test_tracking_failfast.py``.
 """

@@ -1,4 +1,5 @@
-"""Task inputs that used to slip through or give unbounded messages (issue 15, items 7 and 9)."""
+"""Task-file edge cases: CR-only line endings, huge headers, SQuAD answer types, duplicate ids and
+impossible questions, a CoNLL byte-order mark; bounded error messages; where a failed data check's report is."""
 
 from __future__ import annotations
 

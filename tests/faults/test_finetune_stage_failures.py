@@ -1,5 +1,5 @@
-"""Round two of the fault suite (issue 15), through the stage command: all-or-nothing finetune outputs and a
-bounded "stage failed" line for a file with CR-only line endings.
+"""Finetune stage failures through the stage command: a read-only output is refused before training and
+nothing is committed; a task file with CR-only line endings gives a short, bounded "stage failed" line.
 """
 
 from __future__ import annotations
