@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -368,10 +369,23 @@ def checks_cell(stage: str, r: dict[str, Any]) -> str:
     if stage == GOOGLE:
         return f"(none; IsNext {r['is_next_share']:.3f})"
     if stage == "pretrain_data":
-        bad = {k: o["checks_failed"] for k, o in r["outputs"].items() if not o["checks_passed"]}
-        nsp = ", ".join(f"{k} {o['is_next_share']:.3f}" for k, o in r["outputs"].items())
-        return ("pass" if not bad else f"FAIL {bad}") + f"; IsNext {nsp}"
-    return "pass" if r["checks_passed"] else f"FAIL {r['checks_failed']}"
+        cells = []
+        for key, o in r["outputs"].items():
+            crit, advisory = (
+                o["checks_failed_critical"],
+                len(o["checks_failed"]) - len(o["checks_failed_critical"]),
+            )
+            verdict = f"FAIL {_columns(crit)}" if crit else "pass"
+            cells.append(
+                f"{key} {verdict}{f' ({advisory} advisory)' if advisory else ''}, IsNext {o['is_next_share']:.3f}"
+            )
+        return "; ".join(cells)
+    return "pass" if r["checks_passed"] else f"advisory failed: {_columns(r['checks_failed'])}"
+
+
+def _columns(checks: list[str]) -> str:
+    """The columns named in check names (``expect_...(column='is_next', ...)`` -> ``is_next``)."""
+    return ",".join(m.group(1) if (m := re.search(r"column='([^']+)'", c)) else c for c in checks)
 
 
 def results_table(subsets: list[Subset], results: dict[str, dict[str, Any]]) -> str:
