@@ -514,6 +514,10 @@ def project(
         f"low end is the usual workaround (input split {cores} ways, {cores} processes; memory stays the "
         "sum). It builds the seq128 phase only; ours builds every phase in params/pretrain_data.yaml.",
         "- Wall times taken on a shared or small machine are not used: the hours come from CPU-seconds.",
+        "- A linear fit carries any growth seen between the measured sizes a few hundred times further: "
+        "read the per-size peaks above before trusting a memory figure (few sizes, or RSS noise of tens "
+        "of MB, move the slope a lot). The vocab's word counts grow slower than the text (new words get "
+        "rarer), so its linear memory figure is an upper bound.",
     ]
     return format_table(rows), notes
 
