@@ -118,3 +118,8 @@ test-browser: venv
 .PHONY: test-faults
 test-faults: venv
 	$(PY) -m pytest -q -m faults
+
+# ---- Scaling suite: corpus -> vocab -> pretrain_data on ~4/20/40/80 MB of the real corpus, caps lifted --
+.PHONY: test-scale
+test-scale: venv
+	$(PY) -m pytest -q -m scale tests/test_scale.py

@@ -145,25 +145,25 @@ def run_monitored(proc: subprocess.Popen) -> dict[str, Any]:
     """Wait for a benchmark child that prints its result as JSON on its last stdout line.
 
     Samples the resident memory of the child and all its descendants every 50 ms and adds to the result
-    ``peak_rss_mb`` (peak of the sum), ``processes_at_peak`` and ``peak_single_process_rss_mb``.
+    ``peak_rss_mb`` (peak of the sum), ``processes_at_peak``, ``peak_single_process_rss_mb`` and
+    ``rss_at_peak_mb`` (each process's RSS in the peak sample, the child first, then its descendants).
     """
     import psutil
 
-    peak = {"rss": 0, "procs": 0, "single": 0}
+    peak: dict[str, Any] = {"rss": 0, "procs": 0, "single": 0, "each": []}
     ps = psutil.Process(proc.pid)
 
     def sample() -> None:
         while proc.poll() is None:
             with contextlib.suppress(psutil.Error):
                 procs = [ps, *ps.children(recursive=True)]
-                rss = 0
+                each = []
                 for p in procs:
                     with contextlib.suppress(psutil.Error):
-                        one = p.memory_info().rss
-                        rss += one
-                        peak["single"] = max(peak["single"], one)
-                if rss > peak["rss"]:
-                    peak["rss"], peak["procs"] = rss, len(procs)
+                        each.append(p.memory_info().rss)
+                        peak["single"] = max(peak["single"], each[-1])
+                if sum(each) > peak["rss"]:
+                    peak["rss"], peak["procs"], peak["each"] = sum(each), len(procs), each
             time.sleep(0.05)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -176,4 +176,5 @@ def run_monitored(proc: subprocess.Popen) -> dict[str, Any]:
     result["peak_rss_mb"] = peak["rss"] / 2**20
     result["processes_at_peak"] = peak["procs"]
     result["peak_single_process_rss_mb"] = peak["single"] / 2**20
+    result["rss_at_peak_mb"] = [one / 2**20 for one in peak["each"]]
     return result
