@@ -488,12 +488,16 @@ def project(
         extra = max(0, cores - workers_used(stage)) * per_worker_rss(stage, results, subsets)
         if stage in ("vocab", GOOGLE):
             extra = 0.0
+        peak = at(stage, "peak_rss_mb") + extra
+        if stage == "pretrain_data":  # bounded by design (one window per worker): no growth with the text
+            parent = max(results[s.name][stage]["rss_at_peak_mb"][0] for s in subsets)
+            peak = parent + cores * per_worker_rss(stage, results, subsets)
         rows.append(
             {
                 "stage": stage,
                 "CPU h": (serial + parallel) / 3600,
                 f"wall h on {cores} cores": f"{low / 3600:.2f} .. {high / 3600:.2f}",
-                "peak memory GB": (at(stage, "peak_rss_mb") + extra) / 1000,
+                "peak memory GB": peak / 1000,
                 "disk GB": at(stage, "output_mb") / 1000,
             }
         )
@@ -502,10 +506,12 @@ def project(
         f"- corpus, pretrain_data: the workers' CPU-seconds split over {cores} cores; the parent "
         "process's CPU-seconds (planning, merge/de-dup/held-out/shard writing, index, checks) are serial. "
         "Range: all overlapped (max(serial, total/cores)) .. none overlapped (serial + workers/cores).",
-        f"- Peak memory of corpus/pretrain_data: the fitted peak of the measured run (corpus.workers="
-        f"{workers_used('corpus')}, pretrain_data.num_workers={workers_used('pretrain_data')}) plus, per "
-        f"extra worker up to {cores}, the largest single worker RSS measured (worker memory is bounded by "
-        "a work unit / window, not by the corpus).",
+        f"- Peak memory of corpus: the fitted peak of the measured run (corpus.workers="
+        f"{workers_used('corpus')}) plus, per extra worker up to {cores}, the largest single worker RSS "
+        "measured (a worker holds one work unit, not the corpus).",
+        "- Peak memory of pretrain_data: no linear term (a worker holds one window of "
+        "pretrain_data.window_tokens tokens, the parent only the plan): the largest parent RSS measured at "
+        f"any size plus {cores} times the largest single worker RSS measured.",
         "- vocab: one process whose tokenizer trains on Rust threads, so its serial part is not known "
         f"here: range CPU/{cores} .. CPU. With the committed vocab.sample_max_bytes "
         f"({stage_params_default_vocab_cap() / MB:,.0f} MB) instead of no cap, its cost stops growing at "
