@@ -467,6 +467,7 @@ def finetuned_card_for(
 
 def pretrained_card_for(
     params: Any,
+    config: Any,
     metrics: Mapping[str, Any],
     data_stats: Mapping[str, Any],
     *,
@@ -474,8 +475,8 @@ def pretrained_card_for(
     lock_path: str | os.PathLike[str] | None,
     run_ids: Mapping[str, str] | None = None,
 ) -> str:
-    """:func:`pretrained_card` for the pretrain stage's params (``PretrainParams``) and result."""
-    config = params.model.config(int(data_stats["vocab_size"]))
+    """:func:`pretrained_card` for the pretrain stage's params (``PretrainParams``), the trained model's
+    ``BertConfig`` (its sizes come from the params and the inputs) and result."""
     shape = {k: getattr(config, k) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
                                              "intermediate_size", "max_position_embeddings", "vocab_size")}  # fmt: skip
     return pretrained_card(

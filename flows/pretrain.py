@@ -26,12 +26,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bert_core.pretrain import PretrainParams, pretrain, write_curves
 from bert_core.pretrain.registration import REGISTERED_MODEL_DESCRIPTION, version_metadata
 from flows._cli import run_stage
 from flows.stages import get
+
+if TYPE_CHECKING:
+    from bert_core.config import BertConfig
 
 STAGE = get("pretrain")
 log = logging.getLogger("bert_core.flows.pretrain")
@@ -68,8 +71,8 @@ def pretrain_flow_fn(
         with stage_run("pretrain", params, tags={"preset": params.model.preset}) as run:
             commit, lock = git_commit(), REPO_ROOT / "dvc.lock"
 
-            def card(metrics: dict, data_stats: dict, run_ids: dict | None = None) -> str:
-                return modelcard.pretrained_card_for(params, metrics, data_stats, git_commit=commit,
+            def card(metrics: dict, data_stats: dict, config: BertConfig, run_ids: dict | None = None) -> str:
+                return modelcard.pretrained_card_for(params, config, metrics, data_stats, git_commit=commit,
                                                      lock_path=lock, run_ids=run_ids)  # fmt: skip
 
             sink = mlflow_sink(run.run_id, spill_path=Path(checkpoint_root) / "unsent-metrics.jsonl")
@@ -97,7 +100,7 @@ def pretrain_flow_fn(
                 run_ids = {"pipeline_run_id": pipeline_run_id(), "mlflow_run_id": run.run_id,
                            "registered_model": params.registered_model}  # fmt: skip
                 with modelcard.staged_with_card(
-                    result.model_dir, card(result.metrics, result.data_stats, run_ids)
+                    result.model_dir, card(result.metrics, result.data_stats, result.config, run_ids)
                 ) as staged_model:
                     registration = registered(register(
                         staged_model, name=params.registered_model, run_id=run.run_id,

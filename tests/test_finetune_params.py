@@ -66,3 +66,59 @@ def test_override_order():
 def test_bad_params_name_the_key(data, message):
     with pytest.raises(ParamsError, match=message):
         parse_params(data, FinetuneParams, where="params/finetune.yaml", prefix="finetune")
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (
+            {"tasks": {"sst2": {"learning_rates": [0.0]}}},
+            r"'finetune.tasks.sst2.learning_rates' = \[0.0\]: learning rates must be > 0",
+        ),
+        (
+            {"tasks": {"rte": {"seeds": [2, 2]}}},
+            r"'finetune.tasks.rte.seeds' = \[2, 2\]: seeds must be distinct",
+        ),
+        (
+            {"tasks": {"sst2": {"batch_size": 0}}},
+            r"'finetune.tasks.sst2.batch_size' = 0: .*greater than or equal to 1",
+        ),
+        (
+            {"tasks": {"sst2": {"max_seq_length": 1024}}},
+            r"'finetune.tasks.sst2.max_seq_length' = 1024: .*less than or equal to 512",
+        ),
+        ({"tasks": {"sst2": {"epochs": None}}}, r"'finetune.tasks.sst2.epochs' = None"),
+        ({"small_task_seeds": [1, 1]}, r"'finetune.small_task_seeds' = \[1, 1\]: seeds must be distinct"),
+    ],
+)
+def test_per_task_values_are_validated_as_under_defaults(data, message):
+    """A per-task value gets the checks and the message (file + dotted key) it gets under ``defaults``."""
+    with pytest.raises(ParamsError, match=rf"^params/finetune.yaml: {message}"):
+        parse_params(data, FinetuneParams, where="params/finetune.yaml", prefix="finetune")
+
+
+def test_overrides_are_derived_from_the_settings():
+    """Every TaskSettings field can be overridden per task, with the same bounds; none is restated."""
+    from bert_core.finetune.params import TaskOverrides, TaskSettings
+
+    assert list(TaskOverrides.model_fields) == list(TaskSettings.model_fields)
+    for name, info in TaskSettings.model_fields.items():
+        over = TaskOverrides.model_fields[name]
+        assert over.default is None and not over.is_required(), name
+        assert over.metadata == info.metadata, name
+    assert TaskOverrides().model_dump(exclude_unset=True) == {}
+
+
+def test_train_config_comes_from_the_settings():
+    settings = FinetuneParams().for_task("sst2")
+    config = settings.train_config(100, learning_rate=3e-5, seed=4, device="cpu", precision="fp32")
+    assert (config.max_steps, config.lr, config.seed, config.device, config.precision) == (
+        12,
+        3e-5,
+        4,
+        "cpu",
+        "fp32",
+    )
+    assert (config.warmup_ratio, config.weight_decay, config.max_grad_norm) == (0.1, 0.01, 1.0)
+    assert (config.eval_every, config.log_every, config.checkpoint_every) == (4, 1, 0)
+    assert settings.steps_per_epoch(100) == 4

@@ -55,7 +55,7 @@ STATS = {"vocab_size": 30522, "seq128.train": {"instances": 1000, "tokens": 1280
 
 
 def _pretrained(lock, run_ids=None):
-    return modelcard.pretrained_card_for(_Params(), METRICS, STATS, git_commit="abc123", lock_path=lock,
+    return modelcard.pretrained_card_for(_Params(), _Model().config(30522), METRICS, STATS, git_commit="abc123", lock_path=lock,
                                          run_ids=run_ids)  # fmt: skip
 
 

@@ -21,9 +21,9 @@ def small_params(**kw) -> PretrainParams:
                                                    "num_hidden_layers": 1, "intermediate_size": 64}},
         "max_steps": 10,
         "phases": [
-            {"name": "seq128", "max_seq_length": 128, "share": 0.8, "micro_batch": 4, "global_batch": 8,
+            {"name": "seq128", "share": 0.8, "micro_batch": 4, "global_batch": 8,
              "lr": 2e-3, "warmup_ratio": 0.1},
-            {"name": "seq512", "max_seq_length": 512, "share": 0.2, "micro_batch": 2, "global_batch": 4,
+            {"name": "seq512", "share": 0.2, "micro_batch": 2, "global_batch": 4,
              "lr": 1e-3, "warmup_steps": 0},
         ],
         "checkpoint_every": 3,
@@ -193,11 +193,66 @@ def test_vocab_mismatch_between_data_and_model(data, tmp_path):
         check_inputs(small_params(), data_dir, other)
 
 
-def test_sequence_length_must_match_the_data(data):
-    phases = small_params().model_dump()["phases"]
-    phases[1]["max_seq_length"] = 256
-    with pytest.raises(ValueError, match=r"max_seq_length = 256 but .*seq512/train holds 512-token"):
-        check_inputs(small_params(phases=phases), *data)
+def test_sequence_length_and_position_table_come_from_the_data(data):
+    from bert_core.pretrain.inputs import read_inputs
+
+    inputs = read_inputs(small_params(), *data)
+    assert [p.max_seq_length for p in inputs.phases] == [128, 512]
+    assert inputs.max_position_embeddings == 512
+    assert small_params().model.config(inputs.vocab_size, 384).max_position_embeddings == 384
+
+
+def _edit_index(data_dir, tmp_path, phase, split, **changes):
+    """A copy of the data whose ``<phase>/<split>/index.json`` has ``changes`` (``params.<key>`` nests)."""
+    import shutil
+
+    copy = tmp_path / "pd"
+    shutil.copytree(data_dir, copy)
+    path = copy / phase / split / "index.json"
+    index = json.loads(path.read_text())
+    for key, value in changes.items():
+        node, *rest = key.split("__")
+        if rest:
+            index[node][rest[0]] = value
+        else:
+            index[node] = value
+    path.write_text(json.dumps(index))
+    return copy
+
+
+def test_data_longer_than_its_position_table_is_refused(data, tmp_path):
+    data_dir, vocab = data
+    copy = _edit_index(data_dir, tmp_path, "seq512", "train", params__max_position_embeddings=256)
+    with pytest.raises(ValueError, match=r"seq512/train was built for max_position_embeddings = 256 but"):
+        check_inputs(small_params(), copy, vocab)
+    copy = _edit_index(data_dir, tmp_path / "b", "seq512", "train", max_seq_length=1024)
+    with pytest.raises(
+        ValueError, match=r"sequences of 1024 tokens but the model has max_position_embeddings=512"
+    ):
+        check_inputs(small_params(), copy, vocab)
+    copy = _edit_index(data_dir, tmp_path / "c", "seq128", "heldout", params__max_position_embeddings=None)
+    with pytest.raises(
+        ValueError, match=r"seq128/heldout/index.json records no params.max_position_embeddings"
+    ):
+        check_inputs(small_params(), copy, vocab)
+
+
+def test_each_index_is_read_once_per_phase(data, tmp_path, monkeypatch):
+    """The stage reads every index.json once (checks, fingerprint, loaders and evaluations share it)."""
+    from bert_core.pretrain_data import storage
+
+    reads: list[str] = []
+    real = storage.read_index_with_digest
+
+    def counting(data_dir):
+        reads.append(str(data_dir))
+        return real(data_dir)
+
+    monkeypatch.setattr(storage, "read_index_with_digest", counting)
+    pretrain(small_params(max_steps=4, eval_every=1, checkpoint_every=0), *data, tmp_path / "model")
+    assert sorted(reads) == sorted(
+        str(data[0] / p / s) for p in ("seq128", "seq512") for s in ("train", "heldout")
+    )
 
 
 def test_data_without_prediction_slots_is_refused(data, tmp_path):
@@ -227,7 +282,11 @@ def test_global_batch_that_processes_cannot_split(data):
     ("change", "msg"),
     [
         ({"phases.0.global_batch": 6}, "not a multiple of micro_batch"),
-        ({"phases.0.max_seq_length": 1024}, "exceeds the model's max_position_embeddings = 512"),
+        ({"phases.0.max_seq_length": 128}, "unknown key 'pretrain.phases.0.max_seq_length'"),
+        (
+            {"model.overrides": {"max_position_embeddings": 1024}},
+            "max_position_embeddings is read from the pretraining data",
+        ),
         (
             {"phases.0.warmup_ratio": None, "phases.0.warmup_steps": 8},
             "warmup must be shorter than the phase",
@@ -311,3 +370,21 @@ def test_flow_tracks_metrics_writes_outputs_and_registers_versions(data, tmp_pat
     # a second run registers version 2 and moves the alias (the checkpoints make it instant)
     pretrain_flow_fn(str(params_file), str(data_dir), str(vocab), **kwargs)
     assert str(client.get_model_version_by_alias("bert-pretrained", "newest").version) == "2"
+
+
+def test_train_config_of_the_shipped_params():
+    """``PretrainParams.train_config`` gives each phase the values the stage always trained with."""
+    from bert_core.training import TrainConfig
+
+    params = load_params(REPO / "params/pretrain.yaml", "pretrain", PretrainParams)
+    shared = dict(weight_decay=0.01, optimizer="adamw", betas=(0.9, 0.999), eps=1e-6, max_grad_norm=1.0,
+                  precision="auto", compile=False, checkpoint_every=200, keep_last=2, eval_every=0,
+                  max_eval_batches=10, log_every=25, deterministic=False, device="auto")  # fmt: skip
+    assert params.train_config(0) == TrainConfig(
+        max_steps=3150, time_budget_s=540.0, lr=2e-3, warmup_ratio=0.05, grad_accum=1, seed=0, **shared
+    )
+    assert params.train_config(1) == TrainConfig(
+        max_steps=350, time_budget_s=60.0, lr=1e-3, warmup_ratio=0.1, grad_accum=1, seed=1000, **shared
+    )
+    two = small_params().train_config(0, world_size=2)
+    assert (two.grad_accum, two.warmup_steps, two.max_steps) == (1, None, 8)

@@ -240,3 +240,23 @@ def test_bad_arguments_and_damaged_data(data, tmp_path):
     (copy / "shard-00001.tokens.bin").write_bytes(b"\0" * 10)
     with pytest.raises(ValueError, match=r"shard-00001.tokens.bin: expected \d+ bytes"):
         PretrainingLoader(copy, 8)
+
+
+def test_an_index_read_once_is_passed_along(data, monkeypatch):
+    """A caller that read ``index.json`` (and its digest) hands it to the loader and checks: no re-read."""
+    import hashlib
+
+    from bert_core.pretrain_data import storage
+
+    index, digest = storage.read_index_with_digest(data["static"])
+    assert digest == hashlib.sha256((data["static"] / "index.json").read_bytes()).hexdigest()
+    assert index == storage.read_index(data["static"])
+
+    def no_read(data_dir):
+        raise AssertionError(f"{data_dir}/index.json read again")
+
+    monkeypatch.setattr(storage, "read_index_with_digest", no_read)
+    loader = PretrainingLoader(data["static"], 8, expected_vocab_size=index["vocab_size"], index=index)
+    assert loader.max_seq_length == index["max_seq_length"] and next(iter(loader))["input_ids"].shape[0] == 8
+    check_vocab_size(data["static"], index["vocab_size"], index)
+    check_max_seq_length(data["static"], 512, index)

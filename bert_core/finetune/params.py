@@ -11,11 +11,15 @@ sections: changing one task's settings re-runs only that task.
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from bert_core.params import StrictModel
+
+if TYPE_CHECKING:
+    from bert_core.training.config import TrainConfig
 
 PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
 SMALL_TASKS = ("rte", "mrpc", "stsb", "cola", "wnli")
@@ -96,35 +100,75 @@ class TaskSettings(StrictModel):
             raise ValueError(f"seeds must be distinct, got {v}")
         return v
 
+    def steps_per_epoch(self, n_train: int) -> int:
+        """Optimizer steps per epoch over ``n_train`` training features."""
+        return math.ceil(n_train / self.batch_size)
 
-class TaskOverrides(StrictModel):
-    """Per-task overrides: any field of :class:`TaskSettings`, all optional."""
+    def train_config(
+        self, n_train: int, *, learning_rate: float, seed: int, device: str, precision: str
+    ) -> TrainConfig:
+        """The :class:`TrainConfig` of one trial over ``n_train`` training features.
 
-    batch_size: int | None = Field(None, ge=1)
-    epochs: float | None = Field(None, gt=0)
-    learning_rates: list[float] | None = Field(None, min_length=1)
-    seeds: list[int] | None = Field(None, min_length=1)
-    warmup_ratio: float | None = Field(None, ge=0, lt=1)
-    weight_decay: float | None = Field(None, ge=0)
-    max_grad_norm: float | None = Field(None, gt=0)
-    max_seq_length: int | None = Field(None, ge=8, le=512)
-    train_limit: int | None = Field(None, ge=1)
-    eval_limit: int | None = Field(None, ge=1)
-    test_limit: int | None = Field(None, ge=1)
-    eval_batch_size: int | None = Field(None, ge=1)
-    evals_per_epoch: int | None = Field(None, ge=1)
-    group_by_length: bool | None = None
-    doc_stride: int | None = Field(None, ge=1)
-    max_query_length: int | None = Field(None, ge=1)
-    n_best_size: int | None = Field(None, ge=1)
-    max_answer_length: int | None = Field(None, ge=1)
-    random_init_baseline: bool | None = None
-    reference_baseline: bool | None = None
-    predict_test: bool | None = None
-    dev_split: bool | None = None
-    train_file: str | None = Field(None, min_length=1)
-    dev_file: str | None = Field(None, min_length=1)
-    unpad: bool | None = None
+        The optimizer settings come from these settings by name (one definition each, bounds checked at
+        parse time); the step counts follow from ``epochs``, ``batch_size`` and ``evals_per_epoch``.
+        """
+        from bert_core.training.config import TrainConfig  # the training package imports torch
+
+        steps_per_epoch = self.steps_per_epoch(n_train)
+        max_steps = max(1, math.ceil(self.epochs * steps_per_epoch))
+        eval_every = max(1, math.ceil(steps_per_epoch / self.evals_per_epoch))
+        return TrainConfig(
+            **self.model_dump(include=_TRAIN_CONFIG_FIELDS),
+            max_steps=max_steps,
+            lr=learning_rate,
+            eval_every=eval_every if eval_every < max_steps else 0,
+            log_every=max(1, min(50, steps_per_epoch // 4 or 1)),
+            seed=seed,
+            device=device,
+            precision=precision,
+            checkpoint_every=0,
+        )
+
+
+#: The :class:`TaskSettings` fields that :class:`TrainConfig` takes under the same name.
+_TRAIN_CONFIG_FIELDS = {"warmup_ratio", "weight_decay", "max_grad_norm"}
+
+
+class _PartialSettings(StrictModel):
+    """Base of an overrides model: a field left out stays ``None`` and is not validated."""
+
+    model_config = ConfigDict(validate_default=False)
+
+
+def _overrides_model(settings: type[StrictModel]) -> type[StrictModel]:
+    """The per-task overrides of ``settings``: every field optional, with the same type, bounds and
+    field validators, so a new :class:`TaskSettings` field can be overridden per task with no second
+    declaration.
+
+    A field left out is ``None`` and not validated; :meth:`FinetuneParams.for_task` merges only the keys a
+    task sets. A key that is given is validated exactly as under ``defaults`` (same messages, named
+    ``finetune.tasks.<task>.<key>``), so an explicit ``null`` is accepted only where the setting itself
+    allows it (e.g. ``max_grad_norm``).
+    """
+    fields: dict[str, Any] = {}
+    for name, info in settings.model_fields.items():
+        annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+        fields[name] = (annotation, Field(None, description=info.description))
+    validators = {
+        name: field_validator(*dec.info.fields, mode=dec.info.mode)(dec.func.__func__)
+        for name, dec in settings.__pydantic_decorators__.field_validators.items()
+    }
+    return create_model(
+        "TaskOverrides",
+        __base__=_PartialSettings,
+        __module__=__name__,
+        __doc__=f"Per-task overrides: any field of :class:`{settings.__name__}`, all optional.",
+        __validators__=validators,
+        **fields,
+    )
+
+
+TaskOverrides = _overrides_model(TaskSettings)
 
 
 class ModelSource(StrictModel):
@@ -191,6 +235,11 @@ class FinetuneParams(StrictModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     data_checks: bool = True
+
+    @field_validator("small_task_seeds")
+    @classmethod
+    def _distinct_small_task_seeds(cls, v: list[int]) -> list[int]:
+        return TaskSettings._distinct_seeds(v)
 
     @model_validator(mode="after")
     def _known_tasks(self) -> FinetuneParams:

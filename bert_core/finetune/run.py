@@ -41,7 +41,7 @@ from bert_core.kinds import SplitScore, get_kind, max_seq_length
 from bert_core.progress import Progress
 from bert_core.released import check_checkpoint
 from bert_core.tasks import TaskSpec
-from bert_core.training import StepOutput, Task, TrainConfig, Trainer
+from bert_core.training import StepOutput, Task, Trainer
 from bert_core.unpad import set_unpad
 
 log = logging.getLogger(__name__)
@@ -225,28 +225,16 @@ def run_trial(
     kind = get_kind(spec)
     model = set_unpad(kind.build_model(spec, source_dir, init=init, seed=seed), settings.unpad)
     n_train = len(data.train.features)
-    steps_per_epoch = math.ceil(n_train / settings.batch_size)
-    max_steps = max(1, math.ceil(settings.epochs * steps_per_epoch))
-    eval_every = max(1, math.ceil(steps_per_epoch / settings.evals_per_epoch))
+    config = settings.train_config(n_train, learning_rate=learning_rate, seed=seed, device=device,
+                                   precision=precision)  # fmt: skip
+    steps_per_epoch, max_steps = settings.steps_per_epoch(n_train), config.max_steps
+    assert max_steps is not None  # fine-tuning runs a number of epochs, never a time budget
     log.info("%s: %d steps (%g epoch(s) of %d steps, batch %d), %d train features", name, max_steps,
              settings.epochs, steps_per_epoch, settings.batch_size, n_train)  # fmt: skip
     progress = Progress(f"{name} train", max_steps, logger=log,
                         detail=lambda step: f"epoch {step / steps_per_epoch:.2f}/{settings.epochs:g}")  # fmt: skip
     loader = make_loader(data.train.features, settings.batch_size, shuffle=True, seed=seed,
                          group_by_length=settings.group_by_length)  # fmt: skip
-    config = TrainConfig(
-        max_steps=max_steps,
-        lr=learning_rate,
-        warmup_ratio=settings.warmup_ratio,
-        weight_decay=settings.weight_decay,
-        max_grad_norm=settings.max_grad_norm,
-        eval_every=eval_every if eval_every < max_steps else 0,
-        log_every=max(1, min(50, steps_per_epoch // 4 or 1)),
-        seed=seed,
-        device=device,
-        precision=precision,
-        checkpoint_every=0,
-    )
     eval_seconds: list[float] = []
     last: dict[str, SplitScore] = {}
 

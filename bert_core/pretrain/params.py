@@ -1,22 +1,31 @@
 """Params of the ``pretrain`` stage (``params/pretrain.yaml``, section ``pretrain``): the model preset, the
-optimizer shared by the phases, and each phase's sequence length, share of the budget and batch sizes."""
+optimizer shared by the phases, and each phase's share of the budget, batch sizes and schedule.
+
+A phase's sequence length and the model's position table are not declared here: the ``pretrain_data``
+stage declares them (``phase_specs.<phase>.max_seq_length``, ``max_position_embeddings``) and records them
+in each output's ``index.json``, and pretraining reads them from there (:mod:`bert_core.pretrain.inputs`),
+so the two stages cannot disagree.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from bert_core.config import BertConfig
 from bert_core.params import StrictModel
 
+if TYPE_CHECKING:
+    from bert_core.training.config import TrainConfig
+
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 
 
 class ModelParams(StrictModel):
     """Which model: a named preset and optional ``BertConfig`` field overrides (``vocab_size`` comes
-    from the vocabulary, never from here)."""
+    from the vocabulary and ``max_position_embeddings`` from the pretraining data, never from here)."""
 
     preset: Preset = "tiny"
     unpad: bool = Field(
@@ -30,13 +39,25 @@ class ModelParams(StrictModel):
     def _check(self) -> ModelParams:
         if "vocab_size" in self.overrides:
             raise ValueError("vocab_size is read from the vocabulary (vocab.txt); remove it from overrides")
+        if "max_position_embeddings" in self.overrides:
+            raise ValueError(
+                "max_position_embeddings is read from the pretraining data (params/pretrain_data.yaml: "
+                "pretrain_data.max_position_embeddings); remove it from overrides"
+            )
         if "unpad" in self.overrides:
             raise ValueError("set pretrain.model.unpad, not overrides.unpad")
         BertConfig.from_preset(self.preset, vocab_size=30522, **self.overrides)  # validates the fields
         return self
 
-    def config(self, vocab_size: int) -> BertConfig:
-        return BertConfig.from_preset(self.preset, vocab_size=vocab_size, unpad=self.unpad, **self.overrides)
+    def config(self, vocab_size: int, max_position_embeddings: int) -> BertConfig:
+        """The model's config, given the two sizes the inputs decide (the vocabulary and the data)."""
+        return BertConfig.from_preset(
+            self.preset,
+            vocab_size=vocab_size,
+            max_position_embeddings=max_position_embeddings,
+            unpad=self.unpad,
+            **self.overrides,
+        )
 
 
 class OptimizerParams(StrictModel):
@@ -54,8 +75,8 @@ class PhaseParams(StrictModel):
     """One pretraining phase.
 
     Attributes:
-        name: the data directory under ``data_dir`` (``seq128``, ``seq512``).
-        max_seq_length: the phase's sequence length; must match the data and fit the position table.
+        name: the data directory under ``data_dir`` (``seq128``, ``seq512``); its ``index.json`` gives the
+            phase's sequence length.
         share: share of the total ``max_steps`` / time budget given to this phase.
         micro_batch: sequences per forward/backward on one process.
         global_batch: sequences per optimizer step over all processes
@@ -66,7 +87,6 @@ class PhaseParams(StrictModel):
     """
 
     name: str = Field(min_length=1)
-    max_seq_length: int = Field(ge=8)
     share: float = Field(gt=0, le=1)
     micro_batch: int = Field(ge=1)
     global_batch: int = Field(ge=1)
@@ -130,13 +150,7 @@ class PretrainParams(StrictModel):
             raise ValueError(
                 f"phase shares must add up to 1, got {total:g} ({[p.share for p in self.phases]})"
             )
-        max_pos = self.model.config(30522).max_position_embeddings
         for i, p in enumerate(self.phases):
-            if p.max_seq_length > max_pos:
-                raise ValueError(
-                    f"phases[{i}].max_seq_length = {p.max_seq_length} exceeds the model's "
-                    f"max_position_embeddings = {max_pos}; BERT has no position embedding beyond it"
-                )
             if self.time_budget_minutes is not None and p.warmup_steps:
                 raise ValueError(
                     f"phases[{i}].warmup_steps: with time_budget_minutes the schedule follows the clock; "
@@ -157,6 +171,39 @@ class PretrainParams(StrictModel):
         return max(1, round(self.phases[i].share * self.max_steps))
 
     def phase_budget_s(self, i: int) -> float | None:
+        """Wall-clock seconds of phase ``i`` (None without ``time_budget_minutes``)."""
         if self.time_budget_minutes is None:
             return None
         return self.phases[i].share * self.time_budget_minutes * 60.0
+
+    def train_config(self, i: int, world_size: int = 1) -> TrainConfig:
+        """The :class:`TrainConfig` of phase ``i`` run on ``world_size`` processes.
+
+        Settings that :class:`TrainConfig` names alike are passed by name (one definition each, bounds
+        checked when the params are parsed); the rest follow from the phase: its steps or budget, its
+        learning rate (else ``optimizer.lr``), the gradient accumulation that makes ``global_batch``, and a
+        seed of its own (``seed + 1000 * i``), so a phase's data order differs from the previous phase's.
+        """
+        from bert_core.training.config import TrainConfig  # the training package imports torch
+
+        phase, optimizer = self.phases[i], self.optimizer
+        return TrainConfig(
+            **self.model_dump(include=_TRAIN_CONFIG_FIELDS),
+            **optimizer.model_dump(include=_TRAIN_CONFIG_OPTIMIZER_FIELDS),
+            **phase.model_dump(include=_TRAIN_CONFIG_PHASE_FIELDS),
+            optimizer=optimizer.name,
+            lr=phase.lr or optimizer.lr,
+            max_steps=self.phase_steps(i),
+            time_budget_s=self.phase_budget_s(i),
+            grad_accum=phase.global_batch // (phase.micro_batch * world_size),
+            max_eval_batches=self.eval_batches,
+            seed=self.seed + 1000 * i,
+        )
+
+
+#: Fields that :class:`TrainConfig` takes under the same name, from the stage, its optimizer and a phase.
+_TRAIN_CONFIG_FIELDS = {
+    "precision", "compile", "checkpoint_every", "keep_last", "eval_every", "log_every", "deterministic", "device"
+}  # fmt: skip
+_TRAIN_CONFIG_OPTIMIZER_FIELDS = {"weight_decay", "betas", "eps", "max_grad_norm"}
+_TRAIN_CONFIG_PHASE_FIELDS = {"warmup_steps", "warmup_ratio"}

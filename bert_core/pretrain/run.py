@@ -33,11 +33,11 @@ import torch
 from bert_core.atomic import atomic_path, write_csv_atomic
 from bert_core.config import BertConfig
 from bert_core.constants import TOKENIZER_FILES
-from bert_core.pretrain.inputs import check_inputs, unigram_log_prior
+from bert_core.pretrain.inputs import PhaseData, read_inputs, unigram_log_prior
 from bert_core.pretrain.objective import PretrainingTask
 from bert_core.pretrain.params import PretrainParams
 from bert_core.tracking import MetricsCallback
-from bert_core.training import FitResult, TrainConfig, Trainer
+from bert_core.training import FitResult, Trainer
 from bert_core.training.distributed import DistContext, resolve_device
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def pretrain(
     checkpoint_root: str | Path | None = None,
     on_metrics: MetricsCallback | None = None,
     dist: DistContext | None = None,
-    model_card: Callable[[dict[str, Any], dict[str, Any]], str] | None = None,
+    model_card: Callable[[dict[str, Any], dict[str, Any], BertConfig], str] | None = None,
 ) -> PretrainResult:
     """Pretrain, evaluate and write the model (see the module docstring).
 
@@ -92,7 +92,7 @@ def pretrain(
         on_metrics: ``on_metrics(global_step, metrics)`` at every log/evaluation (rank 0), keys
             ``train/<name>`` and ``heldout/<name>``.
         dist: the process's DDP context (default: one process on ``params.device``).
-        model_card: ``model_card(metrics, data_stats)`` -> the ``README.md`` written with the model, in the
+        model_card: ``model_card(metrics, data_stats, config)`` -> the ``README.md`` written with the model, in the
             same atomic move (:func:`bert_core.modelcard.pretrained_card`; keep it free of run ids and
             timings: the model directory is a DVC output that a rerun reproduces byte for byte).
 
@@ -101,9 +101,10 @@ def pretrain(
     """
     data_dir, vocab_dir, out_dir = Path(data_dir), Path(vocab_dir), Path(out_dir)
     dist = dist or DistContext(device=resolve_device(params.device))
-    data_stats = check_inputs(params, data_dir, vocab_dir, dist.world_size)
+    inputs = read_inputs(params, data_dir, vocab_dir, dist.world_size)
+    data_stats = inputs.stats
     ckpt_root = Path(checkpoint_root) if checkpoint_root else out_dir.with_name(out_dir.name + ".checkpoints")
-    config = params.model.config(data_stats["vocab_size"])
+    config = params.model.config(inputs.vocab_size, inputs.max_position_embeddings)
     if params.deterministic and params.time_budget_minutes is not None:
         log.warning(
             "deterministic is set but so is time_budget_minutes: when the budget is the nearer limit, the "
@@ -117,7 +118,8 @@ def pretrain(
     model = BertForPreTraining(config)
     if params.init_mlm_bias == "unigram":
         with torch.no_grad():
-            model.cls.predictions.bias.copy_(unigram_log_prior(data_dir / params.phases[0].name / "train"))
+            first = inputs.phases[0]
+            model.cls.predictions.bias.copy_(unigram_log_prior(first.train_dir, index=first.train_index))
     task = PretrainingTask.for_config(config)
     log.info(
         "pretraining %s (%.1fM parameters) on %s, %d process(es)",
@@ -131,11 +133,13 @@ def pretrain(
     fits: list[FitResult] = []
     phase_metrics: dict[str, Any] = {}
     step_offset = 0
-    for i, phase in enumerate(params.phases):
-        train_index = (data_dir / phase.name / "train" / "index.json").read_bytes()
-        fp = _fingerprint(fp, phase.model_dump(mode="json"), params.phase_steps(i), params.phase_budget_s(i),
-                          hashlib.sha256(train_index).hexdigest())  # fmt: skip
-        fit = _run_phase(params, i, model, task, data_dir, dist, ckpt_root / f"{phase.name}-{fp}", fp,
+    for i, (phase, phase_data) in enumerate(zip(params.phases, inputs.phases, strict=True)):
+        # The sequence length comes from the data; it stays in the fingerprint as a phase field (the
+        # fingerprint of a phase is the same as when the params declared it, so such checkpoints resume).
+        phase_fields = {**phase.model_dump(mode="json"), "max_seq_length": phase_data.max_seq_length}
+        fp = _fingerprint(fp, phase_fields, params.phase_steps(i), params.phase_budget_s(i),
+                          phase_data.train_sha256)  # fmt: skip
+        fit = _run_phase(params, i, model, task, phase_data, dist, ckpt_root / f"{phase.name}-{fp}", fp,
                          on_metrics, step_offset)  # fmt: skip
         fits.append(fit)
         history += [{**h, "step": h["step"] + step_offset, "phase": phase.name} for h in fit.history]
@@ -151,7 +155,8 @@ def pretrain(
         "train_seconds": sum(f.elapsed_s for f in fits),
     }
     if dist.is_main:
-        save_model(model, vocab_dir, out_dir, readme=model_card(metrics, data_stats) if model_card else None)
+        readme = model_card(metrics, data_stats, config) if model_card else None
+        save_model(model, vocab_dir, out_dir, readme=readme)
     dist.barrier()
     return PretrainResult(out_dir, metrics, history, data_stats, config, fits)
 
@@ -161,7 +166,7 @@ def _run_phase(
     i: int,
     model: torch.nn.Module,
     task: PretrainingTask,
-    data_dir: Path,
+    data: PhaseData,
     dist: DistContext,
     ckpt_dir: Path,
     fingerprint: str,
@@ -171,54 +176,30 @@ def _run_phase(
     from bert_core.pretrain_data.loader import PretrainingLoader
 
     phase = params.phases[i]
-    accum = phase.global_batch // (phase.micro_batch * dist.world_size)
-    seed = params.seed + 1000 * i
+    cfg = params.train_config(i, dist.world_size)
     # The static-shape MLM targets (masked positions and weights) make the compiled step one graph; eager,
     # where shapes cost nothing, transformers' dense labels are up to ~10% faster on CPU (docs/benchmarks.md,
     # "Static-shape MLM step"). Both give the same loss, gradients and metrics (tests/test_static_mlm.py).
     mlm_format = "positions" if params.compile else "labels"
     train = PretrainingLoader(
-        data_dir / phase.name / "train", phase.micro_batch, rank=dist.rank, world_size=dist.world_size,
-        seed=seed, expected_vocab_size=model.config.vocab_size, mlm_format=mlm_format,
+        data.train_dir, phase.micro_batch, rank=dist.rank, world_size=dist.world_size, seed=cfg.seed,
+        expected_vocab_size=model.config.vocab_size, mlm_format=mlm_format, index=data.train_index,
     )  # fmt: skip
-    heldout_dir = data_dir / phase.name / "heldout"
     eval_bs = params.eval_batch_size or phase.micro_batch
 
     def heldout() -> PretrainingLoader:
         return PretrainingLoader(
-            heldout_dir,
+            data.heldout_dir,
             eval_bs,
             rank=dist.rank,
             world_size=dist.world_size,
             shuffle=False,
             drop_last=False,
             mlm_format=mlm_format,
+            index=data.heldout_index,
         )
 
-    steps, budget = params.phase_steps(i), params.phase_budget_s(i)
-    cfg = TrainConfig(
-        max_steps=steps,
-        time_budget_s=budget,
-        lr=phase.lr or params.optimizer.lr,
-        warmup_steps=phase.warmup_steps,
-        warmup_ratio=phase.warmup_ratio,
-        weight_decay=params.optimizer.weight_decay,
-        optimizer=params.optimizer.name,
-        betas=params.optimizer.betas,
-        eps=params.optimizer.eps,
-        max_grad_norm=params.optimizer.max_grad_norm,
-        grad_accum=accum,
-        precision=params.precision,
-        compile=params.compile,
-        checkpoint_every=params.checkpoint_every,
-        keep_last=params.keep_last,
-        eval_every=params.eval_every,
-        max_eval_batches=params.eval_batches,
-        log_every=params.log_every,
-        seed=seed,
-        deterministic=params.deterministic,
-        device=params.device,
-    )
+    steps, budget = cfg.max_steps, cfg.time_budget_s
 
     def emit(step: int, metrics: dict[str, float]) -> None:
         if on_metrics is None:
@@ -232,7 +213,7 @@ def _run_phase(
     log.info(
         "phase %s: %s, global batch %d = %d x %d accumulation x %d process(es), %d train steps/epoch",
         phase.name, f"{steps} steps" if steps else f"{budget:.0f} s budget", phase.global_batch,
-        phase.micro_batch, accum, dist.world_size, train.steps_per_epoch // accum,
+        phase.micro_batch, cfg.grad_accum, dist.world_size, train.steps_per_epoch // cfg.grad_accum,
     )  # fmt: skip
     trainer = Trainer(
         model, task, train, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout, on_metrics=emit, dist=dist,

@@ -43,16 +43,23 @@ from bert_core.pretrain_data.storage import InstanceStore, read_index
 from bert_core.vocab.info import read_vocab
 
 
-def check_vocab_size(data_dir: str | Path, model_vocab_size: int) -> None:
+def check_vocab_size(
+    data_dir: str | Path, model_vocab_size: int, index: dict[str, Any] | None = None
+) -> None:
     """Refuse a model whose ``vocab_size`` differs from the data's vocabulary.
 
     A mismatch gives index errors (ids beyond the embedding table) or silently wrong training (a larger
     table with untrained rows), so training must stop before it starts.
 
+    Args:
+        data_dir: The data directory.
+        model_vocab_size: The model's ``vocab_size``.
+        index: The directory's parsed ``index.json`` if already read (else it is read here).
+
     Raises:
         ValueError: naming both sizes and what to do.
     """
-    index = read_index(data_dir)
+    index = read_index(data_dir) if index is None else index
     data_size = int(index["vocab_size"])
     if int(model_vocab_size) != data_size:
         raise ValueError(
@@ -63,13 +70,20 @@ def check_vocab_size(data_dir: str | Path, model_vocab_size: int) -> None:
         )
 
 
-def check_max_seq_length(data_dir: str | Path, max_position_embeddings: int) -> None:
+def check_max_seq_length(
+    data_dir: str | Path, max_position_embeddings: int, index: dict[str, Any] | None = None
+) -> None:
     """Refuse data longer than the model's position table.
+
+    Args:
+        data_dir: The data directory.
+        max_position_embeddings: The model's position table.
+        index: The directory's parsed ``index.json`` if already read (else it is read here).
 
     Raises:
         ValueError: naming both lengths.
     """
-    index = read_index(data_dir)
+    index = read_index(data_dir) if index is None else index
     if int(index["max_seq_length"]) > int(max_position_embeddings):
         raise ValueError(
             f"the pretraining data in {data_dir} has sequences of {index['max_seq_length']} tokens but the "
@@ -250,6 +264,8 @@ class PretrainingLoader:
         epoch: Epoch to start at.
         mlm_format: ``"positions"`` (default: Google's static-shape ``masked_lm_*`` arrays) or
             ``"labels"`` (transformers' ``labels``); see the module docstring.
+        index: The directory's parsed ``index.json`` when the caller has read it already (a loader made
+            once per evaluation then reads no file but the memory-mapped shards).
 
     Raises:
         ValueError: bad arguments, a vocabulary mismatch, or fewer instances than one global batch.
@@ -269,6 +285,7 @@ class PretrainingLoader:
         pad_to_multiple_of: int | None = None,
         epoch: int = 0,
         mlm_format: str = "positions",
+        index: dict[str, Any] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -280,9 +297,9 @@ class PretrainingLoader:
             raise ValueError(f"mlm_format must be one of {MLM_FORMATS}, got {mlm_format!r}")
         self.mlm_format = mlm_format
         self.data_dir = Path(data_dir)
-        self.store = InstanceStore(self.data_dir)
+        self.store = InstanceStore(self.data_dir, index)
         if expected_vocab_size is not None:
-            check_vocab_size(self.data_dir, expected_vocab_size)
+            check_vocab_size(self.data_dir, expected_vocab_size, self.store.index)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.pad_to_multiple_of = pad_to_multiple_of

@@ -40,7 +40,11 @@ class PretrainDataParams(StrictModel):
             "seq512": PhaseSpec(max_seq_length=512, max_predictions_per_seq=80),
         }
     )
-    max_position_embeddings: int = Field(512, ge=MIN_SEQ_LENGTH, description="the model's position table")
+    max_position_embeddings: int = Field(
+        512,
+        ge=MIN_SEQ_LENGTH,
+        description="the model's position table (recorded in index.json; pretrain builds its model with it)",
+    )
     dupe_factor: int = Field(10, ge=1, description="passes over the train split, each with fresh masks")
     heldout_dupe_factor: int = Field(1, ge=1, description="passes over the heldout split")
     short_seq_prob: float = Field(0.1, ge=0.0, le=1.0)

@@ -21,6 +21,7 @@ first [SEP] and 1 after it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,15 @@ def read_index(data_dir: str | Path) -> dict[str, Any]:
         FileNotFoundError: no index (the stage has not run, or the path is wrong).
         ValueError: not this format, or a newer format version.
     """
+    return read_index_with_digest(data_dir)[0]
+
+
+def read_index_with_digest(data_dir: str | Path) -> tuple[dict[str, Any], str]:
+    """:func:`read_index` and the sha256 of the file's bytes, from one read.
+
+    The digest identifies the data (the index lists every shard with its counts and the params that built
+    it), e.g. for the checkpoint fingerprint of a pretraining phase.
+    """
     data_dir = Path(data_dir)
     path = data_dir / "index.json"
     if not path.is_file():
@@ -126,7 +136,8 @@ def read_index(data_dir: str | Path) -> dict[str, Any]:
             f"{path} not found: {data_dir} is not a pretraining data directory (expected e.g. "
             f"data/pretrain_data/seq128/train); build it with `dvc repro pretrain_data`"
         )
-    index = json.loads(path.read_text(encoding="utf-8"))
+    raw = path.read_bytes()
+    index = json.loads(raw.decode("utf-8"))
     if index.get("format") != FORMAT:
         raise ValueError(f"{path}: format {index.get('format')!r} is not {FORMAT!r}")
     if index.get("format_version", 0) > FORMAT_VERSION:
@@ -134,7 +145,7 @@ def read_index(data_dir: str | Path) -> dict[str, Any]:
             f"{path}: format version {index['format_version']} is newer than this code reads "
             f"({FORMAT_VERSION}); update the code or rebuild the data"
         )
-    return index
+    return index, hashlib.sha256(raw).hexdigest()
 
 
 def _ranges(starts: np.ndarray, ends: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,11 +168,12 @@ class InstanceStore:
 
     Args:
         data_dir: A directory written by the builder (holds ``index.json``).
+        index: Its parsed ``index.json`` when the caller has read it already (:func:`read_index`).
     """
 
-    def __init__(self, data_dir: str | Path):
+    def __init__(self, data_dir: str | Path, index: dict[str, Any] | None = None):
         self.data_dir = Path(data_dir)
-        self.index = read_index(self.data_dir)
+        self.index = read_index(self.data_dir) if index is None else index
         self.max_seq_length: int = self.index["max_seq_length"]
         self.vocab_size: int = self.index["vocab_size"]
         self.static: bool = self.index["masking"] == "static"

@@ -107,9 +107,9 @@ PARAMS_CASES = {
                                          ["'finetune.defaults.learning_rates'", "learning rates must be > 0"]),
     "masked_lm_prob above 1": ("pretrain_data", {"pretrain_data.masked_lm_prob": 1.5},
                                ["'pretrain_data.masked_lm_prob' = 1.5: Input should be less than or equal to 1"]),
-    "sequence longer than the position table (pretrain)": (
-        "pretrain", {"pretrain.phases.0.max_seq_length": 1024},
-        ["max_seq_length = 1024 exceeds the model's max_position_embeddings = 512"]),
+    "position table declared twice (pretrain)": (
+        "pretrain", {"pretrain.model.overrides": {"max_position_embeddings": 1024}},
+        ["max_position_embeddings is read from the pretraining data"]),
     "sequence longer than the position table (pretrain_data)": (
         "pretrain_data", {"pretrain_data.phase_specs.seq128.max_seq_length": 1024},
         ["phase_specs.seq128.max_seq_length = 1024 exceeds max_position_embeddings = 512"]),
