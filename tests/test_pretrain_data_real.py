@@ -63,9 +63,7 @@ def test_googles_nsp_rule_is_unbalanced_on_real_text(real_inputs, tmp_path):
 _CHILD = textwrap.dedent(
     """
     import json, resource, sys
-    from bert_core.constants import REPO_ROOT
-from bert_core.params import read_yaml
-from bert_core.pretrain_data.build import build_pretrain_data
+    from bert_core.pretrain_data.build import build_pretrain_data
     from bert_core.pretrain_data.params import PretrainDataParams
     if __name__ == "__main__":
         p = PretrainDataParams(phases=["seq128"], dupe_factor=2, num_workers=1, window_tokens=200_000,
