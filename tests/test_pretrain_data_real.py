@@ -10,9 +10,16 @@ import textwrap
 
 import pytest
 
+from bert_core.constants import REPO_ROOT
+from bert_core.params import read_yaml
 from bert_core.pretrain_data.build import build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
-from bert_core.pretrain_data.testing import make_synthetic_inputs, real_documents, write_corpus
+from bert_core.pretrain_data.testing import (
+    make_synthetic_inputs,
+    real_documents,
+    real_subset_corpus,
+    write_corpus,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -91,3 +98,25 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
     assert runs["x4"]["instances"] > 3.5 * runs["x1"]["instances"]
     # holding the x4 instances (int32 rows of 128) would add > 100 MB
     assert runs["x4"]["rss_kb"] < runs["x1"]["rss_kb"] * 1.1 + 20_000, runs
+
+
+def test_nsp_balances_over_the_whole_output_on_real_books(shared_data, tmp_path):
+    """30 books + 5 Wikipedia files, caps lifted: whole books drawing a short target give tasks full of
+    forced NotNext, which the other tasks now offset (seq512/train was 0.4837 IsNext before)."""
+    if len(list((shared_data / "corpus" / "gutenberg").glob("pg*.txt"))) < 30:
+        pytest.skip("fewer than 30 Gutenberg books in the shared data")
+    corpus = real_subset_corpus(shared_data, tmp_path / "c", books=30, wiki_files=5)
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    (vocab / "vocab.txt").write_bytes((shared_data / "checkpoints/bert-base-uncased/vocab.txt").read_bytes())
+    p = PretrainDataParams.model_validate(
+        read_yaml(REPO_ROOT / "params" / "pretrain_data.yaml")["pretrain_data"]
+    )
+    r = build_pretrain_data(p, corpus_dir=corpus, vocab_dir=vocab, output_dir=tmp_path / "o")
+    assert not any(rep.failed_critical for rep in r.reports), [rep.summary() for rep in r.reports]
+    for phase in p.phases:
+        for split in ("train", "heldout"):
+            m = r.metrics[phase][split]
+            assert m["nsp_balanced"], (phase, split, m["nsp_residual"])
+            assert abs(m["is_next_share"] - 0.5) < 0.005, (phase, split, m["is_next_share"])
+    assert r.metrics["seq512"]["train"]["nsp_tasks_rerun"] >= 1

@@ -7,6 +7,25 @@ documents and holds one window of about ``window_tokens`` tokens at a time, so p
 ``window_tokens`` and the number of workers, never of the corpus size (Google's generator keeps every
 instance of every pass in memory: 64-70 GB for its users).
 
+NSP balance over the whole output. Google's rule draws a document's target length once, so a whole book
+can draw a short target and yield thousands of single-sentence chunks, all forced to NotNext. The balancer
+in :func:`.instances.create_pairs` offsets forced NotNext only inside one task (~``task_bytes`` of text),
+so such a task ends far from ``random_next_prob`` while its neighbours, balanced on their own, cannot
+help. Balancing strictly in corpus order would need the tasks to run one after another; instead every
+task first runs in parallel as it is, and then, per phase and split, the builder sums each task's
+residual (``random_next - random_next_prob * instances``). When the total exceeds what rounding leaves
+(about one instance per task), it walks the tasks in order and gives those that still made choices the
+other way (NotNext by the balancer or the coin in multi-sentence chunks, or IsNext) a starting
+:attr:`.instances.NspCounter.offset` that makes their balancer lean that many instances the other way,
+and runs just those tasks again, for just that phase, rewriting their shards. Leaning changes how chunks
+are cut, so the figure is measured again and the step repeated, at most :data:`NSP_MAX_ROUNDS` times.
+Every decision depends on the tasks' deterministic results only, so the output stays the same for any
+``num_workers``; Google's per-document statistics (short targets, chunking) are untouched, only the
+NotNext/IsNext choice of multi-sentence chunks moves. When forced NotNext alone exceed
+``random_next_prob`` no choice is left to make: the NotNext share is then the forced share, and the
+build says so (a warning and the ``nsp_*`` metrics); the data checks hold the output to that derived
+share (:mod:`.checks`).
+
 The whole output directory is written through :func:`bert_core.atomic.atomic_path` and validated by the
 data checks (:mod:`.checks`) *before* it is moved into place: a crash or a failed check leaves no output.
 """
@@ -49,6 +68,50 @@ class BuildResult:
 
 
 MIN_TASK_DOCS = 2  # NSP draws NotNext segments from another document of the same task
+NSP_MAX_ROUNDS = 4  # re-runs of compensating tasks per phase and split (one or two suffice in practice)
+
+
+def nsp_tolerance(num_tasks: int) -> float:
+    """NotNext instances by which a balanced output may miss ``random_next_prob * instances``: each
+    task's balancer stops within about one instance of its target."""
+    return float(max(num_tasks, 1))
+
+
+def nsp_residual(stats: dict[str, int], random_next_prob: float) -> float:
+    """NotNext instances above (positive) or below the ``random_next_prob`` share of ``stats``."""
+    return stats["random_next"] - random_next_prob * stats["instances"]
+
+
+def plan_nsp_compensation(
+    stats: list[dict[str, int]], offsets: list[float], random_next_prob: float
+) -> dict[int, float]:
+    """Which tasks to run again, and with which NSP offset, so the tasks' total residual goes to zero.
+
+    Args:
+        stats: Each task's counters for one phase and split, in task order.
+        offsets: The offset each task last ran with.
+        random_next_prob: The NotNext share asked for.
+
+    Returns:
+        ``{task position: new offset}``; empty when the total is within :func:`nsp_tolerance` or no task
+        has a choice left to move.
+    """
+    need = sum(nsp_residual(s, random_next_prob) for s in stats)
+    if abs(need) <= nsp_tolerance(len(stats)):
+        return {}
+    sign = 1.0 if need > 0 else -1.0
+    picks: dict[int, float] = {}
+    for k, s in enumerate(stats):
+        # the choices this task made the way the total is off: they can go the other way
+        spare = s["random_next"] - s["forced_random"] if sign > 0 else s["instances"] - s["random_next"]
+        take = min(abs(need), float(spare))
+        if take < 1:
+            continue
+        picks[k] = offsets[k] + sign * take
+        need -= sign * take
+        if abs(need) < 1:
+            break
+    return picks
 
 
 def _row_bytes(pf, group: int) -> np.ndarray:
@@ -177,6 +240,7 @@ def summarize(stats: dict[str, int], corpus: dict[str, int], max_seq_length: int
     """Turn the workers' counters into the stage's metrics for one phase and split."""
     n = max(stats["instances"], 1)
     preds = stats["predictions"]
+    forced = stats.get("forced_random", 0) / n
     out: dict[str, Any] = {
         "instances": stats["instances"],
         "tokens": stats["tokens"],
@@ -185,6 +249,7 @@ def summarize(stats: dict[str, int], corpus: dict[str, int], max_seq_length: int
         "truncated_share": stats["truncated"] / n,
         "short_target_share": stats["short_target"] / n,
         "is_next_share": 1 - stats["random_next"] / n,
+        "forced_not_next_share": forced,
         "mean_a_tokens": stats["a_tokens"] / n,
         "mean_b_tokens": stats["b_tokens"] / n,
         "corpus_documents": corpus["documents"],
@@ -211,6 +276,87 @@ def _sum(dicts: list[dict[str, int]]) -> dict[str, int]:
         for k, v in d.items():
             out[k] = out.get(k, 0) + v
     return out
+
+
+def _balance_nsp(
+    params: PretrainDataParams,
+    plans: dict[str, list[Task]],
+    by_split: dict[str, list[dict[str, Any]]],
+    out_dir: str,
+    vocab_dir: str,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Balance NSP over each whole output (module docstring): re-run compensating tasks, replacing their
+    entries in ``by_split`` in place; return the ``nsp_*`` metrics per phase and split."""
+    p = params.random_next_prob
+    metrics: dict[str, dict[str, dict[str, Any]]] = {phase: {} for phase in params.phases}
+    pending = [(phase, split) for phase in params.phases for split in SPLITS] if params.nsp_balance else []
+    rounds = dict.fromkeys(pending, 0)
+    rerun = dict.fromkeys(pending, 0)
+    for _ in range(NSP_MAX_ROUNDS):
+        redo: dict[tuple[str, int], dict[str, float]] = {}  # (split, task position) -> phase -> offset
+        for phase, split in pending:
+            rs = by_split[split]
+            picks = plan_nsp_compensation(
+                [r["phases"][phase]["stats"] for r in rs], [r["phases"][phase]["nsp_offset"] for r in rs], p
+            )
+            for k, offset in picks.items():
+                redo.setdefault((split, k), {})[phase] = offset
+            if picks:
+                rounds[phase, split] += 1
+                rerun[phase, split] += len(picks)
+        if not redo:
+            break
+        keys = sorted(redo, key=lambda sk: (SPLITS.index(sk[0]), sk[1]))
+        jobs = [
+            Job(
+                plans[split][k],
+                out_dir,
+                vocab_dir,
+                params.model_dump(mode="json"),
+                phases=tuple(ph for ph in params.phases if ph in redo[split, k]),
+                nsp_offset=redo[split, k],
+            )
+            for split, k in keys
+        ]
+        log.info("pretrain_data: NSP balance: running %d task(s) again with an offset", len(jobs))
+        for (split, k), r in zip(keys, _execute(jobs, params.num_workers), strict=True):
+            by_split[split][k]["phases"] |= r["phases"]
+        pending = sorted({(ph, split) for split, k in keys for ph in redo[split, k]})
+    for phase in params.phases:
+        for split in SPLITS:
+            rs = by_split[split]
+            stats = _sum([r["phases"][phase]["stats"] for r in rs])
+            n = max(stats["instances"], 1)
+            forced = stats["forced_random"] / n
+            residual = nsp_residual(stats, p)
+            tol = nsp_tolerance(len(rs))
+            m: dict[str, Any] = {
+                "nsp_residual": residual,
+                "nsp_rounds": rounds.get((phase, split), 0),
+                "nsp_tasks_rerun": rerun.get((phase, split), 0),
+            }
+            if params.nsp_balance:
+                expected = max(p, forced)
+                m["nsp_balanced"] = bool(abs(residual) <= tol)
+                if forced > p:
+                    log.warning(
+                        "pretrain_data %s/%s: %.4f of the instances are single-sentence chunks, forced to "
+                        "NotNext: more than random_next_prob = %s, so nsp_balance cannot reach it; every "
+                        "other chunk is IsNext and the NotNext share is %.4f. The corpus has unusually "
+                        "short documents or sentences (check the corpus stage's segmentation)",
+                        phase, split, forced, p, stats["random_next"] / n,
+                    )  # fmt: skip
+                elif abs(residual) > tol:
+                    log.warning(
+                        "pretrain_data %s/%s: NotNext share %.4f misses random_next_prob = %s by %.0f "
+                        "instances after %d NSP balance round(s)",
+                        phase, split, stats["random_next"] / n, p, residual, NSP_MAX_ROUNDS,
+                    )  # fmt: skip
+            else:
+                expected = forced + p * (1 - forced)  # Google's rule: forced, else a coin
+            m["expected_not_next_share"] = expected
+            metrics[phase][split] = m
+    return metrics
 
 
 def build_pretrain_data(
@@ -253,14 +399,17 @@ def build_pretrain_data(
         ]
         log.info("pretrain_data: %d tasks on %d worker(s)", len(jobs), params.num_workers)
         results = _execute(jobs, params.num_workers)
+        by_split = {split: [r for r in results if r["split"] == split] for split in SPLITS}
+        nsp = _balance_nsp(params, plans, by_split, str(tmp), str(vocab_dir))
         for phase in params.phases:
             spec = params.phase_specs[phase]
             result.metrics[phase] = {}
             for split in SPLITS:
-                rs = [r for r in results if r["split"] == split]
+                rs = by_split[split]
                 shards = [r["phases"][phase]["shard"] for r in rs]
                 stats = _sum([r["phases"][phase]["stats"] for r in rs])
                 summary = summarize(stats, _sum([r["corpus"] for r in rs]), spec.max_seq_length)
+                summary |= nsp[phase][split]
                 d = tmp / phase / split
                 static = params.masking == "static" or split == "heldout"
                 index = {

@@ -20,7 +20,10 @@ Deviations (documented in ``docs``):
 * ``nsp_balance`` (default on): chunks of a single sentence are forced to NotNext, which pushes the
   NotNext share above 50% on corpora of short documents. With balancing, the choice for multi-sentence
   chunks leans against the running imbalance (IsNext when NotNext is ahead, NotNext when behind, a coin
-  otherwise), so the share ends at ``random_next_prob``. Off = Google's coin exactly.
+  otherwise), so the share ends at ``random_next_prob``. Off = Google's coin exactly. Here the imbalance
+  is that of one task (an :class:`NspCounter` carried across its windows and passes) plus the counter's
+  ``offset``, through which the builder asks a task to lean further one way so that the *whole output*
+  balances (:mod:`.build` explains the corpus-level scheme).
 * Front/back truncation is drawn as a binomial count per segment (the same distribution as Google's
   token-by-token coin) so very long sentences cost O(1).
 
@@ -69,6 +72,7 @@ class Pairs:
     b_doc: np.ndarray
     truncated: np.ndarray
     short_target: np.ndarray
+    forced: np.ndarray  # NotNext because the chunk has a single sentence (no choice was made)
 
     def __len__(self) -> int:
         return len(self.a_start)
@@ -103,10 +107,19 @@ def _front_pops(rng: random.Random, pops: int) -> int:
 @dataclass
 class NspCounter:
     """Running NotNext and total counts that ``nsp_balance`` steers by; pass the same counter to every
-    window and pass of a task so the share is balanced over the task, not just over each call."""
+    window and pass of a task so the share is balanced over the task, not just over each call.
+
+    Attributes:
+        random_next: NotNext instances so far.
+        total: Instances so far.
+        offset: Added to the imbalance ``random_next - random_next_prob * total`` the balancer steers to
+            zero: ``+c`` makes the task end with about ``c`` NotNext fewer than its share, ``-c`` with ``c``
+            more (while it has choices left to make).
+    """
 
     random_next: int = 0
     total: int = 0
+    offset: float = 0.0
 
 
 def create_pairs(
@@ -141,6 +154,7 @@ def create_pairs(
     rows: list[tuple[int, ...]] = []  # one tuple per instance, in Pairs field order
     counter = counter if counter is not None else NspCounter()
     n_random, n_total = counter.random_next, counter.total
+    lean = counter.offset
     uniform = rng.random
 
     for d in range(n_docs):
@@ -158,9 +172,9 @@ def create_pairs(
                 a_s, a_e = ss[chunk_first], ss[chunk_first + a_end]
                 if n_chunk == 1:
                     is_random = True
-                elif nsp_balance and n_random - random_next_prob * n_total >= 0.5:
+                elif nsp_balance and n_random - random_next_prob * n_total + lean >= 0.5:
                     is_random = False
-                elif nsp_balance and n_random - random_next_prob * n_total <= -0.5:
+                elif nsp_balance and n_random - random_next_prob * n_total + lean <= -0.5:
                     is_random = True
                 else:
                     is_random = uniform() < random_next_prob
@@ -194,6 +208,7 @@ def create_pairs(
                         b_doc,
                         pop_a + pop_b > 0,
                         short,
+                        n_chunk == 1,
                     )
                 )
                 n_random += is_random
@@ -203,7 +218,7 @@ def create_pairs(
 
     counter.random_next, counter.total = n_random, n_total
     table = np.array(rows, dtype=np.int64).reshape(len(rows), len(Pairs.__dataclass_fields__))
-    flags = {"random_next", "truncated", "short_target"}
+    flags = {"random_next", "truncated", "short_target", "forced"}
     return Pairs(
         **{
             k: table[:, c].astype(bool) if k in flags else table[:, c].copy()

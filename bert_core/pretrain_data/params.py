@@ -52,8 +52,9 @@ class PretrainDataParams(StrictModel):
     random_next_prob: float = Field(0.5, ge=0.0, le=1.0, description="NotNext share for NSP")
     nsp_balance: bool = Field(
         True,
-        description="compensate the forced NotNext of single-sentence chunks so the NotNext share is "
-        "random_next_prob; false = Google's rule exactly",
+        description="compensate the forced NotNext of single-sentence chunks so the NotNext share of each "
+        "whole output is random_next_prob (or the forced share, when that alone is higher); false = "
+        "Google's rule exactly",
     )
     whole_word_masking: bool = False
     masking: Literal["static", "dynamic"] = Field(

@@ -147,3 +147,30 @@ def make_synthetic_inputs(
     write_corpus(corpus, "train", docs(n_train), docs_per_shard)
     write_corpus(corpus, "heldout", docs(n_heldout), docs_per_shard)
     return corpus, vocab_dir
+
+
+def real_subset_corpus(shared_data: str | Path, out_dir: str | Path, *, books: int, wiki_files: int) -> Path:
+    """Run the corpus stage, caps lifted, on the first ``books`` Gutenberg books and the first
+    ``wiki_files`` Wikipedia files (file-name order) of ``shared_data/corpus``; return the corpus directory.
+
+    The inputs are picked through a data root of symlinks, so the corpus stage reads them exactly as it
+    reads the full data root.
+    """
+    from bert_core.constants import REPO_ROOT
+    from bert_core.corpus.build import build_corpus
+    from bert_core.corpus.params import CorpusParams
+    from bert_core.params import read_yaml
+
+    src = Path(shared_data) / "corpus"
+    out_dir = Path(out_dir)
+    root = out_dir / "data_root" / "corpus"
+    for kind, pattern, n in (("gutenberg", "pg*.txt", books), ("wikipedia", "*.jsonl", wiki_files)):
+        (root / kind).mkdir(parents=True, exist_ok=True)
+        for f in sorted((src / kind).glob(pattern))[:n]:
+            (root / kind / f.name).symlink_to(f)
+    raw = read_yaml(REPO_ROOT / "params" / "corpus.yaml")["corpus"]
+    for s in raw["local_sources"]:
+        s["max_bytes"] = None
+    raw["cap"] = {"max_documents": None, "max_bytes": None}
+    build_corpus(CorpusParams.model_validate(raw), out_dir / "corpus", data_root=root.parent)
+    return out_dir / "corpus"

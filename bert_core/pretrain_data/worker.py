@@ -3,7 +3,9 @@
 Runs in a worker process (or in-process with one worker). Streams the task's documents from Parquet,
 tokenises them in bounded batches, cuts them into windows of about ``window_tokens`` tokens and, per
 window, phase and dupe pass, creates, masks and appends instances. Every random choice is seeded by
-(seed, phase, split, task, window, pass), so the output does not depend on which process runs the task.
+(seed, phase, split, task, window, pass), so the output does not depend on which process runs the task,
+nor on which other phases it builds: a task can be run again for one phase alone (with another NSP
+``offset``, see :mod:`.build`) and that phase's shard is rewritten in full.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import itertools
 import random
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +84,19 @@ def read_segment(path: str, start: int, end: int) -> Iterator[Any]:
 
 @dataclass(frozen=True)
 class Job:
-    """A task plus what a worker process needs to run it (picklable)."""
+    """A task plus what a worker process needs to run it (picklable).
+
+    Attributes:
+        phases: The phases to build (a subset of ``params["phases"]``); empty: all of them.
+        nsp_offset: Per phase, the starting :attr:`NspCounter.offset` (0 when absent).
+    """
 
     task: Task
     out_dir: str
     vocab_dir: str
     params: dict[str, Any]
+    phases: tuple[str, ...] = ()
+    nsp_offset: dict[str, float] = field(default_factory=dict)
 
 
 def _encode(tokenizer, sentences) -> tuple[np.ndarray, np.ndarray]:
@@ -166,8 +175,8 @@ def derive_seed(*words: int | str) -> int:
 
 def _new_stats() -> dict[str, int]:
     keys = (
-        "instances tokens slots truncated short_target random_next a_tokens b_tokens eligible predictions "
-        "pred_mask pred_random pred_keep"
+        "instances tokens slots truncated short_target random_next forced_random a_tokens b_tokens eligible "
+        "predictions pred_mask pred_random pred_keep"
     )
     return dict.fromkeys(keys.split(), 0)
 
@@ -203,6 +212,7 @@ def _write_chunk(
     s["truncated"] += int(pairs.truncated.sum())
     s["short_target"] += int(pairs.short_target.sum())
     s["random_next"] += int(pairs.random_next.sum())
+    s["forced_random"] += int(pairs.forced.sum())
     s["a_tokens"] += int(pairs.a_len.sum())
     s["b_tokens"] += int(pairs.b_len.sum())
     s["eligible"] += int((lengths - 3).sum())
@@ -238,8 +248,9 @@ def release_memory() -> None:
 
 
 def run_task(job: Job) -> dict[str, Any]:
-    """Worker: build every phase's output shard for one task; return the shards' index entries + stats."""
+    """Worker: build the job's phases' output shards for one task; return the shards' index entries + stats."""
     p = PretrainDataParams.model_validate(job.params)
+    phases = list(job.phases) or p.phases
     vocab, tokenizer = _vocab_and_tokenizer(job.vocab_dir)
     task, split = job.task, job.task.split
     static = p.masking == "static" or split == "heldout"
@@ -247,7 +258,7 @@ def run_task(job: Job) -> dict[str, Any]:
     sp = vocab.special_ids
     name = f"shard-{task.index:05d}"
     writers, stats, specs = {}, {}, {}
-    for phase in p.phases:
+    for phase in phases:
         ps = p.phase_specs[phase]
         writers[phase] = ShardWriter(
             Path(job.out_dir) / phase / split, name, vocab.token_dtype, static=static, track_docs=p.track_docs
@@ -265,7 +276,8 @@ def run_task(job: Job) -> dict[str, Any]:
             pad_id=sp["[PAD]"],
         )
     corpus = {"documents": 0, "sentences": 0, "tokens": 0, "windows": 0}
-    nsp = {phase: NspCounter() for phase in p.phases}  # NSP balance carried across windows and passes
+    # NSP balance carried across windows and passes
+    nsp = {phase: NspCounter(offset=job.nsp_offset.get(phase, 0.0)) for phase in phases}
     for w, window in enumerate(iter_windows(task, tokenizer, p.window_tokens, p.min_window_docs)):
         if window.num_docs < 2:
             raise ValueError(
@@ -276,7 +288,7 @@ def run_task(job: Job) -> dict[str, Any]:
         corpus["sentences"] += len(window.sent_starts) - 1
         corpus["tokens"] += len(window.tokens)
         corpus["windows"] += 1
-        for phase in p.phases:
+        for phase in phases:
             t = p.phase_specs[phase].max_seq_length
             for k in range(dupe):
                 pairs = create_pairs(
@@ -300,10 +312,10 @@ def run_task(job: Job) -> dict[str, Any]:
         del window
         release_memory()
     out = {}
-    for phase in p.phases:
+    for phase in phases:
         s = stats[phase]
         s["pred_random"] = s["predictions"] - s["pred_mask"] - s["pred_keep"]
         entry = writers[phase].close()
         entry["corpus_rows"] = [[Path(f).name, a, b] for f, a, b in task.segments]
-        out[phase] = {"shard": entry, "stats": s}
+        out[phase] = {"shard": entry, "stats": s, "nsp_offset": nsp[phase].offset}
     return {"task": task.index, "split": split, "phases": out, "corpus": corpus}
