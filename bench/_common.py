@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tabulate import tabulate
+
 
 def median(values: Sequence[float]) -> float:
     """Median of a non-empty sequence."""
@@ -131,9 +133,8 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
             return f"{value:.3f}" if abs(value) < 1000 else f"{value:,.0f}"
         return str(value)
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
+    body = [[cell(row.get(c, "")) for c in columns] for row in rows]
+    return tabulate(body, columns, tablefmt="pipe", disable_numparse=True)
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:

@@ -31,6 +31,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import psutil
+
 from bert_core.owned import check_replaceable, dir_mode, mark_output
 
 TEMP_MARKER = ".tmp-"
@@ -83,15 +85,7 @@ def _remove_dead_writers_temps(directory: Path, prefix: str) -> None:
 
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` exists on this host (one we may not signal counts as alive)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return psutil.pid_exists(pid)
 
 
 def _fsync_dir(path: Path) -> None:

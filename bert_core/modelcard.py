@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tabulate import tabulate
 
 from bert_core.atomic import TEMP_MARKER, write_text_atomic
 
@@ -104,6 +105,11 @@ def _fmt(value: Any) -> str:
     return "n/a" if value is None else str(value)
 
 
+def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    """A Markdown (pipe) table; the cells are already formatted and stay as they are."""
+    return tabulate(rows, header, tablefmt="pipe", disable_numparse=True)
+
+
 def _yaml_block(data: Any) -> str:
     return "```yaml\n" + yaml.safe_dump(data, sort_keys=True, default_flow_style=False).rstrip() + "\n```"
 
@@ -153,12 +159,13 @@ def _lineage_section(
         )
         lines.append("")
         if lineage:
-            lines += ["| stage | path | kind | md5 |", "|---|---|---|---|"]
-            for name, entry in lineage.items():
-                for kind in ("deps", "outs"):
-                    for path, md5 in entry[kind].items():
-                        lines.append(f"| {name} | `{path}` | {kind[:-1]} | `{md5}` |")
-            lines.append("")
+            rows = [
+                (name, f"`{path}`", kind[:-1], f"`{md5}`")
+                for name, entry in lineage.items()
+                for kind in ("deps", "outs")
+                for path, md5 in entry[kind].items()
+            ]
+            lines += [_table(rows, ["stage", "path", "kind", "md5"]), ""]
     return lines
 
 
@@ -190,6 +197,11 @@ def pretrained_card(
         run_ids: ``pipeline_run_id``, ``mlflow_run_id`` ... (``None``: the deterministic DVC-output copy).
     """
     heldout = dict(metrics.get("heldout") or {})
+    held = [
+        (k, _fmt(heldout[k]), _fmt(heldout.get(f"baseline_{k}")))
+        for k in ("mlm_acc", "mlm_ppl", "nsp_acc")
+        if k in heldout
+    ]
     values = [(k, heldout.get(k)) for k in ("mlm_acc", "nsp_acc", "mlm_ppl") if heldout.get(k) is not None]
     meta = {
         "language": "en",
@@ -218,13 +230,7 @@ def pretrained_card(
         "",
         "## Held-out evaluation",
         "",
-        "| metric | this model | most-frequent-token baseline |",
-        "|---|---|---|",
-        *(
-            f"| {k} | {_fmt(heldout.get(k))} | {_fmt(heldout.get('baseline_' + k))} |"
-            for k in ("mlm_acc", "mlm_ppl", "nsp_acc")
-            if k in heldout
-        ),
+        _table(held, ["metric", "this model", "most-frequent-token baseline"]),
         "",
         f"Steps: {metrics.get('steps', 'n/a')}.",
         "",
@@ -320,10 +326,11 @@ def finetuned_card(
     if labels:
         body += [f"Labels: {', '.join(f'`{label}`' for label in labels)}.", ""]
     ref = f"published ({published_model}, {published_split})" if published else "published"
-    body += [f"## Dev scores ({dev_split})", "", f"| metric | this model | {ref} |", "|---|---|---|"]
-    for k in shown:
-        body.append(f"| {k}{' (main)' if k == main_metric else ''} | {_fmt(scores[k])} | "
-                    f"{_fmt((published or {}).get(k))} |")  # fmt: skip
+    rows = [
+        (f"{k} (main)" if k == main_metric else k, _fmt(scores[k]), _fmt((published or {}).get(k)))
+        for k in shown
+    ]
+    body += [f"## Dev scores ({dev_split})", "", _table(rows, ["metric", "this model", ref])]
     if not published:
         body += ["", f"No published score for `{task}` at size `{preset or 'custom'}`."]
     elif published_split == "test":

@@ -9,7 +9,6 @@ follows its output, so DVC's caching decides what reruns. DVC announces each sta
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import signal
@@ -21,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
+
+from filelock import FileLock, Timeout
 
 LOCK_RELPATH = Path(".dvc") / "tmp" / "bert-pipeline.lock"
 
@@ -186,40 +187,41 @@ def workspace_lock(
 
     Two pipeline runs on one workspace would interleave their params overrides and outputs; DVC itself
     refuses a second ``repro`` outright. Here the second run waits (up to ``timeout_s``), and says who it
-    is waiting for. The lock is an ``flock``: the kernel releases it when the holder dies, so a killed run
-    never blocks the next one.
+    is waiting for. The lock is :class:`filelock.FileLock`, an ``flock`` on Unix: the kernel releases it
+    when the holder dies, so a killed run never blocks the next one. ``fallback_to_soft=False`` keeps it
+    so on a filesystem without ``flock`` (an error there, not a marker file a killed run would leave).
 
     Raises:
         WorkspaceBusy: the lock was not free within ``timeout_s``; names the holder.
     """
     path = Path(root) / LOCK_RELPATH
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        start = time.monotonic()
-        next_note = start
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                now = time.monotonic()
-                current = path.read_text(encoding="utf-8", errors="replace").strip() or "another run"
-                if now - start >= timeout_s:
-                    raise WorkspaceBusy(
-                        f"{root}: the pipeline workspace is busy ({current}); waited {timeout_s:.0f}s. "
-                        "Wait for that run to finish, or cancel it."
-                    ) from None
-                if on_wait is not None and now >= next_note:
-                    on_wait(current)
-                    next_note = now + note_every_s
-                time.sleep(poll_s)
+
+    def claim(fd: int) -> None:  # the holder's name, for the runs that wait on it
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{holder} (pid {os.getpid()})\n".encode(), 0)
+
+    lock = FileLock(path, mode=0o644, fallback_to_soft=False, poll_interval=poll_s, on_acquired=claim)
+    deadline = time.monotonic() + timeout_s
+    wait_s = 0.0  # the first attempt does not wait: a busy lock is reported at once
+    while True:
         try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            lock.acquire(timeout=wait_s)
+            break
+        except Timeout:
+            current = path.read_text(encoding="utf-8", errors="replace").strip() or "another run"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkspaceBusy(
+                    f"{root}: the pipeline workspace is busy ({current}); waited {timeout_s:.0f}s. "
+                    "Wait for that run to finish, or cancel it."
+                ) from None
+            if on_wait is not None:
+                on_wait(current)
+            wait_s = min(left, note_every_s)
+    try:
+        yield
     finally:
-        os.close(fd)
+        with open(path, "r+b") as fh:  # the file outlives the lock: leave no stale holder name in it
+            fh.truncate()
+        lock.release()

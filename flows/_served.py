@@ -10,9 +10,10 @@ import contextlib
 import fcntl
 import os
 import socket
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+import httpx
+from filelock import FileLock, Timeout
 
 
 class ServeError(RuntimeError):
@@ -29,31 +30,35 @@ def free_port(host: str = "127.0.0.1") -> int:
 def is_healthy(url: str, timeout: float = 2.0) -> bool:
     """``True`` when a Prefect API answers ``/health`` at ``url``."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+        return httpx.get(f"{url}/health", timeout=timeout).status_code == 200
+    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError):
         return False
 
 
 @contextlib.contextmanager
 def serve_lock(home: Path, api: str):
-    """One ``flows.serve`` per repository: a second runner would run a second flow at the same time."""
+    """One ``flows.serve`` per repository: a second runner would run a second flow at the same time.
+
+    The lock is :class:`filelock.FileLock`, an ``flock`` on Unix (released by the kernel when the holder
+    dies); the file names the holder and its API URL for :func:`served_api_url`.
+    """
     home.mkdir(parents=True, exist_ok=True)
     path = home / "serve.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = path.read_text(encoding="utf-8", errors="replace").strip()
-            raise ServeError(
-                f"this repository is already being served ({holder}); stop that one first"
-            ) from None
+
+    def claim(fd: int) -> None:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"flows.serve pid {os.getpid()} api {api}\n".encode(), 0)
+
+    lock = FileLock(path, mode=0o644, blocking=False, fallback_to_soft=False, on_acquired=claim)
+    try:
+        lock.acquire()
+    except Timeout:
+        holder = path.read_text(encoding="utf-8", errors="replace").strip()
+        raise ServeError(f"this repository is already being served ({holder}); stop that one first") from None
+    try:
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def served_api_url(home: Path) -> str | None:
@@ -61,6 +66,8 @@ def served_api_url(home: Path) -> str | None:
     path = home / "serve.lock"
     if not path.is_file():
         return None
+    # A shared ``flock`` probe, which filelock does not offer (its read-write lock is a SQLite file, not
+    # this flock): probes from several command lines at once must not see each other as the server.
     fd = os.open(path, os.O_RDONLY)
     try:
         try:

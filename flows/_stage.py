@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tabulate import tabulate
+
 from bert_core import tracking
 from bert_core.atomic import OutputSet, atomic_outputs, write_json_atomic
 from bert_core.constants import REPO_ROOT
@@ -193,13 +195,9 @@ def write_stage_metrics(
 
 
 def markdown_table(metrics: dict[str, Any], title: str | None = None) -> str:
-    lines = [f"### {title}", ""] if title else []
-    lines += ["| metric | value |", "|---|---|"]
-    for k, v in flatten(metrics).items():
-        if isinstance(v, float):
-            v = f"{v:.6g}"
-        lines.append(f"| {k} | {v} |")
-    return "\n".join(lines)
+    rows = [(k, f"{v:.6g}" if isinstance(v, float) else str(v)) for k, v in flatten(metrics).items()]
+    table = tabulate(rows, ["metric", "value"], tablefmt="pipe", disable_numparse=True)
+    return f"### {title}\n\n{table}" if title else table
 
 
 def publish_artifact(stage: str, metrics: dict[str, Any]) -> None:

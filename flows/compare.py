@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import json
 import math
 import re
@@ -28,6 +29,8 @@ import sys
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
+
+from tabulate import tabulate
 
 from bert_core.tracking import FINETUNE_EXPERIMENT, tracking_uri
 
@@ -183,23 +186,13 @@ def render(rows: list[dict[str, Any]], a: Side, b: Side, fmt: str = "text") -> s
         writer.writerow(["task", "metric", "a", "b", "delta"])
         writer.writerows([[r["task"], r["metric"], r["a"], r["b"], r["delta"]] for r in rows])
         return buf.getvalue().rstrip("\n")
+    # disable_numparse: the cells are already formatted (``+3.5``, ``-``) and stay as they are.
+    table = functools.partial(
+        tabulate, body, header, colalign=("left", "left", "right", "right", "right"), disable_numparse=True
+    )
     if fmt == "markdown":
-        lines = [
-            f"A = {a.label}, B = {b.label}",
-            "",
-            "| " + " | ".join(header) + " |",
-            "|---|---|--:|--:|--:|",
-        ]
-        lines += ["| " + " | ".join(row) + " |" for row in body]
-        return "\n".join(lines)
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
-    lines = [f"A = {a.label}", f"B = {b.label}", ""]
-    for i, row in enumerate([header, *body]):
-        cells = [c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))]
-        lines.append("  ".join(cells).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+        return f"A = {a.label}, B = {b.label}\n\n" + table(tablefmt="pipe")
+    return f"A = {a.label}\nB = {b.label}\n\n" + table(tablefmt="simple")
 
 
 def ui_link(experiment_id: str, a: Side, b: Side, base: str = "http://127.0.0.1:5000") -> str:

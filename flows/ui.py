@@ -23,8 +23,9 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from typing import Any
+
+import httpx
 
 from bert_core.constants import REPO_ROOT
 
@@ -68,9 +69,8 @@ def _lines(url: str, store: str) -> list[str]:
 
 def _answers(url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
-            return resp.status == 200
-    except OSError:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except (httpx.HTTPError, OSError):
         return False
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -276,7 +277,7 @@ def test_squad_v1_dev_split_is_labelled_in_summary_trials_and_report(tiny_model,
 
     flat, paths = evaluate_results(tmp_path / "results", tmp_path / "evaluate.json", tmp_path / "reports")
     report = paths["markdown"].read_text(encoding="utf-8")
-    assert f"| squad_v1 ({label}) |" in report
+    assert f"| squad_v1 ({label}) |" in re.sub(r" {2,}", " ", report)
     assert "not official dev scores" in report and "overlap_sentence" in report
     assert flat["squad_v1.dev_split"] == 1.0 and "squad_v1.baseline.overlap_sentence.f1" in flat
 

@@ -14,7 +14,6 @@ Pipeline (streaming; the corpus is never held in memory):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import multiprocessing as mp
@@ -35,6 +34,7 @@ from bert_core.corpus.readers import CorpusError, UnitStats, WorkUnit, plan_unit
 from bert_core.corpus.segment import get_segmenter, segment_paragraphs
 from bert_core.corpus.shards import MANIFEST, SCHEMA, ShardWriter
 from bert_core.corpus.stats import CorpusStats, UnitResult
+from bert_core.tracking.fingerprint import json_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def process_unit(unit: WorkUnit, params: CorpusParams, work_dir: str, root: str 
 def params_hash(params: CorpusParams, root: Path | None) -> str:
     """Hash of everything that determines the output: params (less ``workers``) and the active source list."""
     payload = {"params": params.output_hash_payload(), "mode": "local" if root is not None else "hub"}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    return json_fingerprint(payload)
 
 
 def stop_workers(pool: ProcessPoolExecutor) -> None:

@@ -9,11 +9,9 @@ page (XML dumps); only one-document-per-file text is read whole, and files too l
 
 from __future__ import annotations
 
-import bz2
 import codecs
 import fnmatch
 import glob
-import gzip
 import json
 import logging
 import re
@@ -21,6 +19,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import fsspec
 
 from bert_core.corpus.clean import wikitext_detokenize
 from bert_core.corpus.params import SourceSpec
@@ -154,15 +154,6 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None) -> list[WorkU
 
 
 # --- readers -------------------------------------------------------------------------------------------
-def _open_binary(path: Path):
-    name = path.name.lower()
-    if name.endswith(".bz2"):
-        return bz2.open(path, "rb")
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
-
-
 def _stem(path: Path) -> str:
     name = path.name
     for suffix in (".bz2", ".gz"):
@@ -175,7 +166,7 @@ def _lines(path: Path, stats: UnitStats) -> Iterator[tuple[int, str]]:
     """Decoded lines (1-based line numbers), counting UTF-8 replacements; compressed input errors named."""
     replaced = 0
     try:
-        with _open_binary(path) as fh:
+        with fsspec.open(path, "rb", compression="infer") as fh:
             for lineno, raw in enumerate(fh, 1):
                 stats.input_bytes += len(raw)
                 text, n = decode(raw)
@@ -219,14 +210,14 @@ def _read_text(unit: WorkUnit, stats: UnitStats, max_doc_chars: int) -> Iterator
     mode = src.effective_doc_split
     if mode == "file":
         size = path.stat().st_size
-        compressed = path.name.lower().endswith((".bz2", ".gz"))
+        compressed = fsspec.utils.infer_compression(path.name) is not None
         if not compressed and size > 4 * max_doc_chars:  # >= size/4 characters: cannot pass max_doc_chars
             stats.input_bytes += size
             stats.records += 1
             stats.dropped["too_long"] += 1
             return
         try:
-            with _open_binary(path) as fh:
+            with fsspec.open(path, "rb", compression="infer") as fh:
                 data = fh.read()
         except (EOFError, OSError) as err:
             raise CorpusError(

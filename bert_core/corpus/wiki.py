@@ -1,7 +1,7 @@
 """Wikipedia XML dumps: stream pages, keep text passages only (BERT paper, Section 3.1).
 
 "For Wikipedia we extract only the text passages and ignore lists, tables, and headers." Pages are streamed
-with ``xml.etree.ElementTree.iterparse`` (through ``bz2`` for ``.xml.bz2``; multistream dumps work too) and
+with ``xml.etree.ElementTree.iterparse`` (through fsspec's decompression for ``.xml.bz2``; multistream dumps work too) and
 every finished ``<page>`` is cleared, so memory does not grow with the dump. Redirects and pages outside
 namespace 0 (articles) are skipped. The wikitext is parsed with mwparserfromhell and rendered to plain text:
 
@@ -13,14 +13,13 @@ namespace 0 (articles) are skipped. The wikitext is parsed with mwparserfromhell
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import fsspec
 import mwparserfromhell
 from mwparserfromhell.nodes import (
     Argument,
@@ -80,15 +79,6 @@ class WikiPage:
     text: str
 
 
-def _open_binary(path: Path):
-    name = path.name.lower()
-    if name.endswith(".bz2"):
-        return bz2.open(path, "rb")
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")
-    return open(path, "rb")
-
-
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
@@ -103,7 +93,7 @@ def iter_pages(path: str | Path) -> Iterator[WikiPage]:
     path = Path(path)
     last = "<none yet>"
     try:
-        with _open_binary(path) as fh:
+        with fsspec.open(path, "rb", compression="infer") as fh:
             context = ET.iterparse(fh, events=("start", "end"))
             root = None
             for event, elem in context:

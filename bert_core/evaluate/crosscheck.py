@@ -22,8 +22,6 @@ report is written, so a failed check never leaves a partial report.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -118,26 +116,20 @@ def check_provenance(results: Mapping[str, tuple[Path, FinetuneResult]]) -> list
     return problems
 
 
-def _md5(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def dvc_dir_hash(path: str | Path) -> str:
     """DVC 3's hash of a directory output (``<md5>.dir``, as ``dvc.lock`` records it).
 
-    The md5 of the JSON listing ``[{"md5": <file md5>, "relpath": <posix path>}, ...]`` sorted by path
-    (``dvc_data.hashfile.tree.Tree.as_bytes``), computed without importing DVC.
+    Built by ``dvc_data`` (the library DVC hashes its outputs with) as a dry run: no object is written
+    anywhere, the staging database is in memory. ``.dvcignore`` is not applied (result directories have none).
     """
-    root = Path(path)
-    entries = [
-        {"md5": _md5(f), "relpath": f.relative_to(root).as_posix()} for f in root.rglob("*") if f.is_file()
-    ]
-    entries.sort(key=lambda e: e["relpath"])
-    return hashlib.md5(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest() + ".dir"
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs import MemoryFileSystem
+    from dvc_objects.fs.local import LocalFileSystem
+
+    staging = HashFileDB(MemoryFileSystem(), "/staging")
+    _, _, tree = build(staging, str(Path(path).resolve()), LocalFileSystem(), "md5", dry_run=True)
+    return str(tree.hash_info.value)
 
 
 def _locked_out(lock: dict[str, Any], stage: str, rel: str) -> dict[str, Any] | None:

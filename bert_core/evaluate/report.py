@@ -22,6 +22,8 @@ import math
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+from tabulate import tabulate
+
 from bert_core.atomic import OutputSet, atomic_path, write_json_atomic
 from bert_core.evaluate.datanotes import baseline_table, data_notes, task_label
 from bert_core.evaluate.plots import plot_learning_curves, plot_scores, plot_trials
@@ -70,10 +72,8 @@ def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    esc = [[c.replace("|", "\\|") for c in row] for row in rows]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in esc]
-    return "\n".join(lines)
+    esc = [[c.replace("|", "\\|") for c in row] for row in rows]  # a "|" in a cell would end it
+    return tabulate(esc, header, tablefmt="pipe", disable_numparse=True)
 
 
 def _intro(summary: EvaluationSummary) -> str:

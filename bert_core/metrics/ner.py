@@ -65,6 +65,9 @@ def ner_metrics(references: Sequence[Sequence[str]], predictions: Sequence[Seque
     n_right = Counter(t for t, _, _ in right)
 
     precision, recall, f1 = _prf(len(right), len(pred_chunks), len(gold_chunks))
+    # Counted here, not with seqeval's classification_report(output_dict=True): that report carries
+    # precision, recall, F1 and the gold count only, and the predicted/correct counts per type (conlleval
+    # prints them; the report and tests use them) cannot be recovered from it for a type with no gold chunk.
     per_type = {}
     for etype in sorted(set(n_gold) | set(n_pred)):
         p, r, f = _prf(n_right[etype], n_pred[etype], n_gold[etype])

@@ -19,8 +19,6 @@ makes a rerun of the same params (e.g. after a failure while registering the mod
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -37,6 +35,7 @@ from bert_core.pretrain.inputs import PhaseData, read_inputs, unigram_log_prior
 from bert_core.pretrain.objective import PretrainingTask
 from bert_core.pretrain.params import PretrainParams
 from bert_core.tracking import MetricsCallback
+from bert_core.tracking.fingerprint import json_fingerprint
 from bert_core.training import FitResult, Trainer
 from bert_core.training.distributed import DistContext, resolve_device
 
@@ -66,7 +65,7 @@ class PretrainResult:
 
 
 def _fingerprint(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return json_fingerprint(parts)
 
 
 # ====================================================================== the stage

@@ -3,6 +3,9 @@
 The pretrain stage tags the version it registers with :data:`FINGERPRINT_TAG` = :func:`fingerprint` of the
 model directory, so a run that starts from the local ``models/pretrained`` can name the registered version
 it uses (:func:`registered_version`).
+
+It also holds the project's one short content hash (:func:`short_hash`, :func:`json_fingerprint`): the first
+16 hex digits of a sha256, for checkpoint folders, params hashes and dataset digests.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +22,25 @@ log = logging.getLogger(__name__)
 FINGERPRINT_TAG = "model_fingerprint"
 
 
-def fingerprint(model_dir: str | Path, *, chunk: int = 1 << 20) -> str:
+#: Hex digits kept of a sha256 (64 bits: no accidental collision among a project's files and runs).
+SHORT_HEX = 16
+
+
+def short_hash(data: bytes) -> str:
+    """The first :data:`SHORT_HEX` hex digits of the sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()[:SHORT_HEX]
+
+
+def json_fingerprint(obj: Any) -> str:
+    """:func:`short_hash` of ``obj`` as JSON with sorted keys (``default=str`` for paths, dates and the like).
+
+    Equal for equal content whatever the dicts' key order; the same bytes as
+    ``json.dumps(obj, sort_keys=True, default=str)``, so hashes recorded before stay valid.
+    """
+    return short_hash(json.dumps(obj, sort_keys=True, default=str).encode())
+
+
+def fingerprint(model_dir: str | Path) -> str:
     """Short sha256 of a model directory's weights and config (identifies the exact pretrained model)."""
     digest = hashlib.sha256()
     model_dir = Path(model_dir)
@@ -26,9 +48,8 @@ def fingerprint(model_dir: str | Path, *, chunk: int = 1 << 20) -> str:
         path = model_dir / name
         if path.is_file():
             with open(path, "rb") as fh:
-                while block := fh.read(chunk):
-                    digest.update(block)
-    return digest.hexdigest()[:16]
+                hashlib.file_digest(fh, lambda: digest)  # one digest over the files, in this order
+    return digest.hexdigest()[:SHORT_HEX]
 
 
 def registered_version(model_dir: str | Path, sha: str | None = None) -> dict[str, str]:

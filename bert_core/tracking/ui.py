@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_core.constants import REPO_ROOT
+from bert_core.tracking.fingerprint import SHORT_HEX, json_fingerprint, short_hash
 from bert_core.tracking.run import retry_tracking
 
 log = logging.getLogger("bert_core.stage")
@@ -31,7 +32,7 @@ def rows_digest(rows: Any) -> str:
     for row in rows:
         digest.update(json.dumps(row, sort_keys=True, default=str).encode())
         digest.update(b"\n")
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()[:SHORT_HEX]
 
 
 def _dataset_source(source: str) -> Any:
@@ -113,7 +114,7 @@ def log_pretrain_data(data_dir: str | os.PathLike[str], phases: list[str]) -> No
                 continue
             rows = info.get("num_instances", info.get("instances", 0)) if isinstance(info, dict) else 0
             log_dataset(f"pretrain-{phase}-{split}", source=str(index.parent), rows=int(rows or 0),
-                        digest=hashlib.sha256(raw).hexdigest()[:16], context=context,
+                        digest=short_hash(raw), context=context,
                         tags={"phase": phase, "split": split})  # fmt: skip
 
 
@@ -161,7 +162,7 @@ def log_corpus_data(corpus_dir: str | os.PathLike[str], splits: tuple[str, ...] 
         return
     for split in splits:
         docs = ((info.get("splits") or {}).get(split) or {}).get("documents", 0)
-        log_dataset(f"corpus-{split}", source=str(Path(corpus_dir)), digest=hashlib.sha256(raw).hexdigest()[:16],
+        log_dataset(f"corpus-{split}", source=str(Path(corpus_dir)), digest=short_hash(raw),
                     rows=int(docs or 0), context="training", tags={"split": split, "unit": "documents"})  # fmt: skip
 
 
@@ -180,7 +181,6 @@ def log_corpus_sources(params: Any, stats: Any, data_root: str | os.PathLike[str
             where += f":{src.split}" if getattr(src, "split", None) else ""
         else:
             where = str(Path(data_root) / src.path) if data_root is not None else str(src.path)
-        spec = json.dumps({"spec": src.model_dump(mode="json"), "taken": taken}, sort_keys=True, default=str)
         log_dataset(f"corpus-{src.name}", source=where, rows=int(taken.get("documents", 0)),
-                    digest=hashlib.sha256(spec.encode()).hexdigest()[:16], context="source",
+                    digest=json_fingerprint({"spec": src.model_dump(mode="json"), "taken": taken}), context="source",
                     tags={"stage": "corpus", "kind": src.kind, "bytes": int(taken.get("bytes", 0))})  # fmt: skip
