@@ -41,7 +41,7 @@ from bert_core.kinds import SplitScore, get_kind, max_seq_length
 from bert_core.progress import Progress
 from bert_core.released import check_checkpoint
 from bert_core.tasks import TaskSpec
-from bert_core.training import StepOutput, Task, TrainConfig, Trainer
+from bert_core.training import Objective, StepOutput, TrainConfig, Trainer
 from bert_core.unpad import set_unpad
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def _no_tracking(*_: Any, **__: Any) -> Iterator[TrialRecorder]:
 
 
 # ====================================================================== the objective
-class FinetuneObjective(Task):
+class FinetuneObjective(Objective):
     """The loss of a task head on a batch; drops the bookkeeping keys the collator adds."""
 
     def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:

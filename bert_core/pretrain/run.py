@@ -34,7 +34,7 @@ from bert_core.atomic import atomic_path, write_csv_atomic
 from bert_core.config import BertConfig
 from bert_core.constants import TOKENIZER_FILES
 from bert_core.pretrain.inputs import check_inputs, unigram_log_prior
-from bert_core.pretrain.objective import PretrainingTask
+from bert_core.pretrain.objective import PretrainingObjective
 from bert_core.pretrain.params import PretrainParams
 from bert_core.tracking import MetricsCallback
 from bert_core.training import FitResult, TrainConfig, Trainer
@@ -118,7 +118,7 @@ def pretrain(
     if params.init_mlm_bias == "unigram":
         with torch.no_grad():
             model.cls.predictions.bias.copy_(unigram_log_prior(data_dir / params.phases[0].name / "train"))
-    task = PretrainingTask.for_config(config)
+    objective = PretrainingObjective.for_config(config)
     log.info(
         "pretraining %s (%.1fM parameters) on %s, %d process(es)",
         params.model.preset, model.num_parameters() / 1e6, dist.device, dist.world_size,
@@ -135,7 +135,7 @@ def pretrain(
         train_index = (data_dir / phase.name / "train" / "index.json").read_bytes()
         fp = _fingerprint(fp, phase.model_dump(mode="json"), params.phase_steps(i), params.phase_budget_s(i),
                           hashlib.sha256(train_index).hexdigest())  # fmt: skip
-        fit = _run_phase(params, i, model, task, data_dir, dist, ckpt_root / f"{phase.name}-{fp}", fp,
+        fit = _run_phase(params, i, model, objective, data_dir, dist, ckpt_root / f"{phase.name}-{fp}", fp,
                          on_metrics, step_offset)  # fmt: skip
         fits.append(fit)
         history += [{**h, "step": h["step"] + step_offset, "phase": phase.name} for h in fit.history]
@@ -160,7 +160,7 @@ def _run_phase(
     params: PretrainParams,
     i: int,
     model: torch.nn.Module,
-    task: PretrainingTask,
+    objective: PretrainingObjective,
     data_dir: Path,
     dist: DistContext,
     ckpt_dir: Path,
@@ -235,7 +235,7 @@ def _run_phase(
         phase.micro_batch, accum, dist.world_size, train.steps_per_epoch // accum,
     )  # fmt: skip
     trainer = Trainer(
-        model, task, train, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout, on_metrics=emit, dist=dist,
+        model, objective, train, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout, on_metrics=emit, dist=dist,
         fingerprint=fingerprint,
     )  # fmt: skip
     return trainer.fit()
