@@ -119,7 +119,7 @@ def log_pretrain_data(data_dir: str | os.PathLike[str], phases: list[str]) -> No
 
 def log_headline_metric(key: str, metrics: dict[str, Any]) -> float | None:
     """Log ``dev.main`` = ``metrics["dev.<key>"]`` (``key``: the task's main metric,
-    :func:`bert_core.metrics.main_metric`) and the tag ``main_metric`` = ``key``, so one column compares
+    :attr:`bert_core.tasks.TaskSpec.main_metric`) and the tag ``main_metric`` = ``key``, so one column compares
     every task's runs. Returns the value (``None`` when the run has no such metric)."""
     import mlflow
 
