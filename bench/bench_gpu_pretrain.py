@@ -2,7 +2,7 @@
 
 Self-contained (synthetic instances: random token ids, 15% of positions masked with at most
 ``max_predictions`` per sequence, 50/50 NSP labels — throughput does not depend on the text). It runs
-the same :class:`Trainer` + :class:`PretrainingTask` that the ``pretrain`` stage runs, and reads
+the same :class:`Trainer` + :class:`PretrainingObjective` that the ``pretrain`` stage runs, and reads
 tokens/s and MFU from the loop's own metrics (the FLOPs formula is in ``bert_core/training/flops.py``:
 6 x matmul parameters x tokens + attention + the MLM head at masked positions; peak = the device's dense
 bf16 tensor-core figure).
@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 from bert_core.config import BertConfig  # noqa: E402
 from bert_core.model import BertForPreTraining  # noqa: E402
-from bert_core.pretrain.objective import PretrainingTask  # noqa: E402
+from bert_core.pretrain.objective import PretrainingObjective  # noqa: E402
 from bert_core.training import TrainConfig, Trainer  # noqa: E402
 from bert_core.training.flops import peak_tflops  # noqa: E402
 
@@ -74,13 +74,13 @@ def run(
     cfg = BertConfig.from_preset(preset, vocab_size=VOCAB, hidden_dropout_prob=0.1)
     torch.manual_seed(0)
     model = BertForPreTraining(cfg)
-    task = PretrainingTask.for_config(cfg)
+    objective = PretrainingObjective.for_config(cfg)
     max_pred = 20 if seq_len <= 128 else 80
     logs: list[dict] = []
     tc = TrainConfig(max_steps=warm + steps, lr=1e-4, warmup_ratio=0.01, precision=precision,
                      compile=compile_, log_every=warm, device=device)  # fmt: skip
     t0 = time.perf_counter()
-    Trainer(model, task, SyntheticLoader(batch, seq_len, max_pred), tc,
+    Trainer(model, objective, SyntheticLoader(batch, seq_len, max_pred), tc,
             on_metrics=lambda s, m: logs.append(m)).fit()  # fmt: skip
     total = time.perf_counter() - t0
     timed = logs[1:]  # the first window holds compilation and warm-up

@@ -1,6 +1,6 @@
 """CPU throughput of the pretraining stage loop vs. a transformers + torch.optim.AdamW loop, in one run.
 
-Ours: :class:`bert_core.training.Trainer` with :class:`PretrainingTask` on ``bert_core.model.BertForPreTraining``
+Ours: :class:`bert_core.training.Trainer` with :class:`PretrainingObjective` on ``bert_core.model.BertForPreTraining``
 (sparse MLM head, fused AdamW, the stage's logging/metrics) — the loop ``pretrain`` runs.
 Reference: ``transformers.BertForPreTraining`` (same config and initial weights, SDPA attention) with
 ``torch.optim.AdamW`` (its default implementation), gradient clipping at 1.0, the same batches from the
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from bert_core.config import BertConfig  # noqa: E402
 from bert_core.model import BertForPreTraining  # noqa: E402
-from bert_core.pretrain.objective import PretrainingTask  # noqa: E402
+from bert_core.pretrain.objective import PretrainingObjective  # noqa: E402
 from bert_core.pretrain_data.loader import PretrainingLoader  # noqa: E402
 from bert_core.training import TrainConfig, Trainer  # noqa: E402
 
@@ -65,8 +65,8 @@ def ours_round(
                       seed=seed, max_grad_norm=1.0)  # fmt: skip
     if steps % warm:
         raise ValueError("--steps must be a multiple of --warm")
-    task = PretrainingTask.for_config(model.config)
-    Trainer(model, task, loader, cfg, on_metrics=on_metrics).fit()
+    objective = PretrainingObjective.for_config(model.config)
+    Trainer(model, objective, loader, cfg, on_metrics=on_metrics).fit()
     (_, w0, c0), (_, w1, c1) = marks[0], marks[-1]
     return w1 - w0, c1 - c0, steps * batch
 

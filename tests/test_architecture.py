@@ -2,7 +2,9 @@
 
 - ``bert_core`` never imports Prefect or DVC (the orchestrators live in ``flows/``);
 - shared libraries never import a stage package, and a stage package never imports a later stage;
-- no import circles among the modules of ``bert_core`` and ``flows`` (function-level imports included);
+- no import circles among the modules of ``bert_core`` and ``flows`` (function-level imports included),
+  and ``bert_core.tasks`` and ``bert_core.metrics`` never import each other both ways (tasks never imports
+  metrics);
 - no module over 500 lines except ``bert_core/model.py`` (a deliberate mirror of transformers' heads).
 """
 
@@ -132,6 +134,39 @@ def test_no_import_circles(graph):
         if v not in index:
             visit(v)
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def _package_edges(graph, source: str, target: str) -> list[str]:
+    """``module line N: imports X`` for every import from package ``source`` into package ``target``."""
+
+    def inside(name: str, package: str) -> bool:
+        return name == package or name.startswith(package + ".")
+
+    found = {
+        f"{name} line {line}: imports {imported}"
+        for name, edges in graph.items()
+        if inside(name, source)
+        for imported, line in edges
+        if inside(imported, target)
+    }
+    return sorted(found)
+
+
+def test_tasks_and_metrics_do_not_import_each_other(graph):
+    """The two shared packages depend one way only, counted per package (module-level circle checks
+    miss a package that imports another whose ``__main__`` imports it back): the task registry states each
+    task's headline metric and never imports ``bert_core.metrics``; the metrics' command line may read task
+    files through ``bert_core.tasks``."""
+    tasks_to_metrics = _package_edges(graph, "bert_core.tasks", "bert_core.metrics")
+    metrics_to_tasks = _package_edges(graph, "bert_core.metrics", "bert_core.tasks")
+    assert not (tasks_to_metrics and metrics_to_tasks), (
+        "bert_core.tasks and bert_core.metrics import each other:\n"
+        + "\n".join(tasks_to_metrics + metrics_to_tasks)
+    )
+    assert not tasks_to_metrics, (
+        "bert_core.tasks must not import bert_core.metrics (a task's headline metric is TaskSpec.metric_keys[0] "
+        "in bert_core/tasks/registry.py):\n" + "\n".join(tasks_to_metrics)
+    )
 
 
 def test_no_module_over_500_lines():

@@ -20,7 +20,7 @@ from bert_core.model import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bert_core.pretrain.objective import PretrainingTask
+from bert_core.pretrain.objective import PretrainingObjective
 from bert_core.pretrain_data.loader import mlm_positions
 
 B, T, V, P, C = 4, 32, 99, 6, 3  # batch, seq len, vocab, max_predictions_per_seq, choices
@@ -79,9 +79,9 @@ def test_pretraining_step_is_one_graph():
     """The objective's whole training step (forward, loss, metric statistics) on the loader's batch form."""
     torch.manual_seed(0)
     model = BertForPreTraining(tiny_config())
-    task = PretrainingTask.for_config(model.config)
+    objective = PretrainingObjective.for_config(model.config)
     batch = pretraining_batch(padded=True)
-    graphs, breaks, reasons = graphs_and_breaks(lambda b: task.step(model, b).loss, batch)
+    graphs, breaks, reasons = graphs_and_breaks(lambda b: objective.step(model, b).loss, batch)
     assert (graphs, breaks) == (1, 0), reasons
 
 

@@ -11,7 +11,7 @@ import yaml
 
 from bert_core.evaluate import SummaryCheckError, evaluate_results, summarize
 from bert_core.evaluate.crosscheck import dvc_dir_hash
-from bert_core.evaluate.references import HF_BASE_CASED_DEV, REFERENCES, glue_average
+from bert_core.evaluate.references import HF_BASE_CASED_DEV, REFERENCES, glue_average, headline_metric
 from bert_core.finetune.results import FinetuneResult, TrialResult
 from bert_core.tasks import get_task
 
@@ -67,6 +67,12 @@ def test_published_glue_averages_match_the_paper():
         and REFERENCES["tiny"].scores["cola"]["matthews_corr"] == 0.0
     )
     assert HF_BASE_CASED_DEV["wnli"]["accuracy"] == 56.3
+
+
+def test_a_chart_rows_headline_metric_is_its_tasks():
+    assert headline_metric("stsb", "accuracy") == "spearman"
+    assert headline_metric("mnli_mm", "f1") == get_task("mnli").main_metric == "accuracy"
+    assert headline_metric("not_a_task", "f1") == "f1"
 
 
 def test_summary_metrics(results_dir, tmp_path):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bert_core.metrics import GLUE_METRIC_KEYS, MAIN_METRIC, glue_metrics, main_metric, task_metrics
+from bert_core.metrics import GLUE_METRIC_KEYS, glue_metrics, task_metrics
 from bert_core.tasks import TASKS
 
 
@@ -56,21 +56,12 @@ def test_integral_float_labels_are_accepted():
     assert glue_metrics("sst2", np.array([1.0, 0.0]), [1, 0])["accuracy"] == 100.0
 
 
-def test_keys_and_main_metric_agree_with_the_registry():
+def test_keys_agree_with_the_registry():
+    """The keys glue_metrics returns are the ones the registry declares (its headline among them)."""
     for name, spec in TASKS.items():
-        assert main_metric(name) == spec.main_metric == MAIN_METRIC[name]
         if name in GLUE_METRIC_KEYS:
             assert set(spec.metric_keys) == set(GLUE_METRIC_KEYS[name])
-    # BERT paper Table 1 headline metrics.
-    assert [main_metric(t) for t in ("cola", "mrpc", "qqp", "stsb", "sst2", "mnli")] == [
-        "matthews_corr",
-        "f1",
-        "f1",
-        "spearman",
-        "accuracy",
-        "accuracy",
-    ]
-    assert main_metric("MNLI-mm") == "accuracy"
+            assert spec.main_metric in glue_metrics(name, [0, 1, 1], [0, 1, 0])
 
 
 def test_task_metrics_dispatches_by_task():

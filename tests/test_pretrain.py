@@ -145,7 +145,7 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_weights(
     result, _, _ = trained
     from bert_core.pretrain import objective
 
-    real_step = objective.PretrainingTask.step
+    real_step = objective.PretrainingObjective.step
     calls = {"n": 0}
 
     def step(self, model, batch):
@@ -154,11 +154,11 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_weights(
             os.kill(os.getpid(), signal.SIGTERM)
         return real_step(self, model, batch)
 
-    monkeypatch.setattr(objective.PretrainingTask, "step", step)
+    monkeypatch.setattr(objective.PretrainingObjective, "step", step)
     with pytest.raises(TrainingInterrupted, match=f"SIGTERM {message}"):
         pretrain(small_params(), *data, tmp_path / "model")
     assert not (tmp_path / "model").exists()  # no finished-looking output after an interruption
-    monkeypatch.setattr(objective.PretrainingTask, "step", real_step)
+    monkeypatch.setattr(objective.PretrainingObjective, "step", real_step)
     again = pretrain(small_params(), *data, tmp_path / "model")
     assert [f.resumed_from_step for f in again.phases] == resumed
     assert (tmp_path / "model" / "model.safetensors").read_bytes() == (

@@ -10,7 +10,7 @@ import torch
 from bert_core.config import BertConfig
 from bert_core.constants import IGNORE_INDEX
 from bert_core.model import BertForMaskedLM, BertForPreTraining
-from bert_core.pretrain.objective import PretrainingTask
+from bert_core.pretrain.objective import PretrainingObjective
 from bert_core.pretrain_data.loader import mlm_positions
 
 B, T, V, P = 6, 24, 99, 5  # batch, seq len, vocab, max_predictions_per_seq
@@ -97,18 +97,18 @@ def test_no_prediction_gives_zero_loss_and_finite_grads():
 def test_pretraining_metrics_are_identical_for_both_forms():
     torch.manual_seed(0)
     model = BertForPreTraining(tiny_config())
-    task = PretrainingTask.for_config(model.config)
+    objective = PretrainingObjective.for_config(model.config)
     ref = labels_batch(seed=1)
     with torch.no_grad():
-        s_l, s_p = task.eval_step(model, ref), task.eval_step(model, to_positions(ref))
+        s_l, s_p = objective.eval_step(model, ref), objective.eval_step(model, to_positions(ref))
     assert s_l.keys() == s_p.keys()
     for key in ("mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "mlm_label_hist", "nsp_positive"):
         assert torch.equal(s_p[key], s_l[key]), key
     for key in ("mlm_loss_sum", "nsp_loss_sum"):
         torch.testing.assert_close(s_p[key], s_l[key], rtol=1e-5, atol=1e-5)
-    m_l, m_p = task.summarize(s_l), task.summarize(s_p)
+    m_l, m_p = objective.summarize(s_l), objective.summarize(s_p)
     assert m_p["mlm_acc"] == m_l["mlm_acc"] and m_p["baseline_mlm_acc"] == m_l["baseline_mlm_acc"]
-    assert task.flops(to_positions(ref)) == task.flops(ref)
+    assert objective.flops(to_positions(ref)) == objective.flops(ref)
 
 
 def test_bad_position_arguments_are_refused():

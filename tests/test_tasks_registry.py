@@ -51,12 +51,31 @@ def test_splits_metrics_and_lengths():
     mnli = get_task("mnli")
     assert mnli.dev_splits == ("dev_matched", "dev_mismatched") and mnli.main_dev_split == "dev_matched"
     for spec in TASKS.values():
-        assert spec.main_metric == spec.metric_keys[0]
         assert set(spec.dev_splits) | set(spec.test_splits) <= set(spec.splits)
         assert spec.max_seq_length in (128, 384)
         if spec.name in GLUE_METRIC_KEYS:
             assert set(spec.metric_keys) == set(GLUE_METRIC_KEYS[spec.name])
     assert get_task("squad_v1").max_seq_length == 384
+
+
+def test_main_metric_is_the_papers_headline():
+    """BERT paper Table 1 (and §4.2-4.4): the headline metric of every task, the first of its metric keys."""
+    assert {name: spec.main_metric for name, spec in TASKS.items()} == {
+        "cola": "matthews_corr",
+        "sst2": "accuracy",
+        "mrpc": "f1",
+        "stsb": "spearman",
+        "qqp": "f1",
+        "qnli": "accuracy",
+        "rte": "accuracy",
+        "wnli": "accuracy",
+        "mnli": "accuracy",
+        "squad_v1": "f1",
+        "squad_v2": "f1",
+        "swag": "accuracy",
+        "conll2003": "f1",
+    }
+    assert all(spec.main_metric == spec.metric_keys[0] for spec in TASKS.values())
 
 
 def test_glue_submission_files_cover_the_leaderboard():

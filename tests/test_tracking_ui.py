@@ -53,10 +53,10 @@ def test_a_kind_chosen_in_the_ui_is_kept():
 
 
 def test_task_data_become_dataset_inputs(tmp_path):
-    from bert_core.finetune.run import SplitData, TaskData
+    from bert_core.finetune.run import SplitData, TrialData
 
     rows = [{"sentence": "good", "label": 1}, {"sentence": "bad", "label": 0}]
-    data = TaskData(train=SplitData(rows, [], str(tmp_path / "train.tsv")),
+    data = TrialData(train=SplitData(rows, [], str(tmp_path / "train.tsv")),
                     dev={"dev": SplitData(rows[:1], [], "hf://nyu-mll/glue/sst2:validation")})  # fmt: skip
     with stage_run("finetune", None, experiment=FINETUNE_EXPERIMENT) as run:
         log_task_data("sst2", data)

@@ -13,8 +13,8 @@ from training_fakes import FakePretrainLoader, run, tiny_model
 
 from bert_core.training import (
     NonFiniteLossError,
+    Objective,
     StepOutput,
-    Task,
     TrainConfig,
     Trainer,
     TrainingInterrupted,
@@ -60,7 +60,7 @@ def test_learns_and_reports_metrics_next_to_baselines():
     assert result.stop_reason == "max_steps" and result.step == 300
 
 
-class _Regression(Task):
+class _Regression(Objective):
     """Mean squared error of a linear model: a loss that is a plain mean over equal examples."""
 
     def step(self, model, batch):
@@ -115,14 +115,16 @@ def test_resume_of_a_loader_without_state_dict_skips_consumed_batches(tmp_path):
     def train(ckdir, on_micro=None):
         torch.manual_seed(0)
         model = nn.Linear(4, 1)
-        task = _Regression()
+        objective = _Regression()
         if on_micro:
-            inner = task.step
-            task.step = lambda m, b: (on_micro(), inner(m, b))[1]
+            inner = objective.step
+            objective.step = lambda m, b: (on_micro(), inner(m, b))[1]
         cfg = TrainConfig(
             max_steps=9, lr=0.05, warmup_steps=1, grad_accum=1, device="cpu", checkpoint_every=2
         )
-        Trainer(model, task, _regression_batches(4, 8), cfg, checkpoint_dir=ckdir).fit()  # 4 batches/epoch
+        Trainer(
+            model, objective, _regression_batches(4, 8), cfg, checkpoint_dir=ckdir
+        ).fit()  # 4 batches/epoch
         return model
 
     reference = train(tmp_path / "ref")
@@ -139,8 +141,8 @@ def test_resume_of_a_loader_without_state_dict_skips_consumed_batches(tmp_path):
     torch.testing.assert_close(resumed.weight, reference.weight, rtol=0, atol=0)
 
 
-class _NanAt(Task):
-    def __init__(self, inner: Task, bad_step: int, accum: int):
+class _NanAt(Objective):
+    def __init__(self, inner: Objective, bad_step: int, accum: int):
         self.inner, self.bad_micro, self.calls = inner, (bad_step - 1) * accum + 1, 0
 
     def step(self, model, batch):
@@ -155,12 +157,12 @@ class _NanAt(Task):
 
 
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    from bert_core.pretrain.objective import PretrainingTask
+    from bert_core.pretrain.objective import PretrainingObjective
 
     model = tiny_model()
-    task = _NanAt(PretrainingTask.for_config(model.config), bad_step=5, accum=2)
+    objective = _NanAt(PretrainingObjective.for_config(model.config), bad_step=5, accum=2)
     cfg = TrainConfig(max_steps=10, lr=1e-3, warmup_steps=1, grad_accum=2, checkpoint_every=2, device="cpu")
-    trainer = Trainer(model, task, FakePretrainLoader(batch_size=4), cfg, checkpoint_dir=tmp_path)
+    trainer = Trainer(model, objective, FakePretrainLoader(batch_size=4), cfg, checkpoint_dir=tmp_path)
     with pytest.raises(NonFiniteLossError, match=r"optimizer step 5 .*step-00000004") as info:
         trainer.fit()
     assert info.value.step == 5
@@ -193,11 +195,11 @@ def test_a_complete_run_is_not_trained_again(tmp_path):
 def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
     run(tmp_path, max_steps=3)
     model = tiny_model()
-    from bert_core.pretrain.objective import PretrainingTask
+    from bert_core.pretrain.objective import PretrainingObjective
 
     cfg = TrainConfig(max_steps=4, lr=1e-3, device="cpu")
     trainer = Trainer(
-        model, PretrainingTask.for_config(model.config), FakePretrainLoader(), cfg, checkpoint_dir=tmp_path,
+        model, PretrainingObjective.for_config(model.config), FakePretrainLoader(), cfg, checkpoint_dir=tmp_path,
         fingerprint="other-settings",
     )  # fmt: skip
     with pytest.raises(ckpt.CheckpointError, match="other settings"):

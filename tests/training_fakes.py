@@ -27,7 +27,7 @@ if str(REPO) not in sys.path:
 
 from bert_core.config import BertConfig  # noqa: E402
 from bert_core.model import BertForPreTraining  # noqa: E402
-from bert_core.pretrain.objective import PretrainingTask  # noqa: E402
+from bert_core.pretrain.objective import PretrainingObjective  # noqa: E402
 from bert_core.training import TrainConfig, Trainer, TrainingInterrupted  # noqa: E402
 
 VOCAB = 99
@@ -166,15 +166,15 @@ def run(
 ):
     """One deterministic CPU training run of the tiny model on the fake data; returns (model, result)."""
     model = tiny_model(seed, dropout)
-    task = PretrainingTask.for_config(model.config)
+    objective = PretrainingObjective.for_config(model.config)
     if on_micro is not None:
-        inner = task.step
+        inner = objective.step
 
         def step(m, batch):
             on_micro()
             return inner(m, batch)
 
-        task.step = step  # type: ignore[method-assign]
+        objective.step = step  # type: ignore[method-assign]
     rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
     loader = FakePretrainLoader(batch_size=micro, seed=seed, rank=rank, world_size=world)
     cfg = TrainConfig(
@@ -190,7 +190,7 @@ def run(
         **config_kw,
     )
     trainer = Trainer(
-        model, task, loader, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout(rank=rank, world_size=world),
+        model, objective, loader, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout(rank=rank, world_size=world),
         on_metrics=on_metrics, fingerprint="fake-v1", dist=dist,
     )  # fmt: skip
     return model, trainer.fit()

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bert_core.metrics import main_metric
+from bert_core.tasks import get_task
 
 #: Tasks (chart rows) of the GLUE average, in the paper's column order; WNLI is excluded as in the paper.
 GLUE_AVERAGE_ROWS: tuple[str, ...] = ("mnli", "mnli_mm", "qqp", "qnli", "sst2", "cola", "stsb", "mrpc", "rte")
+#: Chart rows that are a second split of a task, not a task: the row -> its task (scored like it).
+ROW_TASK: dict[str, str] = {"mnli_mm": "mnli"}
 
 
 @dataclass(frozen=True)
@@ -135,14 +137,13 @@ HF_BASE_CASED_DEV: dict[str, dict[str, float]] = {
 def headline_metric(row: str, default: str) -> str:
     """The headline metric key of a chart row (a task name, or ``mnli_mm`` for MNLI's mismatched half).
 
-    It is the task's main metric, :func:`bert_core.metrics.main_metric` (BERT paper Table 1: F1 for QQP,
-    MRPC, SQuAD and CoNLL-2003, Spearman for STS-B, Matthews correlation for CoLA, accuracy elsewhere), so the
+    It is the task's main metric, :attr:`bert_core.tasks.TaskSpec.main_metric` (BERT paper Table 1), so the
     report and model selection never disagree; ``default`` (the summary's own main metric) for a row that
-    table does not know.
+    names no registered task.
     """
     try:
-        return main_metric(row)
-    except (KeyError, ValueError):
+        return get_task(ROW_TASK.get(row, row)).main_metric
+    except KeyError:
         return default
 
 

@@ -20,7 +20,6 @@ from bert_core.evaluate.references import (
     reference_for,
 )
 from bert_core.finetune.results import FinetuneResult
-from bert_core.metrics import main_metric
 
 SUMMARY_NAME = "summary.json"
 
@@ -59,7 +58,7 @@ class EvaluationSummary:
         ours, rows = glue_average({r.name: r.ours for r in self.rows})
         ref, ref_rows = (None, [])
         if self.reference is not None and rows:
-            scores = {r: self.reference.scores.get(r, {}).get(main_metric(r)) for r in rows}
+            scores = {r: self.reference.scores.get(r, {}).get(headline_metric(r, "")) for r in rows}
             if all(v is not None for v in scores.values()):
                 ref, ref_rows = glue_average(scores)
         random_rows = {r.name: r.random_init for r in self.rows if r.random_init is not None}

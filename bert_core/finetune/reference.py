@@ -54,7 +54,7 @@ def run_reference_trials(
     """Run the task's grid from the reference checkpoint; record its status in ``info[STATUS_KEY]``.
 
     Args:
-        load_data: ``tokenizer -> TaskData`` (the same rows, encoded with the reference's tokenizer).
+        load_data: ``tokenizer -> TrialData`` (the same rows, encoded with the reference's tokenizer).
         run_trial: :func:`bert_core.finetune.run.run_trial`.
         open_trial: The tracker's ``trial`` (a nested MLflow run per trial in the flow).
         info: The task's model info (written to ``summary.json``).

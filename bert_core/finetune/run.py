@@ -41,7 +41,7 @@ from bert_core.kinds import SplitScore, get_kind, max_seq_length
 from bert_core.progress import Progress
 from bert_core.released import check_checkpoint
 from bert_core.tasks import TaskSpec
-from bert_core.training import StepOutput, Task, Trainer
+from bert_core.training import Objective, StepOutput, Trainer
 from bert_core.unpad import set_unpad
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def _no_tracking(*_: Any, **__: Any) -> Iterator[TrialRecorder]:
 
 
 # ====================================================================== the objective
-class FinetuneObjective(Task):
+class FinetuneObjective(Objective):
     """The loss of a task head on a batch; drops the bookkeeping keys the collator adds."""
 
     def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
@@ -130,8 +130,10 @@ class SplitData:
 
 
 @dataclass
-class TaskData:
-    """Everything a task's trials read."""
+class TrialData:
+    """Everything a task's trials read: its splits' rows encoded as features, the data-check reports, notes
+    and where the rows came from. Not to be confused with the task files themselves, whose problems raise
+    :class:`bert_core.tasks.TaskDataError`."""
 
     train: SplitData
     dev: dict[str, SplitData]
@@ -149,7 +151,7 @@ def load_task_data(
     data_root: str | Path | None = None,
     data_checks: bool = True,
     check_report_dir: str | Path | None = None,
-) -> TaskData:
+) -> TrialData:
     """Load, check and encode the train, dev and (when wanted) test splits of a task.
 
     A missing test split is noted and skipped (leaderboard files are optional); a missing train or dev
@@ -179,7 +181,7 @@ def load_task_data(
                  time.perf_counter() - t0)  # fmt: skip
         return SplitData(list(rows), features, rows.source)
 
-    data = TaskData(train=SplitData([], []), dev={})
+    data = TrialData(train=SplitData([], []), dev={})
     data.train = load("train", settings.train_limit)
     if not data.train.features:
         raise ValueError(f"{spec.name}: the training split is empty")
@@ -206,7 +208,7 @@ class _TrialOutcome:
 
 def run_trial(
     spec: TaskSpec,
-    data: TaskData,
+    data: TrialData,
     settings: TaskSettings,
     source_dir: Path,
     *,
@@ -324,7 +326,7 @@ def finetune_task(
     data_root: str | Path | None = None,
     tracker: TrialTracker | None = None,
     source_info: Mapping[str, Any] | None = None,
-    on_data: Callable[[TaskData], None] | None = None,
+    on_data: Callable[[TrialData], None] | None = None,
     check_report_dir: str | Path | None = None,
     outputs: OutputSet | None = None,
 ) -> FinetuneResult:
@@ -340,7 +342,7 @@ def finetune_task(
         data_root: Local data root (default ``BERT_DATA_ROOT``; unset = Hugging Face Hub).
         tracker: Opens a recorder per trial (nested MLflow runs in the flow).
         source_info: Provenance of the pretrained model to record (registry name/version, URI).
-        on_data: Called with the loaded :class:`TaskData` (the flow logs the data-check reports).
+        on_data: Called with the loaded :class:`TrialData` (the flow logs the data-check reports).
         check_report_dir: Where the data checks' HTML reports go (one folder per suite), kept after the
             run so that a failed check's message points at a report that exists; default: a temporary
             directory (no lasting report).
@@ -433,7 +435,7 @@ def _rank(value: Any) -> float:
 
 def _write_outputs(
     spec: TaskSpec,
-    data: TaskData,
+    data: TrialData,
     settings: TaskSettings,
     params: FinetuneParams,
     result: FinetuneResult,

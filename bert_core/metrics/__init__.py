@@ -3,7 +3,8 @@
 Every score is on the 0-100 scale (as the BERT paper, the GLUE leaderboard, the SQuAD scripts and conlleval
 report them). ``python -m bert_core.metrics`` scores files like the official scripts do.
 
-Metric keys per task (the headline key first, :data:`MAIN_METRIC` / :func:`main_metric`):
+Metric keys per task (the headline key first; which key is the headline is the task registry's fact,
+:attr:`bert_core.tasks.TaskSpec.main_metric`, and this package never decides it):
 
 =============================  ==================================================================
 cola, ax                       ``matthews_corr``
@@ -24,7 +25,6 @@ from typing import Any
 
 from bert_core.metrics.glue import METRIC_KEYS as GLUE_METRIC_KEYS
 from bert_core.metrics.glue import glue_metrics
-from bert_core.metrics.headline import MAIN_METRIC, main_metric
 from bert_core.metrics.ner import ConllFormatError, conll_file_metrics, ner_metrics, read_conll_eval_file
 from bert_core.metrics.squad import (
     SquadGold,
@@ -60,14 +60,12 @@ def task_metrics(task: str, predictions: Any, references: Any, **kwargs: Any) ->
 
 __all__ = [
     "GLUE_METRIC_KEYS",
-    "MAIN_METRIC",
     "ConllFormatError",
     "SquadGold",
     "conll_file_metrics",
     "glue_metrics",
     "gold_from_json",
     "gold_from_rows",
-    "main_metric",
     "ner_metrics",
     "normalize_answer",
     "read_conll_eval_file",

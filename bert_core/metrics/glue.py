@@ -8,7 +8,8 @@ values are on the 0-100 scale used by the BERT paper's tables and the GLUE leade
 The computations are scikit-learn's ``matthews_corrcoef``/``f1_score``/``accuracy_score`` and SciPy's
 ``pearsonr``/``spearmanr``, the same functions GLUE's own evaluation uses.
 
-The headline key of each task (fine-tuning selects models on it) is in :mod:`bert_core.metrics.headline`.
+The headline key of each task (fine-tuning selects models on it) is the task registry's
+:attr:`bert_core.tasks.TaskSpec.main_metric`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pretraining objective as a :class:`~bert_core.training.Task`: masked LM + next sentence.
+"""The pretraining objective as a :class:`~bert_core.training.Objective`: masked LM + next sentence.
 
 BERT paper §3.1: the loss is the mean cross-entropy over the masked positions plus the NSP
 cross-entropy. Metrics (from summed statistics, so they are exact over micro-batches, steps and
@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from bert_core.constants import IGNORE_INDEX
 from bert_core.training.flops import bert_train_flops
-from bert_core.training.task import StepOutput, Task
+from bert_core.training.objective import Objective, StepOutput
 
 POSITION_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
 BATCH_KEYS = (
@@ -42,7 +42,7 @@ def target_ids(batch: dict[str, Any]) -> Tensor:
     return labels[labels != IGNORE_INDEX]
 
 
-class PretrainingTask(Task):
+class PretrainingObjective(Objective):
     """MLM + NSP on batches with ``input_ids``, ``token_type_ids``, ``attention_mask`` (B, T),
     ``next_sentence_label`` (B,) and the MLM targets either as Google's static-shape
     ``masked_lm_positions`` / ``masked_lm_ids`` / ``masked_lm_weights`` (B, P) (what
@@ -64,7 +64,7 @@ class PretrainingTask(Task):
         self.vocab_size = vocab_size
 
     @classmethod
-    def for_config(cls, config: Any) -> PretrainingTask:
+    def for_config(cls, config: Any) -> PretrainingObjective:
         """From a ``BertConfig`` (or anything with the transformers field names)."""
         return cls(
             num_layers=config.num_hidden_layers,

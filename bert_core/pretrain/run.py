@@ -32,7 +32,7 @@ from bert_core.atomic import atomic_path, write_csv_atomic
 from bert_core.config import BertConfig
 from bert_core.constants import TOKENIZER_FILES
 from bert_core.pretrain.inputs import PhaseData, read_inputs, unigram_log_prior
-from bert_core.pretrain.objective import PretrainingTask
+from bert_core.pretrain.objective import PretrainingObjective
 from bert_core.pretrain.params import PretrainParams
 from bert_core.tracking import MetricsCallback
 from bert_core.tracking.fingerprint import json_fingerprint
@@ -119,7 +119,7 @@ def pretrain(
         with torch.no_grad():
             first = inputs.phases[0]
             model.cls.predictions.bias.copy_(unigram_log_prior(first.train_dir, index=first.train_index))
-    task = PretrainingTask.for_config(config)
+    objective = PretrainingObjective.for_config(config)
     log.info(
         "pretraining %s (%.1fM parameters) on %s, %d process(es)",
         params.model.preset, model.num_parameters() / 1e6, dist.device, dist.world_size,
@@ -138,7 +138,7 @@ def pretrain(
         phase_fields = {**phase.model_dump(mode="json"), "max_seq_length": phase_data.max_seq_length}
         fp = _fingerprint(fp, phase_fields, params.phase_steps(i), params.phase_budget_s(i),
                           phase_data.train_sha256)  # fmt: skip
-        fit = _run_phase(params, i, model, task, phase_data, dist, ckpt_root / f"{phase.name}-{fp}", fp,
+        fit = _run_phase(params, i, model, objective, phase_data, dist, ckpt_root / f"{phase.name}-{fp}", fp,
                          on_metrics, step_offset)  # fmt: skip
         fits.append(fit)
         history += [{**h, "step": h["step"] + step_offset, "phase": phase.name} for h in fit.history]
@@ -164,7 +164,7 @@ def _run_phase(
     params: PretrainParams,
     i: int,
     model: torch.nn.Module,
-    task: PretrainingTask,
+    objective: PretrainingObjective,
     data: PhaseData,
     dist: DistContext,
     ckpt_dir: Path,
@@ -215,7 +215,7 @@ def _run_phase(
         phase.micro_batch, cfg.grad_accum, dist.world_size, train.steps_per_epoch // cfg.grad_accum,
     )  # fmt: skip
     trainer = Trainer(
-        model, task, train, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout, on_metrics=emit, dist=dist,
+        model, objective, train, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout, on_metrics=emit, dist=dist,
         fingerprint=fingerprint,
     )  # fmt: skip
     return trainer.fit()

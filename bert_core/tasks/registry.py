@@ -6,13 +6,15 @@ maps its source's labels (TSV strings, Hub ``ClassLabel`` ints) onto it, the mod
 
 The label order follows the Hugging Face Hub copies (``nyu-mll/glue`` ``ClassLabel`` names, HF
 ``conll2003`` tags), so Hub and local files give the same indices.
+
+The headline metric of a task is the first of its ``metric_keys`` (:attr:`TaskSpec.main_metric`), here and
+nowhere else. :mod:`bert_core.metrics` computes the metric dicts; this package never imports it (the
+dependency runs the other way: ``python -m bert_core.metrics glue`` reads gold files through it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from bert_core.metrics import main_metric
 
 CONLL_TAGS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 MNLI_LABELS: tuple[str, ...] = ("entailment", "neutral", "contradiction")
@@ -54,8 +56,8 @@ class TaskSpec:
         splits: Split names :func:`~bert_core.tasks.load_task_split` accepts.
         dev_splits: The labelled evaluation splits (MNLI has two); the first selects models.
         test_splits: Unlabelled test splits (predictions go to a leaderboard).
-        metric_keys: Keys of the metric dict (:mod:`bert_core.metrics`), headline first.
-        main_metric: Headline metric key (BERT paper Table 1), used for model selection.
+        metric_keys: Keys of the metric dict (:mod:`bert_core.metrics` computes it), headline first: the
+            first key is :attr:`main_metric`.
         max_seq_length: Default maximum sequence length in WordPiece tokens.
         data_format: The official distribution format, a key of :data:`bert_core.tasks.loader.READERS`
             (``glue``, ``squad``, ``swag``, ``conll``).
@@ -91,11 +93,13 @@ class TaskSpec:
     def __post_init__(self) -> None:
         missing = set(self.splits) - set(self.local_files)
         assert not missing and set(self.dev_splits) <= set(self.splits), (self.name, missing)
-        assert self.metric_keys[0] == self.main_metric, self.name
 
     @property
     def main_metric(self) -> str:
-        return main_metric(self.name)
+        """The headline metric key (BERT paper, Table 1): fine-tuning selects models on it, MLflow runs
+        log it as ``dev.main`` and reports headline it. F1 for QQP, MRPC, SQuAD and CoNLL-2003, Spearman
+        for STS-B, Matthews correlation for CoLA, accuracy elsewhere."""
+        return self.metric_keys[0]
 
     @property
     def main_dev_split(self) -> str:

@@ -45,7 +45,7 @@ class MlflowTrialTracker:
     Args:
         parent_run_id: The task's run.
         tags: Tags every trial run gets (the parent's standard tags: git commit, pipeline run, ...).
-        main_metric: The task's main metric (:func:`bert_core.metrics.main_metric`): each trial also logs
+        main_metric: The task's main metric (:attr:`bert_core.tasks.TaskSpec.main_metric`): each trial also logs
             it as ``dev.main`` and gets the tag ``main_metric``, as the task's run does.
     """
 

@@ -91,7 +91,7 @@ def log_dataset(
 
 def log_task_data(task: str, data: Any) -> None:
     """The fine-tuning data of ``task`` as dataset inputs: ``train`` (context ``training``), each dev split
-    (context ``evaluation``). ``data`` is a :class:`bert_core.finetune.run.TaskData`."""
+    (context ``evaluation``). ``data`` is a :class:`bert_core.finetune.run.TrialData`."""
     splits = [("train", data.train, "training"), *((s, d, "evaluation") for s, d in data.dev.items())]
     for split, part, context in splits:
         log_dataset(f"{task}-{split}", source=part.source, digest=rows_digest(part.rows), rows=len(part.rows),
@@ -120,7 +120,7 @@ def log_pretrain_data(data_dir: str | os.PathLike[str], phases: list[str]) -> No
 
 def log_headline_metric(key: str, metrics: dict[str, Any]) -> float | None:
     """Log ``dev.main`` = ``metrics["dev.<key>"]`` (``key``: the task's main metric,
-    :func:`bert_core.metrics.main_metric`) and the tag ``main_metric`` = ``key``, so one column compares
+    :attr:`bert_core.tasks.TaskSpec.main_metric`) and the tag ``main_metric`` = ``key``, so one column compares
     every task's runs. Returns the value (``None`` when the run has no such metric)."""
     import mlflow
 

@@ -2,8 +2,8 @@
 
 Public API (import from here):
 
-- :class:`Trainer`, :class:`TrainConfig`, :class:`Task`, :class:`StepOutput`, :class:`FitResult`,
-  :class:`TrainingInterrupted`, :class:`NonFiniteLossError` (``loop``, ``config``, ``task``)
+- :class:`Trainer`, :class:`TrainConfig`, :class:`Objective`, :class:`StepOutput`, :class:`FitResult`,
+  :class:`TrainingInterrupted`, :class:`NonFiniteLossError` (``loop``, ``config``, ``objective``)
 - :func:`build_optimizer`, :func:`param_groups`, :class:`Lamb` (``optim``)
 - :class:`LinearWarmupDecay` (``schedule``)
 - :class:`DistContext`, :func:`setup_distributed`, :func:`teardown_distributed` (``distributed``)
@@ -17,9 +17,9 @@ from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig
 from bert_core.training.distributed import DistContext, setup_distributed, teardown_distributed
 from bert_core.training.flops import bert_train_flops, mfu, peak_tflops
 from bert_core.training.loop import Trainer
+from bert_core.training.objective import Objective, StepOutput
 from bert_core.training.optim import Lamb, build_optimizer, param_groups
 from bert_core.training.schedule import LinearWarmupDecay
-from bert_core.training.task import StepOutput, Task
 
 __all__ = [
     "CheckpointError",
@@ -28,8 +28,8 @@ __all__ = [
     "Lamb",
     "LinearWarmupDecay",
     "NonFiniteLossError",
+    "Objective",
     "StepOutput",
-    "Task",
     "TrainConfig",
     "Trainer",
     "TrainingInterrupted",

@@ -15,7 +15,7 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train (what to train on is the Task's and the loader's business).
+    """How to train (what to train on is the Objective's and the loader's business).
 
     Attributes:
         max_steps: optimizer steps to run; with ``time_budget_s`` too, whichever comes first.

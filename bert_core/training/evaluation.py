@@ -1,5 +1,5 @@
 """The Trainer's batch plumbing and evaluation pass: batches to the device, statistics summed over
-batches and ranks, and a task's ``eval_step`` over a held-out set summarised into ``eval_*`` metrics."""
+batches and ranks, and an objective's ``eval_step`` over a held-out set summarised into ``eval_*`` metrics."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from bert_core.training.distributed import DistContext
-from bert_core.training.task import Task
+from bert_core.training.objective import Objective
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -26,9 +26,9 @@ def sum_into(acc: dict[str, Tensor], stats: dict[str, Tensor], device: torch.dev
 
 
 @torch.no_grad()
-def evaluate_task(
+def evaluate_objective(
     model: nn.Module,
-    task: Task,
+    objective: Objective,
     data: Iterable[dict[str, Any]],
     *,
     device: torch.device,
@@ -36,13 +36,13 @@ def evaluate_task(
     max_batches: int | None,
     autocast: Callable[[], contextlib.AbstractContextManager[Any]],
 ) -> dict[str, float]:
-    """``task.eval_step`` over at most ``max_batches`` batches of ``data``, its statistics summed over the
-    batches and all ranks, then ``task.summarize``d; keys prefixed ``eval_``."""
+    """``objective.eval_step`` over at most ``max_batches`` batches of ``data``, its statistics summed over the
+    batches and all ranks, then ``objective.summarize``d; keys prefixed ``eval_``."""
     sums: dict[str, Tensor] = {}
     for batch in itertools.islice(data, max_batches):
         with autocast():
-            stats = task.eval_step(model, to_device(batch, device))
+            stats = objective.eval_step(model, to_device(batch, device))
         sum_into(sums, stats, device)
     for k in sorted(sums):
         dist.all_reduce(sums[k])
-    return {f"eval_{k}": v for k, v in task.summarize(sums).items()}
+    return {f"eval_{k}": v for k, v in objective.summarize(sums).items()}

@@ -4,11 +4,11 @@
 newest checkpoint, ``torch.compile``, DDP) -> **train** (gradient accumulation, clipping, schedule,
 logging, periodic evaluation and checkpoints) -> **evaluate** -> **save** (a final checkpoint marked
 complete) -> **clean up** (signal handlers, global flags). What is trained on and what is measured is
-pluggable through a :class:`Task`:
+pluggable through an :class:`Objective`:
 
 .. code-block:: python
 
-    class MyTask(Task):
+    class MyObjective(Objective):
         def step(self, model, batch):                  # batch: dict of tensors on the device
             out = model(**batch)
             correct = (out.logits.argmax(-1) == batch["labels"]).sum()
@@ -18,7 +18,7 @@ pluggable through a :class:`Task`:
         def summarize(self, sums):                     # sums: stats summed over batches and ranks
             return {"loss": sums["loss_sum"] / sums["count"], "acc": sums["correct"] / sums["count"]}
 
-    result = Trainer(model, MyTask(), train_loader, TrainConfig(max_steps=1000, lr=5e-5, warmup_steps=100),
+    result = Trainer(model, MyObjective(), train_loader, TrainConfig(max_steps=1000, lr=5e-5, warmup_steps=100),
                      checkpoint_dir=Path("ckpt"), eval_data=dev_loader, on_metrics=print).fit()
 
 Data protocol: ``train_data`` is re-iterable; each ``iter()`` continues where the last one stopped and a
@@ -58,18 +58,18 @@ from bert_core.tracking import MetricsCallback
 from bert_core.training import checkpoint as ckpt
 from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig, TrainingInterrupted
 from bert_core.training.distributed import DistContext, resolve_device
-from bert_core.training.evaluation import evaluate_task, sum_into, to_device
+from bert_core.training.evaluation import evaluate_objective, sum_into, to_device
 from bert_core.training.flops import mfu, peak_tflops
+from bert_core.training.objective import Objective, StepOutput
 from bert_core.training.optim import build_optimizer
-from bert_core.training.task import StepOutput, Task
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "FitResult",
     "NonFiniteLossError",
+    "Objective",
     "StepOutput",
-    "Task",
     "TrainConfig",
     "Trainer",
     "TrainingInterrupted",
@@ -78,11 +78,11 @@ __all__ = [
 
 # ====================================================================== trainer
 class Trainer:
-    """Runs the training lifecycle for one model, task and loader (see the module docstring).
+    """Runs the training lifecycle for one model, objective and loader (see the module docstring).
 
     Args:
         model: the model to train (unwrapped); it is moved to the device.
-        task: the objective.
+        objective: what the model is trained to do: loss and statistics of a batch.
         train_data: re-iterable training batches (dicts of CPU tensors) for this rank.
         config: the ``TrainConfig``.
         checkpoint_dir: where checkpoints go (None: no checkpoints, no resume).
@@ -97,7 +97,7 @@ class Trainer:
     def __init__(
         self,
         model: nn.Module,
-        task: Task,
+        objective: Objective,
         train_data: Iterable[dict[str, Any]],
         config: TrainConfig,
         *,
@@ -109,7 +109,7 @@ class Trainer:
         fingerprint: str = "",
     ) -> None:
         self.model = model
-        self.task = task
+        self.objective = objective
         self.train_data = train_data
         self.config = config
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
@@ -297,15 +297,15 @@ class Trainer:
             loss_sum = torch.zeros((), device=self.device)
             for micro in range(cfg.grad_accum):
                 batch = next(batches)
-                seqs, toks = self.task.count(batch)
-                flops = self.task.flops(batch) if self._peak is not None else None
+                seqs, toks = self.objective.count(batch)
+                flops = self.objective.flops(batch) if self._peak is not None else None
                 self._win["seqs"] += seqs
                 self._win["tokens"] += toks
                 self._win["flops"] += flops or 0.0
                 batch = to_device(batch, self.device)
                 sync = micro == cfg.grad_accum - 1 or not self.dist.distributed
                 with contextlib.nullcontext() if sync else self.net.no_sync(), self._autocast():
-                    out = self.task.step(self.net, batch)
+                    out = self.objective.step(self.net, batch)
                     loss = out.loss / cfg.grad_accum
                 self.scaler.scale(loss).backward()
                 loss_sum += out.loss.detach().float()
@@ -393,7 +393,7 @@ class Trainer:
             self.dist.all_reduce(self._win_stats[k])
         loss, gnorm = (scalars / self.dist.world_size).tolist()
         seqs, tokens, flops = counts.tolist()
-        metrics = {"loss": loss, **self.task.summarize(self._win_stats)}
+        metrics = {"loss": loss, **self.objective.summarize(self._win_stats)}
         metrics.update(
             lr=w["lr"],
             grad_norm=gnorm,
@@ -428,8 +428,8 @@ class Trainer:
                 metrics = dict(self.evaluator(model))
             else:
                 data = self.eval_data() if callable(self.eval_data) else self.eval_data
-                metrics = evaluate_task(
-                    model, self.task, data, device=self.device, dist=self.dist,
+                metrics = evaluate_objective(
+                    model, self.objective, data, device=self.device, dist=self.dist,
                     max_batches=self.config.max_eval_batches, autocast=self._autocast,
                 )  # fmt: skip
         finally:

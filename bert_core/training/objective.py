@@ -1,6 +1,8 @@
-"""What the training loop trains: the :class:`Task` protocol and its per-batch :class:`StepOutput`.
+"""What the training loop trains: the :class:`Objective` protocol and its per-batch :class:`StepOutput`.
 
-See :mod:`bert_core.training.loop` for how the Trainer calls a task.
+An objective is the loss and the statistics of a batch (pretraining: MLM + NSP; fine-tuning: the task
+head's loss), not a downstream task: those are :class:`bert_core.tasks.TaskSpec`. See
+:mod:`bert_core.training.loop` for how the Trainer calls an objective.
 """
 
 from __future__ import annotations
@@ -13,21 +15,21 @@ from torch import Tensor, nn
 
 @dataclass
 class StepOutput:
-    """What a task returns for one micro-batch.
+    """What an objective returns for one micro-batch.
 
     Attributes:
         loss: scalar the optimizer minimises (mean over the micro-batch); ``backward()`` is called on it.
         stats: summable statistics (e.g. correct predictions and counts), scalars or fixed-shape
             tensors; the loop sums them over micro-batches, steps and ranks and hands the sums to
-            :meth:`Task.summarize`. Detach them.
+            :meth:`Objective.summarize`. Detach them.
     """
 
     loss: Tensor
     stats: dict[str, Tensor] = field(default_factory=dict)
 
 
-class Task:
-    """The objective: computes the loss and metrics of a batch. Subclass and override ``step``."""
+class Objective:
+    """What the model is trained to do: the loss and metrics of a batch. Subclass and override ``step``."""
 
     def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
         """Forward one micro-batch (already on the device) in training mode; return loss and stats."""
