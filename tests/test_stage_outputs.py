@@ -64,6 +64,7 @@ def test_all_outs_are_committed_together(tmp_path):
     assert _names(tmp_path) == [
         "data",
         "data/corpus",
+        "data/corpus/.bert-output",
         "data/corpus/part.txt",
         "metrics",
         "metrics/corpus.json",

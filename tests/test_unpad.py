@@ -255,8 +255,8 @@ def test_pretrain_and_finetune_params_expose_unpad():
     from bert_core.finetune.params import TaskSettings
     from bert_core.pretrain.params import ModelParams
 
-    assert ModelParams(unpad=True).config(vocab_size=V).unpad
-    assert not ModelParams().config(vocab_size=V).unpad
+    assert ModelParams(unpad=True).config(vocab_size=V, max_position_embeddings=128).unpad
+    assert not ModelParams().config(vocab_size=V, max_position_embeddings=128).unpad
     with pytest.raises(ValueError, match=r"pretrain\.model\.unpad"):
         ModelParams(overrides={"unpad": True})
     assert TaskSettings(unpad=True).unpad and not TaskSettings().unpad
