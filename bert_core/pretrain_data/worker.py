@@ -35,12 +35,13 @@ CHUNK_INSTANCES = 4096  # instances laid out and masked at a time (bounds the (N
 
 
 @dataclass(frozen=True)
-class Task:
-    """Consecutive documents of one split, processed by one worker into one output shard per phase.
+class WorkUnit:
+    """A task of the builder: consecutive documents of one split, processed by one worker into one output
+    shard per phase (``task_bytes`` of text; not to be confused with a fine-tuning task, ``bert_core.tasks.TaskSpec``).
 
     Attributes:
         split: ``train`` or ``heldout``.
-        index: Task number within the split (names the output shard and keys its seeds).
+        index: Unit number within the split (names the output shard and keys its seeds).
         segments: ``(file, first_row, end_row)`` ranges of corpus shards, in stream order.
         num_rows: Documents in the task.
     """
@@ -91,7 +92,7 @@ class Job:
         nsp_offset: Per phase, the starting :attr:`NspCounter.offset` (0 when absent).
     """
 
-    task: Task
+    task: WorkUnit
     out_dir: str
     vocab_dir: str
     params: dict[str, Any]
@@ -117,7 +118,7 @@ def _encode(tokenizer, sentences) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(ids), np.concatenate(lens)
 
 
-def iter_windows(task: Task, tokenizer, window_tokens: int, min_docs: int) -> Iterator[Window]:
+def iter_windows(task: WorkUnit, tokenizer, window_tokens: int, min_docs: int) -> Iterator[Window]:
     """Stream the task's documents as tokenised windows.
 
     A window closes after the first document at which it holds at least ``window_tokens`` tokens and
