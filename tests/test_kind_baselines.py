@@ -110,10 +110,17 @@ def test_swag_majority_label_from_training_rows_and_ending_ranker():
 
 
 def test_baselines_are_deterministic():
-    for task, dev, train in (("sst2", SST2_DEV, SST2_TRAIN * 40),):  # 160 rows: the cross-validated path
+    pairs = [_sentence(i, "a man", 5.0 * (i % 3 == 0), text_b=f"a {i % 7}") for i in range(120)]
+    ner = [{"tokens": ["Paris", "and", "New", "York"], "tags": ["B-LOC", "O", "B-ORG", "I-ORG"]}] * 3
+    cases = (
+        ("sst2", SST2_DEV, SST2_TRAIN * 40),  # 160 rows: the cross-validated path
+        ("stsb", pairs[:10], pairs),
+        ("conll2003", ner, ner),
+    )
+    for task, dev, train in cases:
         spec = get_task(task)
         first = get_kind(spec).baselines(spec, dev, train_rows=train)
-        assert get_kind(spec).baselines(spec, dev, train_rows=train) == first
+        assert first and get_kind(spec).baselines(spec, dev, train_rows=list(train)) == first, task
 
 
 def test_squad_baselines_ignore_training_rows():
