@@ -294,3 +294,39 @@ def test_staged_outputs_give_the_same_bytes_and_commit_together(results_dir, tmp
                            (direct["plot.scores"].parent, outs[2]), (direct["metrics"], b / "evaluate.json")]:  # fmt: skip
         assert tree_digest(a_path) == tree_digest(b_path), b_path
     assert not list(b.rglob(".*.tmp-*"))
+
+
+def test_scores_not_above_their_best_baseline_are_marked_and_counted(tmp_path):
+    root = tmp_path / "results"
+    # sst2 beats its best baseline (82 > 72); cola ties it (0 = 0: not above); conll2003 is below (50 < 68.8)
+    _write(root, FinetuneResult("sst2", "classification", "accuracy", TINY, [
+        _trial("pretrained", 1e-4, 1, {"accuracy": 82.0})],
+        baselines={"majority": {"accuracy": 50.9}, "tfidf_logreg": {"accuracy": 72.0}}))  # fmt: skip
+    _write(root, FinetuneResult("cola", "classification", "matthews_corr", TINY, [
+        _trial("pretrained", 1e-4, 1, {"matthews_corr": 0.0})],
+        baselines={"majority": {"matthews_corr": 0.0}, "tfidf_logreg": {"matthews_corr": 0.0}}))  # fmt: skip
+    _write(root, FinetuneResult("conll2003", "token_classification", "f1", TINY, [
+        _trial("pretrained", 1e-4, 1, {"f1": 50.5, "precision": 55.0, "recall": 46.0})],
+        baselines={"majority": {"f1": 0.0}, "lexicon": {"f1": 68.8, "precision": 79.4}}))  # fmt: skip
+    _write(root, FinetuneResult("wnli", "classification", "accuracy", TINY, [  # no baselines: not counted
+        _trial("pretrained", 1e-4, 1, {"accuracy": 56.3})]))  # fmt: skip
+    metrics, paths = evaluate_results(root, tmp_path / "m.json", tmp_path / "reports")
+    md = paths["markdown"].read_text()
+    assert "1 of 3 tasks beat their best trivial baseline (not: cola, conll2003, marked ≤ baseline)." in md
+    assert "1 of 3 tasks beat their best trivial baseline" in paths["html"].read_text()
+    main = md.split("## Per-task dev scores")[1].split("\n## ")[0]
+    rows = {line.split(" | ")[0].strip("| "): line for line in main.splitlines() if line.startswith("| ")}
+    assert "| 82.0 |" in rows["sst2"] and "72.0 (tfidf_logreg)" in rows["sst2"] and "≤" not in rows["sst2"]
+    assert "| 0.0 ≤ baseline |" in rows["cola"] and "0.0 (majority)" in rows["cola"]  # a tie: the first
+    assert "| 50.5 ≤ baseline |" in rows["conll2003"] and "68.8 (lexicon)" in rows["conll2003"]
+    assert "≤" not in rows["wnli"] and rows["wnli"].endswith("| – |")
+    table = md.split("## Trivial baselines on the same evaluated rows")[1].split("\n## ")[0]
+    assert "| conll2003 | lexicon |" in table and "| 68.8 | 50.5 ≤ baseline | -18.3 |" in table
+    assert "| f1 | 0.0 | 50.5 | +50.5 |" in table  # above the majority baseline: unmarked in its row
+    assert metrics["baseline.tasks_compared"] == 3 and metrics["baseline.tasks_beating"] == 1
+    assert metrics["sst2.beats_baseline"] == 1 and metrics["conll2003.beats_baseline"] == 0
+    assert (
+        metrics["conll2003.best_baseline.f1"] == 68.8
+        and metrics["conll2003.baseline.lexicon.precision"] == 79.4
+    )
+    assert "wnli.beats_baseline" not in metrics

@@ -137,6 +137,14 @@ def test_glue_task_end_to_end(task, tiny_model, data_root, tmp_path):
             )
     if task == "mnli":
         assert "dev_mismatched.accuracy" in metrics
+    # Trivial baselines: fitted on the 24 capped training rows, scored on the 16 evaluated rows.
+    from bert_core.kinds import get_kind
+
+    train = load_task_split(spec, "train", data_root=data_root, limit=24)
+    assert result.baselines == get_kind(spec).baselines(spec, rows, train_rows=train)
+    constant = "mean" if spec.kind == "regression" else "majority"
+    assert f"baseline.{constant}.{spec.main_metric}" in metrics
+    assert json.loads((tmp_path / task / "summary.json").read_text())["baselines"] == result.baselines
     # The selected model is a Hugging Face directory that transformers loads with its head.
     model_dir = tmp_path / "models" / task
     assert (model_dir / "config.json").is_file() and (model_dir / "model.safetensors").is_file()
@@ -190,6 +198,10 @@ def test_swag_fixture(tiny_model, data_root, tmp_path):
     probs = [sum(float(x) for x in line.split(",")[2:]) for line in lines[1:]]
     assert all(p == pytest.approx(1.0, abs=1e-4) for p in probs)
     assert "dev.accuracy" in result.metrics() and (tmp_path / "swag" / "test_predictions.csv").is_file()
+    assert (
+        set(result.baselines) == {"majority", "tfidf_ending"}
+        and "baseline.majority.accuracy" in result.metrics()
+    )
 
 
 def test_conll_ner_file_scores_like_the_metric(tiny_model, data_root, tmp_path):
@@ -202,6 +214,7 @@ def test_conll_ner_file_scores_like_the_metric(tiny_model, data_root, tmp_path):
         len(line.split(" ")) == 3 for s in sentences for line in s.splitlines()
     )
     assert conll_file_metrics(path)["f1"] == pytest.approx(result.metrics()["dev.f1"])
+    assert set(result.baselines) == {"majority", "lexicon"} and "baseline.lexicon.f1" in result.metrics()
 
 
 def test_grid_seeds_random_baseline_and_selection(tiny_model, data_root, tmp_path):

@@ -192,6 +192,10 @@ def test_labels_and_baselines_survive_the_summary_and_reach_the_report_pieces():
     assert baseline_metrics(results) == {
         "squad_v2.baseline.overlap_sentence.f1": 10.0,
         "squad_v2.baseline.all_empty.f1": 49.1,
+        "squad_v2.best_baseline.f1": 49.1,
+        "squad_v2.beats_baseline": 1.0,
+        "baseline.tasks_compared": 1.0,
+        "baseline.tasks_beating": 1.0,
         "squad_v2.dev_split": 1.0,
     }
     official = FinetuneResult(

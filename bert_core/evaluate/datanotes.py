@@ -4,7 +4,12 @@ Kept apart from the report's tables (:mod:`bert_core.evaluate.report`) so that e
 function: :func:`task_label` (the task cell: ``squad_v1 (dev split: articles 25-48 of dev-v1.1, trained on
 1-24)``), :func:`data_notes` (a sentence per task whose scores are not on the official splits, and the v2.0
 null threshold's provenance), :func:`baseline_table` (each baseline beside the fine-tuned score on the
-same rows) and :func:`baseline_metrics` (the same as flat metrics).
+same rows), :func:`baseline_verdict` (how many tasks beat their best baseline) and :func:`baseline_metrics`
+(the same as flat metrics).
+
+A fine-tuned score *beats* its task's best trivial baseline when it is strictly above the highest baseline
+score on the task's main metric; an undefined (NaN) score beats nothing. The report marks every score that
+does not (:data:`NOT_ABOVE_BASELINE`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,15 @@ from bert_core.finetune.results import FinetuneResult
 BASELINE_NOTES = {
     "overlap_sentence": "the context sentence sharing the most words with the question, answered whole",
     "all_empty": "no answer to every question (= the share of unanswerable questions)",
+    "majority": "the most frequent training label (NER: tag) for every row",
+    "mean": "the mean training score for every pair (correlation 0)",
+    "tfidf_logreg": "TF-IDF 1-2 grams + logistic regression, fitted on the same training rows",
+    "tfidf_ridge": "TF-IDF 1-2 grams + ridge regression, fitted on the same training rows",
+    "lexicon": "CoNLL-2003's baseline: training entity phrases of a single type, longest first",
+    "tfidf_ending": "TF-IDF of the ending alone + logistic regression, best-scored ending",
 }
+#: What the report adds to a fine-tuned score that does not beat its task's best trivial baseline.
+NOT_ABOVE_BASELINE = "≤ baseline"
 
 
 def _label(result: FinetuneResult | None) -> str:
@@ -54,6 +67,36 @@ def data_notes(results: Mapping[str, FinetuneResult]) -> list[str]:
     return notes
 
 
+def best_baseline(result: FinetuneResult) -> tuple[str, float] | None:
+    """``(name, score)`` of the task's highest baseline on its main metric; ``None`` if none scored it."""
+    scored = [
+        (name, float(scores[result.main_metric]))
+        for name, scores in result.baselines.items()
+        if result.main_metric in scores and math.isfinite(float(scores[result.main_metric]))
+    ]
+    return max(scored, key=lambda s: s[1]) if scored else None  # max keeps the first of equal scores
+
+
+def beats_baseline(result: FinetuneResult) -> bool | None:
+    """Whether the selected model's main dev score is strictly above the best baseline (``None``: none)."""
+    best = best_baseline(result)
+    if best is None:
+        return None
+    ours = float(result.selected.dev.get(result.main_metric, math.nan))
+    return ours > best[1]  # NaN > x is False: an undefined score beats nothing
+
+
+def baseline_verdict(results: Mapping[str, FinetuneResult]) -> str | None:
+    """The report's one line: ``k of n tasks beat their best trivial baseline`` (and which do not)."""
+    verdicts = {task: beats_baseline(r) for task, r in results.items()}
+    compared = {task: v for task, v in verdicts.items() if v is not None}
+    if not compared:
+        return None
+    losing = [task for task, v in compared.items() if not v]
+    line = f"{len(compared) - len(losing)} of {len(compared)} tasks beat their best trivial baseline"
+    return line + (f" (not: {', '.join(losing)}, marked {NOT_ABOVE_BASELINE})." if losing else ".")
+
+
 def baseline_table(results: Mapping[str, FinetuneResult]) -> tuple[str, list[str], list[list[str]]] | None:
     """(title, header, rows): each trivial baseline next to the fine-tuned score on the same evaluated rows."""
     rows: list[list[str]] = []
@@ -64,7 +107,8 @@ def baseline_table(results: Mapping[str, FinetuneResult]) -> tuple[str, list[str
             value = scores.get(metric)
             if value is None or ours is None:
                 continue
-            rows.append([task, name, BASELINE_NOTES.get(name, ""), metric, f"{value:.1f}", f"{ours:.1f}",
+            mark = "" if ours > value else f" {NOT_ABOVE_BASELINE}"  # this row's baseline, not the best
+            rows.append([task, name, BASELINE_NOTES.get(name, ""), metric, f"{value:.1f}", f"{ours:.1f}{mark}",
                          f"{ours - value:+.1f}"])  # fmt: skip
     if not rows:
         return None
@@ -77,15 +121,25 @@ def baseline_table(results: Mapping[str, FinetuneResult]) -> tuple[str, list[str
         "fine-tuned",
         "fine-tuned - baseline",
     ]
-    return "Trivial baselines on the same evaluated questions", header, rows
+    return "Trivial baselines on the same evaluated rows", header, rows
 
 
 def baseline_metrics(results: Mapping[str, FinetuneResult]) -> dict[str, Any]:
-    """``<task>.baseline.<name>.<metric>`` for every baseline, ``<task>.dev_split`` = 1 for dev-split rows."""
+    """``<task>.baseline.<name>.<metric>`` for every baseline, ``<task>.best_baseline.<main metric>`` and
+    ``<task>.beats_baseline`` (1 or 0) where a baseline scored the main metric, ``baseline.tasks_compared``
+    and ``baseline.tasks_beating`` over those tasks, ``<task>.dev_split`` = 1 for dev-split rows."""
     out: dict[str, Any] = {}
+    compared = beating = 0
     for task, result in results.items():
         for name, scores in result.baselines.items():
             out.update({f"{task}.baseline.{name}.{k}": float(v) for k, v in scores.items()})
+        best, beats = best_baseline(result), beats_baseline(result)
+        if best is not None:
+            out[f"{task}.best_baseline.{result.main_metric}"] = best[1]
+            out[f"{task}.beats_baseline"] = float(bool(beats))
+            compared, beating = compared + 1, beating + bool(beats)
         if result.data_split.get("origin") == "dev_split":
             out[f"{task}.dev_split"] = 1.0
+    if compared:
+        out["baseline.tasks_compared"], out["baseline.tasks_beating"] = float(compared), float(beating)
     return out

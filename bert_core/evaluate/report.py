@@ -7,10 +7,15 @@ Reads each task's ``summary.json`` (written by :func:`bert_core.finetune.run.fin
   seeds, ``glue.average`` (the paper's average, WNLI excluded, over the GLUE rows present) with
   ``glue.reference_average`` on the same rows for the same model size, ``random_init.<row>`` /
   ``gap.<row>`` where the random-init baseline ran, ``gap.mean``, and ``glue.random_init_average`` with
-  ``gap.glue_average`` (fine-tuned minus random init, on the GLUE rows the baseline ran on);
+  ``gap.glue_average`` (fine-tuned minus random init, on the GLUE rows the baseline ran on), and the
+  trivial baselines (``<task>.baseline.<name>.<metric>``, ``<task>.best_baseline.<main>``,
+  ``<task>.beats_baseline``, ``baseline.tasks_compared`` / ``baseline.tasks_beating``:
+  :mod:`bert_core.evaluate.datanotes`);
 - ``evaluate.md`` and a self-contained ``evaluate.html`` (PNG plots embedded) with a per-task chart next
   to the published numbers of the same model size (:mod:`bert_core.evaluate.references`), the
-  pretrained-vs-random-init gap, the learning-rate/seed grid and the learning curves.
+  pretrained-vs-random-init gap, each task's best trivial baseline (every fine-tuned score not above it
+  marked, and one line saying how many tasks beat theirs), the learning-rate/seed grid and the learning
+  curves.
 """
 
 from __future__ import annotations
@@ -25,9 +30,17 @@ from pathlib import Path
 from tabulate import tabulate
 
 from bert_core.atomic import OutputSet, atomic_path, write_json_atomic
-from bert_core.evaluate.datanotes import baseline_table, data_notes, task_label
+from bert_core.evaluate.datanotes import (
+    NOT_ABOVE_BASELINE,
+    baseline_table,
+    baseline_verdict,
+    beats_baseline,
+    best_baseline,
+    data_notes,
+    task_label,
+)
 from bert_core.evaluate.plots import plot_learning_curves, plot_scores, plot_trials
-from bert_core.evaluate.summary import EvaluationSummary, summarize
+from bert_core.evaluate.summary import EvaluationSummary, Row, summarize
 from bert_core.evaluate.value import reference_notes, value_metrics, value_table
 
 
@@ -35,16 +48,34 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
+def _ours_cell(summary: EvaluationSummary, row: Row) -> str:
+    """The fine-tuned score (± spread), marked when it does not beat the task's best trivial baseline (the
+    baselines score the main dev split, so only that row of a task is compared)."""
+    cell = _fmt(row.ours) + (f" ± {_fmt(row.ours_std)} ({row.seeds} seeds)" if row.seeds > 1 else "")
+    result = summary.results.get(row.task)
+    if result is not None and row.name == row.task and beats_baseline(result) is False:
+        cell += f" {NOT_ABOVE_BASELINE}"
+    return cell
+
+
+def _baseline_cell(summary: EvaluationSummary, row: Row) -> str:
+    result = summary.results.get(row.task)
+    best = best_baseline(result) if result is not None and row.name == row.task else None
+    return "–" if best is None else f"{_fmt(best[1])} ({best[0]})"
+
+
 def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of every table in the report."""
     glue = summary.glue()
     ref_name = summary.reference.model if summary.reference else "none for this size"
     main = [
-        [task_label(summary.results, r.task, r.name), r.metric, _fmt(r.ours) + (f" ± {_fmt(r.ours_std)} ({r.seeds} seeds)" if r.seeds > 1 else ""),
-         _fmt(r.random_init), _fmt(r.gap), _fmt(r.reference) + (f" ({r.reference_split})" if r.reference_split else "")]
+        [task_label(summary.results, r.task, r.name), r.metric, _ours_cell(summary, r),
+         _fmt(r.random_init), _fmt(r.gap), _fmt(r.reference) + (f" ({r.reference_split})" if r.reference_split else ""),
+         _baseline_cell(summary, r)]
         for r in summary.rows
     ]  # fmt: skip
-    header = ["task", "metric", "fine-tuned (dev)", "random init (dev)", "gap", f"published ({ref_name})"]
+    header = ["task", "metric", "fine-tuned (dev)", "random init (dev)", "gap", f"published ({ref_name})",
+              "best trivial baseline (dev)"]  # fmt: skip
     avg = [
         ["GLUE average (fine-tuned)", _fmt(glue["average"]), ", ".join(glue["rows"]) or "–"],
         ["GLUE average (published, same rows)", _fmt(glue["reference_average"]), ", ".join(glue["reference_rows"]) or "–"],
@@ -132,7 +163,8 @@ def render_report(
     for name in plots:
         paths[f"plot.{name}"] = plot_dir / f"{name}.png"
 
-    notes = data_notes(summary.results)
+    verdict = baseline_verdict(summary.results)
+    notes = [*([verdict] if verdict else []), *data_notes(summary.results)]
     md = [f"# {title}", "", _intro(summary), "", *(f"- {n}" for n in notes), *([""] if notes else [])]
     for heading, header, rows in tables:
         md += [f"## {heading}", "", _markdown_table(header, rows), ""]

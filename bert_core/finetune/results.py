@@ -11,7 +11,8 @@ stage reads it) and flattened by :meth:`FinetuneResult.metrics` into the DVC met
 - ``random_init.dev.<metric>`` and ``gap.dev.<main>`` (pretrained - random) when the baseline ran;
 - ``train.examples_per_second`` / ``train.seconds`` / ``train.examples``;
 - ``dev.null_threshold`` (SQuAD v2.0: the tuned null-answer threshold);
-- ``baseline.<name>.<metric>``: trivial baselines on the same evaluated rows (SQuAD).
+- ``baseline.<name>.<metric>``: trivial baselines, fitted on the same training rows, scored on the same
+  evaluated rows (:meth:`bert_core.kinds.base.TaskKind.baselines`).
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ class FinetuneResult:
         data_split: Where the train and evaluated rows came from (:meth:`bert_core.tasks.datasource.
             TaskSource.describe`): ``origin`` (``official``, ``dev_split``, ``own_files``), ``label``
             (what the report shows beside the task when not the official splits), the sources.
-        baselines: Trivial baselines scored on the same evaluated rows (name -> metrics), from
-            :meth:`bert_core.kinds.base.TaskKind.baselines` (SQuAD: :mod:`bert_core.kinds.squad_baselines`).
+        baselines: Trivial baselines fitted on the same training rows and scored on the same evaluated rows
+            (name -> metrics), from :meth:`bert_core.kinds.base.TaskKind.baselines`
+            (:mod:`bert_core.kinds.baselines`; SQuAD: :mod:`bert_core.kinds.squad_baselines`).
     """
 
     task: str

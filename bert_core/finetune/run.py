@@ -416,8 +416,11 @@ def finetune_task(
             spec, settings, params, info=info, run_trial=run_trial, open_trial=open_trial,
             load_data=lambda tok: load_task_data(spec, settings, tok, data_root=data_root, data_checks=False),
         )  # fmt: skip
+        # trivial baselines: fitted on the same (capped) training rows, scored on the same evaluated rows
+        baselines = get_kind(spec).baselines(spec, data.dev[spec.main_dev_split].rows, train_rows=data.train.rows)  # fmt: skip
+        log.info("%s: trivial baselines %s", spec.name, baselines)
         result = FinetuneResult(spec.name, spec.kind, spec.main_metric, info, trials, data_split=data.split_info,
-                                baselines=get_kind(spec).baselines(spec, data.dev[spec.main_dev_split].rows))  # fmt: skip
+                                baselines=baselines)  # fmt: skip
         selected_init = result.selected.init
         best_dir = tmp / f"best-{selected_init}"
         with contextlib.ExitStack() as stack:

@@ -252,8 +252,15 @@ class TaskKind(ABC):
     ) -> dict[str, str]:
         """Write one split's predictions in the task's official format under ``out_dir``; return the paths."""
 
-    def baselines(self, spec: TaskSpec, rows: Sequence[Row]) -> dict[str, dict[str, float]]:
-        """Trivial baselines scored on the evaluated ``rows`` like the model (name -> metrics); none by default."""
+    def baselines(
+        self, spec: TaskSpec, rows: Sequence[Row], *, train_rows: Sequence[Row]
+    ) -> dict[str, dict[str, float]]:
+        """Trivial baselines scored on the evaluated ``rows`` like the model (name -> metrics, 0-100).
+
+        Those that learn (a majority label, a bag-of-words model) learn from ``train_rows``, the very rows
+        the fine-tuning trained on, so the report compares like with like (:mod:`bert_core.kinds.baselines`).
+        None by default.
+        """
         return {}
 
     # -- serving (bert_core.serving: the registered MLflow Model's predict)

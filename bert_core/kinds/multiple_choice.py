@@ -171,6 +171,15 @@ class MultipleChoice(TaskKind):
         )
         return {f"{split}.predictions": str(path)}
 
+    def baselines(
+        self, spec: TaskSpec, rows: Sequence[Row], *, train_rows: Sequence[Row]
+    ) -> dict[str, dict[str, float]]:
+        """``majority`` (the most frequent training label) and ``tfidf_ending`` (a bag-of-words ranker of
+        the endings alone), fitted on ``train_rows`` (:func:`bert_core.kinds.baselines.multiple_choice_baselines`)."""
+        from bert_core.kinds.baselines import multiple_choice_baselines
+
+        return multiple_choice_baselines(spec.name, train_rows, rows)
+
     # -- serving
     def serving_inputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
         return [("context", "string", True), ("endings", "string[]", True), ("start", "string", False)]

@@ -177,6 +177,17 @@ class SequenceClassification(TaskKind):
         path = write_glue_predictions(out_dir / f"{split}_predictions.tsv", spec, ids, preds)
         return {f"{split}.predictions": str(path)}
 
+    def baselines(
+        self, spec: TaskSpec, rows: Sequence[Row], *, train_rows: Sequence[Row]
+    ) -> dict[str, dict[str, float]]:
+        """``majority`` and ``tfidf_logreg`` (regression: ``mean`` and ``tfidf_ridge``), fitted on
+        ``train_rows`` (:func:`bert_core.kinds.baselines.sequence_baselines`)."""
+        from bert_core.kinds.baselines import sequence_baselines
+
+        label2id = self.label2id(spec)
+        return sequence_baselines(spec.name, train_rows, rows, label_of=lambda r: _label_id(r, label2id),
+                                  regression=self.regression)  # fmt: skip
+
     # -- serving
     def serving_inputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
         return [("text", "string", True), ("text_pair", "string", False)]

@@ -277,8 +277,11 @@ class SpanQA(TaskKind):
         written = write_squad_predictions(Path(out_dir) / split, squad.predictions, null_odds=odds)
         return {f"{split}.{k}": str(v) for k, v in written.items()}
 
-    def baselines(self, spec: TaskSpec, rows: Sequence[Row]) -> dict[str, dict[str, float]]:
-        """The overlap-sentence baseline, and for v2.0 the all-empty one (:mod:`bert_core.kinds.squad_baselines`)."""
+    def baselines(
+        self, spec: TaskSpec, rows: Sequence[Row], *, train_rows: Sequence[Row]
+    ) -> dict[str, dict[str, float]]:
+        """The overlap-sentence baseline, and for v2.0 the all-empty one (:mod:`bert_core.kinds.squad_baselines`);
+        neither learns, so ``train_rows`` is not read."""
         from bert_core.kinds.squad_baselines import squad_baselines
 
         return squad_baselines(rows, version_2=self.version_2(spec), metric_keys=spec.metric_keys)

@@ -203,6 +203,15 @@ class TokenClassification(TaskKind):
         path = write_conll_predictions(Path(out_dir) / f"{split}_predictions.conll", rows, result.predictions)
         return {f"{split}.predictions": str(path)}
 
+    def baselines(
+        self, spec: TaskSpec, rows: Sequence[Row], *, train_rows: Sequence[Row]
+    ) -> dict[str, dict[str, float]]:
+        """``majority`` (every word ``O``) and ``lexicon``, CoNLL-2003's own baseline: the training rows'
+        unambiguous entity phrases, longest first (:func:`bert_core.kinds.baselines.ner_baselines`)."""
+        from bert_core.kinds.baselines import ner_baselines
+
+        return ner_baselines(train_rows, rows)
+
     # -- serving
     def serving_inputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
         return [("text", "string", False), ("words", "string[]", False)]
