@@ -494,3 +494,8 @@ def _write_outputs(
     tmp_model = staged[model_out]
     shutil.copytree(best_dir, tmp_model)
     tokenizer.save_pretrained(str(tmp_model))
+    # What serving needs besides the weights, so the directory itself serves as the registered version does
+    # (bert_core.serving.local reads it; the registered MLflow Model holds the same JSON).
+    from bert_core.serving.task import serving_task
+
+    write_json_atomic(tmp_model / "task.json", serving_task(spec, settings, null_threshold=threshold))
