@@ -36,6 +36,7 @@ SERVING_MODULES: tuple[str, ...] = (
     "kinds/sequence.py",
     "kinds/span_qa.py",
     "kinds/squad_post.py",
+    "kinds/task_json.py",
     "kinds/token_classification.py",
     "metrics/__init__.py",
     "metrics/glue.py",
