@@ -123,3 +123,18 @@ def test_a_directory_without_a_task_is_refused_clearly(tmp_path):
         BatchPredictionError, match=r"empty: neither an MLflow Model \(no MLmodel file\) nor a Hugging Face"
     ):
         load_model(str(tmp_path / "empty"))
+
+
+def test_a_stage_directory_exports_as_an_mlflow_model_to_serve(models, tmp_path, capsys):
+    import mlflow
+
+    from bert_core.serving import local
+
+    _, dirs = models
+    assert local.main([str(dirs["sst2"]), str(tmp_path / "served")]) == 0
+    assert "mlflow models serve -m" in capsys.readouterr().out
+    exported = mlflow.pyfunc.load_model(str(tmp_path / "served"))
+    direct = load_model(str(dirs["sst2"]))
+    assert exported.predict(REQUESTS["sst2"]).equals(direct.predict(REQUESTS["sst2"]))
+    assert local.main([str(dirs["sst2"]), str(tmp_path / "served")]) == 1
+    assert "give a new directory" in capsys.readouterr().err

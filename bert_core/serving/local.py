@@ -143,3 +143,35 @@ def mlflow_model_dir(model_dir: str | Path, scratch: str | Path) -> Path:
         return model_dir
     task = hf_task(model_dir)
     return save_model(Path(scratch) / "mlflow-model", model_dir, task)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bert_core.serving.local <model dir> <dest>``: write the MLflow Model of a stage's model
+    directory to ``dest`` (then ``mlflow models serve -m <dest>`` serves it)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m bert_core.serving.local", description=main.__doc__)
+    parser.add_argument("model_dir", help="models/finetuned/<task> or models/pretrained")
+    parser.add_argument("dest", help="where the MLflow Model goes (must not exist or be empty)")
+    args = parser.parse_args(argv)
+    from mlflow.exceptions import MlflowException
+
+    from bert_core.serving.pyfunc import save_model
+
+    try:
+        path = save_model(args.dest, args.model_dir, hf_task(args.model_dir))
+    except ModelDirectoryError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except MlflowException as err:  # dest exists and is not empty
+        print(f"error: {str(err).splitlines()[0]}; give a new directory as dest", file=sys.stderr)
+        return 1
+    print(
+        f"wrote the MLflow Model of {args.model_dir} to {path}; serve it with: mlflow models serve -m {path}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
