@@ -14,6 +14,7 @@ resolving MLflow's dependencies takes minutes), later runs reuse it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -131,10 +132,11 @@ def model_python(requirements) -> Path:
             assert proc.returncode == 0, proc.stderr[-3000:]
             seconds = round(time.monotonic() - started, 1)
             (building / "built.json").write_text(json.dumps({"seconds": seconds}), encoding="utf-8")
-            # Renamed into place whole (a concurrent or killed build leaves no half environment); only
-            # ``bin/python -m ...`` is used, which does not depend on the directory's name.
-            shutil.rmtree(venv, ignore_errors=True)
-            os.replace(building, venv)
+            # Renamed into place whole (a killed build leaves no half environment; a concurrent build that
+            # finished first wins and this one is dropped); only ``bin/python -m ...`` is used, which does
+            # not depend on the directory's name.
+            with contextlib.suppress(OSError):
+                os.replace(building, venv)
         finally:
             shutil.rmtree(building, ignore_errors=True)
     return python
