@@ -138,3 +138,11 @@ def test_a_stage_directory_exports_as_an_mlflow_model_to_serve(models, tmp_path,
     assert exported.predict(REQUESTS["sst2"]).equals(direct.predict(REQUESTS["sst2"]))
     assert local.main([str(dirs["sst2"]), str(tmp_path / "served")]) == 1
     assert "give a new directory" in capsys.readouterr().err
+
+
+def test_the_run_forms_model_path_is_relative_to_the_repository():
+    from bert_core.constants import REPO_ROOT
+
+    assert predict._model_path("models:/bert-sst2@champion") == "models:/bert-sst2@champion"
+    assert predict._model_path("docs") == str(REPO_ROOT / "docs")  # a directory in the repository
+    assert predict._model_path("models/finetuned/not-there") == "models/finetuned/not-there"  # load says why
