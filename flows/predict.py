@@ -3,8 +3,13 @@
 ::
 
     python -m flows.predict --model models:/bert-sst2@champion --input in.jsonl --output out.jsonl
+    python -m flows.predict --model models/finetuned/sst2 --input in.jsonl --output out.jsonl
 
-Works with any MLflow pyfunc model (every task kind): each input line is a JSON object with the model's
+``--model`` takes any model the pipeline produced: a registry URI (``models:/<name>@<alias>``,
+``models:/<name>/<version>``, ``runs:/<run>/model``), an MLflow Model directory, or a stage's Hugging Face
+model directory (``models/finetuned/<task>``, ``models/pretrained``), whose task is read from the directory
+itself (its ``task.json``, else its model card) and which predicts exactly what its registered version
+predicts (:mod:`bert_core.serving.local`). Works with any MLflow pyfunc model (every task kind): each input line is a JSON object with the model's
 input fields (its signature: ``text`` [+ ``text_pair``] for a classifier, ``question`` + ``context`` for
 SQuAD ...) and optionally an ``id``; each output line holds that id and the prediction, in input order.
 Every row is checked before the first prediction (a bad row: ``<input>:<line>: field '<name>': ...``), the
@@ -65,7 +70,9 @@ def predict_flow(
             relative to the repository), e.g. data/predict/in.jsonl.
         output_path: Where the predictions go (one JSON object per input row, same order); written only
             when every row was predicted.
-        model: MLflow model URI: models:/<name>@<alias>, models:/<name>/<version>, runs:/<run>/model.
+        model: models:/<name>@<alias>, models:/<name>/<version>, runs:/<run>/model, an MLflow Model
+            directory, or a stage's model directory (models/finetuned/sst2, models/pretrained; relative
+            paths are relative to the repository).
         batch_size: Rows per model call.
         id_field: Input field copied to each output row (when the row has it).
 
@@ -74,13 +81,21 @@ def predict_flow(
     """
     with library_logs():  # progress on the console and in the run's logs (Prefect's root is at WARNING)
         result = predict_file(
-            model,
+            _model_path(model),
             in_repo(input_path, "input_path"),
             in_repo(output_path, "output_path"),
             batch_size=batch_size,
             id_field=id_field,
         )
     return result.as_record()
+
+
+def _model_path(model: str) -> str:
+    """``model`` as given, or, when it names a directory relative to the repository, its absolute path."""
+    if "://" in model or model.startswith(("models:/", "runs:/")) or Path(model).expanduser().is_absolute():
+        return model
+    local = in_repo(model, "model")
+    return str(local) if local.is_dir() else model
 
 
 def _prefect_settings(no_prefect: bool) -> contextlib.AbstractContextManager[Any] | None:
@@ -106,7 +121,12 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.predict", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="MLflow model URI, e.g. models:/bert-sst2@champion")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="models:/bert-sst2@champion, an MLflow Model directory, or a stage's model directory "
+        "(models/finetuned/sst2, models/pretrained)",
+    )
     parser.add_argument("--input", required=True, help="JSON Lines input, one object per line")
     parser.add_argument("--output", required=True, help="JSON Lines output (written atomically)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per model call")
@@ -116,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = {
         "input_path": str(Path(args.input).expanduser().resolve()),
         "output_path": str(Path(args.output).expanduser().resolve()),
-        "model": args.model,
+        "model": str(Path(args.model).expanduser().resolve()) if Path(args.model).expanduser().is_dir() else args.model,
         "batch_size": args.batch_size,
         "id_field": args.id_field,
     }

@@ -107,7 +107,8 @@ def test_glue_task_end_to_end(task, tiny_model, data_root, tmp_path):
     from bert_core.tasks import get_task, load_task_split
 
     spec = get_task(task)
-    result = _run(task, _params(), tiny_model, data_root, tmp_path)
+    params = _params()
+    result = _run(task, params, tiny_model, data_root, tmp_path)
     metrics = result.metrics()
     assert set(spec.metric_keys) <= {k.removeprefix("dev.") for k in metrics}
     # The dev predictions file, re-read and re-scored, gives the recorded metric.
@@ -149,6 +150,11 @@ def test_glue_task_end_to_end(task, tiny_model, data_root, tmp_path):
     model_dir = tmp_path / "models" / task
     assert (model_dir / "config.json").is_file() and (model_dir / "model.safetensors").is_file()
     assert (model_dir / "tokenizer.json").is_file()
+    # ... with the serving task JSON beside it: the directory serves as its registered version does.
+    from bert_core.serving import serving_task
+    from bert_core.serving.local import hf_task
+
+    assert hf_task(model_dir) == serving_task(spec, params.for_task(task))
     assert FinetuneResult.load(tmp_path / task / "summary.json").metrics() == pytest.approx(metrics)
 
 
@@ -189,6 +195,9 @@ def test_squad_v2_fixture_records_null_threshold(tiny_model, data_root, tmp_path
     assert all((preds[q] == "") == (odds[q] > threshold) for q in preds)
     rows = load_task_split("squad_v2", "dev", data_root=data_root, limit=16)
     assert squad_metrics(rows, preds, version="squad_v2")["f1"] == pytest.approx(metrics["dev.f1"])
+    # The tuned threshold is in the model directory's task.json, as in the registered version's.
+    task = json.loads((tmp_path / "models" / "squad_v2" / "task.json").read_text())
+    assert task["kind"] == "span_qa" and task["null_threshold"] == threshold
 
 
 def test_swag_fixture(tiny_model, data_root, tmp_path):

@@ -56,22 +56,42 @@ out = {}
 for name, uri, requests in json.loads(sys.argv[1]):
     model = mlflow.pyfunc.load_model(uri)
     out[name] = [model.predict(r).to_dict(orient="records") for r in requests]
+out["_modules"] = {m: getattr(mod, "__file__", None) for m, mod in sys.modules.items()
+                   if m.split(".")[0] in {"bert_core", "flows", "prefect", "dvc", "great_expectations", "datasets"}}
 print("RESULT" + json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
-def fresh_predictions(registry) -> dict[str, list]:
-    """Every registered version loaded by its alias in a fresh Python process (offline, project only)."""
+def fresh_predictions(registry, tmp_path_factory) -> dict[str, list]:
+    """Every registered version loaded by its alias in a fresh Python process, outside the repository and
+    without it on ``PYTHONPATH`` (offline): ``bert_core`` can only come from the models' own code."""
     import os
 
     jobs = [(name, f"models:/{name}@{alias(name)}", _requests(task)) for name, task in SERVED.items()]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": registry[0], "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(MLFLOW_TRACKING_URI=registry[0], HF_HUB_OFFLINE="1")
     proc = subprocess.run([sys.executable, "-c", FRESH, json.dumps(jobs)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)  # fmt: skip
+                          env=env, cwd=tmp_path_factory.mktemp("elsewhere"), timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])
+
+
+def test_loading_uses_only_the_models_own_code(fresh_predictions):
+    """The loaded code is the model's ``code/bert_core`` (not the project's), it imports nothing of the
+    pipeline's orchestration, params or data checks, and carries no module it does not load."""
+    from bert_core.serving.bundle import SERVING_MODULES
+
+    modules = fresh_predictions["_modules"]
+    outside = {m: f for m, f in modules.items() if not m.startswith("bert_core")}
+    assert not outside, outside
+    foreign = {m: f for m, f in modules.items() if f and "/code/bert_core/" not in f}
+    assert not foreign, foreign
+    loaded = {f.split("/code/bert_core/")[1] for f in modules.values() if f}
+    assert loaded <= set(SERVING_MODULES) | {"finetune/__init__.py"}
+    unused = set(SERVING_MODULES) - loaded
+    assert not unused, f"carried but never imported: {sorted(unused)}"
 
 
 def _close(a, b) -> bool:

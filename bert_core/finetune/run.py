@@ -38,6 +38,7 @@ from bert_core.finetune.params import FinetuneParams, TaskSettings
 from bert_core.finetune.reference import run_reference_trials
 from bert_core.finetune.results import FinetuneResult, TrialResult
 from bert_core.kinds import SplitScore, get_kind, max_seq_length
+from bert_core.kinds.task_json import serving_task
 from bert_core.progress import Progress
 from bert_core.released import check_checkpoint
 from bert_core.tasks import TaskSpec
@@ -487,3 +488,5 @@ def _write_outputs(
     tmp_model = staged[model_out]
     shutil.copytree(best_dir, tmp_model)
     tokenizer.save_pretrained(str(tmp_model))
+    # The serving task JSON beside the weights: the directory then serves as its registered version does.
+    write_json_atomic(tmp_model / "task.json", serving_task(spec, settings, null_threshold=threshold))

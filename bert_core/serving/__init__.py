@@ -2,17 +2,22 @@
 
 A registered version's ``model`` artifact is an MLflow Model directory::
 
-    MLmodel, python_model.pkl, requirements.txt, input_example.json, serving_input_example.json, ...
+    MLmodel, model_code.py, requirements.txt, python_env.yaml, input_example.json, ...
+    code/bert_core/       the serving part of bert_core (:mod:`~bert_core.serving.bundle`)
     artifacts/hf_model/   the Hugging Face model directory (AutoModelFor*.from_pretrained loads it)
     artifacts/task.json   what serving needs besides the weights (:func:`serving_task`)
 
 - :mod:`~bert_core.serving.task`: the task JSON (task, kind, labels, lengths, SQuAD v2.0 null threshold).
 - :mod:`~bert_core.serving.predictor`: :class:`Predictor`, the prediction path (validation, batching, the
   kind's encoding and post-processing); no MLflow needed.
-- :mod:`~bert_core.serving.pyfunc`: the ``PythonModel`` and :func:`save_model` (signature, input example).
+- :mod:`~bert_core.serving.pyfunc`: the ``PythonModel`` and :func:`save_model` (signature, input example,
+  pinned requirements); :mod:`~bert_core.serving.model_code`, the models-from-code file that MLflow runs on
+  load; :mod:`~bert_core.serving.bundle`, the code a model carries.
+- :mod:`~bert_core.serving.local`: a local model directory (MLflow Model, or a stage's Hugging Face directory).
 - :mod:`~bert_core.serving.fill_mask`: the pretrained model's fill-mask (the kinds serve the tasks).
 
-Loading: ``mlflow.pyfunc.load_model("models:/bert-sst2@champion").predict(frame)``.
+Loading: ``mlflow.pyfunc.load_model("models:/bert-sst2@champion").predict(frame)``, in any environment
+built from the model's ``requirements.txt`` (the project need not be installed).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Batch prediction over a JSON Lines file with any MLflow pyfunc model (``python -m flows.predict``).
 
-:func:`predict_file` loads the model (``mlflow.pyfunc.load_model``: ``models:/<name>@<alias>``,
-``models:/<name>/<version>``, ``runs:/...`` or a local directory), reads its input schema and then:
+:func:`predict_file` loads the model (:func:`load_model`: ``models:/<name>@<alias>``,
+``models:/<name>/<version>``, ``runs:/...``, an MLflow Model directory, or a stage's Hugging Face model
+directory such as ``models/finetuned/sst2``), reads its input schema and then:
 
 1. **checks every row first** (one streaming pass that also counts the rows): each non-blank line must be a
    JSON object whose fields match the schema (required fields present, types right, strings not empty).
@@ -345,11 +346,34 @@ def _frame(rows: list[dict[str, Any]], fields: list[InputField] | None) -> Any:
 
 
 def load_model(model_uri: str) -> Any:
-    """``mlflow.pyfunc.load_model`` against the project's tracking store; a clear error when it fails."""
+    """Load a model the pipeline produced: an MLflow model URI (``models:/...``, ``runs:/...``) against the
+    project's tracking store, an MLflow Model directory, or a stage's Hugging Face model directory
+    (``models/finetuned/<task>``, ``models/pretrained``: served as the MLflow Model its stage registers,
+    :mod:`bert_core.serving.local`). A clear error when it fails.
+
+    Raises:
+        BatchPredictionError: the model cannot be loaded; the message says what to check.
+    """
+    import shutil
+    import tempfile
+
     import mlflow
 
+    from bert_core.serving.local import ModelDirectoryError, is_local_model, mlflow_model_dir
     from bert_core.tracking.run import tracking_uri
 
+    if is_local_model(model_uri):
+        local = Path(model_uri.removeprefix("file://")).expanduser()
+        scratch = tempfile.mkdtemp(prefix="predict-model-")
+        try:  # the loaded model holds its weights and tokenizer in memory: the scratch copy can go
+            return mlflow.pyfunc.load_model(str(mlflow_model_dir(local, scratch)))
+        except ModelDirectoryError as err:
+            raise BatchPredictionError(str(err)) from None
+        except Exception as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise BatchPredictionError(f"cannot load the model directory {str(local)!r}: {first}") from None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
     try:
@@ -358,7 +382,8 @@ def load_model(model_uri: str) -> Any:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
         raise BatchPredictionError(
             f"cannot load model {model_uri!r} (tracking store {uri}): {first}. Check the name, version or "
-            "alias (the MLflow UI, `make ui`, lists the registered models), and MLFLOW_TRACKING_URI"
+            "alias (the MLflow UI, `make ui`, lists the registered models), and MLFLOW_TRACKING_URI; or give "
+            "a model directory (an MLflow Model, or models/finetuned/<task>, models/pretrained)"
         ) from None
 
 

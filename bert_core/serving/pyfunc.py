@@ -2,8 +2,14 @@
 
 :func:`save_model` writes an MLflow Model directory with the Hugging Face model directory as its
 ``hf_model`` artifact and the task JSON as ``task``, an exact signature (the kind's input and output
-columns, optional columns marked so; fill-mask's ``top_k`` as a param) and an input example. The model
-loads with ``mlflow.pyfunc.load_model`` wherever the project is installed (no code is copied into it).
+columns, optional columns marked so; fill-mask's ``top_k`` as a param) and an input example.
+
+The model is self-contained: it is an MLflow "model from code" (:mod:`bert_core.serving.model_code`, a
+Python file that MLflow runs on load, so loading never unpickles code), it carries the serving part of
+``bert_core`` as its ``code/`` directory (:mod:`bert_core.serving.bundle`), and its ``requirements.txt``
+pins every package that code imports to the version installed here. It therefore loads and predicts in an
+environment built from the MLflow Model alone (``mlflow models serve``, ``mlflow models build-docker``, a
+team's own virtual environment), without this repository.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from bert_core.kinds.base import ServingInputError
 #: Names of the model's artifacts (``<model>/artifacts/<name>``).
 HF_ARTIFACT = "hf_model"
 TASK_ARTIFACT = "task.json"
+#: The models-from-code file MLflow copies into each model and runs on load.
+MODEL_CODE = Path(__file__).resolve().with_name("model_code.py")
 
 
 class BertPyfunc(mlflow.pyfunc.PythonModel):
@@ -69,17 +77,20 @@ def signature(component: Any, spec: Any, task: dict[str, Any]) -> Any:
     )
 
 
-def requirements() -> list[str]:
-    """What the model needs at load time (besides the project itself), pinned to the versions here."""
-    from importlib.metadata import PackageNotFoundError, version
+#: The distributions the carried code imports (directly, or through transformers' fast tokenizer).
+REQUIREMENTS = ("mlflow", "torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas")
 
-    out = []
-    for name in ("mlflow", "torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas"):
-        try:
-            out.append(f"{name}=={version(name)}")
-        except PackageNotFoundError:
-            continue
-    return out
+
+def requirements() -> list[str]:
+    """Everything the model's code needs, pinned to the versions installed here.
+
+    A local version label is dropped (``torch==2.13.0``, not ``2.13.0+cpu``): the public version matches
+    the CPU and the CUDA builds alike, so an environment built from the model gets the build its index
+    offers.
+    """
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name).split('+')[0]}" for name in REQUIREMENTS]
 
 
 def save_model(path: str | Path, hf_dir: str | Path, task: dict[str, Any]) -> Path:
@@ -99,6 +110,8 @@ def save_model(path: str | Path, hf_dir: str | Path, task: dict[str, Any]) -> Pa
         from bert_core.tasks import get_task
 
         spec = get_task(task["task"])
+    from bert_core.serving.bundle import stage_code
+
     with tempfile.TemporaryDirectory(prefix="pyfunc-") as tmp:
         staged = Path(tmp) / HF_ARTIFACT  # the artifact keeps its directory name: artifacts/hf_model
         shutil.copytree(hf_dir, staged)
@@ -106,7 +119,8 @@ def save_model(path: str | Path, hf_dir: str | Path, task: dict[str, Any]) -> Pa
         task_file.write_text(json.dumps(task, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         mlflow.pyfunc.save_model(
             str(path),
-            python_model=BertPyfunc(),
+            python_model=str(MODEL_CODE),
+            code_paths=[str(stage_code(Path(tmp) / "code"))],
             artifacts={"hf_model": str(staged), "task": str(task_file)},
             signature=signature(component, spec, task),
             input_example=component.serving_example(spec),
