@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 from prefect import flow
@@ -19,7 +18,7 @@ from bert_core.atomic import check_writable
 from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.sources import data_root
 from bert_core.tracking.ui import log_corpus_sources
-from flows._cli import run_stage
+from flows._cli import exit_command, run_stage
 from flows._stage import (
     METRICS_DIR,
     data_check_dir,
@@ -82,4 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

@@ -28,7 +28,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import contextlib
 import logging
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +40,7 @@ from bert_core.constants import REPO_ROOT
 from bert_core.finetune.params import FinetuneParams
 from bert_core.sources import data_root
 from bert_core.tracking import FINETUNE_EXPERIMENT
-from flows._cli import interrupt_as_crash, run_stage
+from flows._cli import exit_command, interrupt_as_crash, run_stage
 from flows._stage import data_check_dir, publish_artifact, stage_run
 from flows.stages import get
 
@@ -229,4 +228,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 from prefect import flow
@@ -19,7 +18,7 @@ from prefect import flow
 from bert_core.atomic import check_writable
 from bert_core.pretrain_data.build import build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
-from flows._cli import run_stage
+from flows._cli import exit_command, run_stage
 from flows._stage import (
     METRICS_DIR,
     data_check_dir,
@@ -102,4 +101,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

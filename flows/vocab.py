@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 from prefect import flow, task
@@ -19,7 +18,7 @@ from prefect import flow, task
 from bert_core.atomic import check_writable
 from bert_core.sources import data_root
 from bert_core.vocab import VocabParams, train_vocab
-from flows._cli import run_stage
+from flows._cli import exit_command, run_stage
 from flows._stage import (
     METRICS_DIR,
     data_check_dir,
@@ -104,4 +103,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())
