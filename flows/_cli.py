@@ -14,7 +14,9 @@ the outcome into the exit code DVC sees:
 
 The Prefect API is settled before the flow starts (:func:`flows._prefect_api.prefect_api`): an unreachable
 ``PREFECT_API_URL`` fails within seconds, and the temporary server runs in its own session so that Ctrl-C
-does not take it down before the flow run is marked Crashed.
+does not take it down before the flow run is marked Crashed. Under ``python -m flows.pipeline`` the stage gets
+the pipeline's API in ``PREFECT_API_URL`` and starts no server. The command ends through
+:func:`exit_command` (a normal exit without the interpreter's last garbage collections).
 """
 
 from __future__ import annotations
