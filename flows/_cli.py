@@ -191,8 +191,8 @@ def exit_command(code: int) -> NoReturn:
     Everything of a normal exit still happens (non-daemon threads joined, ``atexit`` handlers: Prefect's log
     and event workers drained, MLflow's, logging's), but the objects alive now are frozen out of the garbage
     collector first (:func:`gc.freeze`): the interpreter's last collections over the heap that Prefect,
-    MLflow and Great Expectations leave (millions of objects) cost about 1.4 CPU-seconds per stage, for
-    nothing, since the process is ending. Objects are still freed by reference counting, so files and
+    MLflow, Great Expectations and torch leave (millions of objects) cost 1.4-2.5 CPU-seconds per stage,
+    for nothing, since the process is ending. Objects are still freed by reference counting, so files and
     connections close as before.
     """
     gc.freeze()
