@@ -14,20 +14,23 @@ the outcome into the exit code DVC sees:
 
 The Prefect API is settled before the flow starts (:func:`flows._prefect_api.prefect_api`): an unreachable
 ``PREFECT_API_URL`` fails within seconds, and the temporary server runs in its own session so that Ctrl-C
-does not take it down before the flow run is marked Crashed.
+does not take it down before the flow run is marked Crashed. Under ``python -m flows.pipeline`` the stage gets
+the pipeline's API in ``PREFECT_API_URL`` and starts no server. The command ends through
+:func:`exit_command` (a normal exit without the interpreter's last garbage collections).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from flows.stages import Stage, get
 
@@ -180,6 +183,20 @@ def interrupted_message(signum: int) -> str:
     return (
         f"stopped by {signal.Signals(signum).name} before it finished; run it again (`dvc repro` reruns it)"
     )
+
+
+def exit_command(code: int) -> NoReturn:
+    """End a command-line process (``python -m flows.<stage>``, the pipeline) with exit status ``code``.
+
+    Everything of a normal exit still happens (non-daemon threads joined, ``atexit`` handlers: Prefect's log
+    and event workers drained, MLflow's, logging's), but the objects alive now are frozen out of the garbage
+    collector first (:func:`gc.freeze`): the interpreter's last collections over the heap that Prefect,
+    MLflow, Great Expectations and torch leave (millions of objects) cost 1.4-2.5 CPU-seconds per stage,
+    for nothing, since the process is ending. Objects are still freed by reference counting, so files and
+    connections close as before.
+    """
+    gc.freeze()
+    sys.exit(code)
 
 
 def _uses_prefect() -> bool:

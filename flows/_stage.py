@@ -136,6 +136,24 @@ def metrics_file(stage: str, path: str | os.PathLike[str] | None = None) -> Path
     return Path(path) if path is not None else METRICS_DIR / f"{stage}.json"
 
 
+#: Where a stage's data-check reports (Data Docs) go when it writes its outputs where DVC puts them.
+CHECKS_DIR = REPO_ROOT / "reports" / "data_checks"
+
+
+def data_check_dir(stage: str, out: str | os.PathLike[str], default_out: str | os.PathLike[str]) -> Path:
+    """The folder for the data-check reports of one run of ``stage`` (``<stage>`` under ``data_checks``).
+
+    They follow the run's output: with the default output (``default_out``, relative to the repository),
+    ``reports/data_checks/<stage>`` in the repository, as DVC runs it; with an output elsewhere
+    (``--out /tmp/try/corpus``), ``reports/data_checks/<stage>`` beside it (``/tmp/try/reports/...``),
+    so that a trial run neither replaces the pipeline's reports nor writes into a repository it was not
+    asked to write into. The folder is the stage's own: the stage empties it before a run.
+    """
+    if Path(out).resolve() == (REPO_ROOT / default_out).resolve():
+        return CHECKS_DIR / stage
+    return Path(out).resolve().parent / "reports" / "data_checks" / stage
+
+
 @contextlib.contextmanager
 def stage_outputs(
     stage: str,

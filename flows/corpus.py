@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 from prefect import flow
 
 from bert_core.atomic import check_writable
-from bert_core.constants import REPO_ROOT
 from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.sources import data_root
 from bert_core.tracking.ui import log_corpus_sources
-from flows._cli import run_stage
-from flows._stage import METRICS_DIR, finish_stage, stage_outputs, stage_run, write_stage_metrics
+from flows._cli import exit_command, run_stage
+from flows._stage import (
+    METRICS_DIR,
+    data_check_dir,
+    finish_stage,
+    stage_outputs,
+    stage_run,
+    write_stage_metrics,
+)
 from flows.stages import get
 
 STAGE = get("corpus")
@@ -47,8 +52,9 @@ def corpus_flow(
     root = data_root()
     check_writable(out_dir, metrics_path or METRICS_DIR / "corpus.json")  # fail fast
     # The data-check report outlives the run (a failed check's message points at it): one folder per suite.
-    shutil.rmtree(REPO_ROOT / "reports" / "data_checks" / "corpus", ignore_errors=True)
-    report_dir = REPO_ROOT / "reports" / "data_checks" / "corpus" / "corpus"
+    checks_dir = data_check_dir("corpus", out_dir, STAGE.outs[0])
+    shutil.rmtree(checks_dir, ignore_errors=True)
+    report_dir = checks_dir / "corpus"
     with stage_run("corpus", params) as run:
         # The corpus and its metrics file are committed together or not at all; the builder stages its
         # directory inside the staged one (renames only, no copy).
@@ -75,4 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

@@ -10,7 +10,6 @@ random-init gap), ``reports/evaluate.md`` (+ ``reports/evaluate/*.png``) and the
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 from prefect import flow
@@ -19,7 +18,7 @@ from bert_core.constants import REPO_ROOT
 from bert_core.evaluate.params import EvaluateParams
 from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
-from flows._cli import run_stage
+from flows._cli import exit_command, run_stage
 from flows._stage import finish_stage, in_repo, stage_outputs, stage_run
 from flows.stages import get
 
@@ -75,4 +74,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

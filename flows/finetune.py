@@ -28,7 +28,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import contextlib
 import logging
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,8 +40,8 @@ from bert_core.constants import REPO_ROOT
 from bert_core.finetune.params import FinetuneParams
 from bert_core.sources import data_root
 from bert_core.tracking import FINETUNE_EXPERIMENT
-from flows._cli import interrupt_as_crash, run_stage
-from flows._stage import publish_artifact, stage_run
+from flows._cli import exit_command, interrupt_as_crash, run_stage
+from flows._stage import data_check_dir, publish_artifact, stage_run
 from flows.stages import get
 
 STAGE = get("finetune")
@@ -142,7 +141,7 @@ def finetune_flow(
     finals = [out, model_dir, metrics_file, *curves]
     check_writable(*finals)  # fail fast, naming the output, before the model is fetched or trained
     # The data-check reports outlive the run (a failed check's message points at them): one folder per suite.
-    report_dir = REPO_ROOT / "reports" / "data_checks" / "finetune" / spec.name
+    report_dir = data_check_dir("finetune", out, STAGE.expand(out_default, spec.name)) / spec.name
     shutil.rmtree(report_dir, ignore_errors=True)
     with (
         stage_run("finetune", run_params, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}",
@@ -229,4 +228,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

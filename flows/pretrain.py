@@ -24,13 +24,12 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import logging
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bert_core.pretrain import PretrainParams, pretrain, write_curves
 from bert_core.pretrain.registration import REGISTERED_MODEL_DESCRIPTION, version_metadata
-from flows._cli import run_stage
+from flows._cli import exit_command, run_stage
 from flows.stages import get
 
 if TYPE_CHECKING:
@@ -165,4 +164,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

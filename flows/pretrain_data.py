@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 from prefect import flow
 
 from bert_core.atomic import check_writable
-from bert_core.constants import REPO_ROOT
 from bert_core.pretrain_data.build import build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
-from flows._cli import run_stage
-from flows._stage import METRICS_DIR, finish_stage, stage_outputs, stage_run, write_stage_metrics
+from flows._cli import exit_command, run_stage
+from flows._stage import (
+    METRICS_DIR,
+    data_check_dir,
+    finish_stage,
+    stage_outputs,
+    stage_run,
+    write_stage_metrics,
+)
 from flows.stages import get
 
 STAGE = get("pretrain_data")
@@ -53,7 +58,7 @@ def pretrain_data_flow(
     check_writable(out_dir, metrics_path or METRICS_DIR / "pretrain_data.json")  # fail fast
     # The data-check reports outlive the run (a failed check's message points at them): one folder per
     # phase and split (suite pretrain_data.<phase>.<split>).
-    report_dir = REPO_ROOT / "reports" / "data_checks" / "pretrain_data"
+    report_dir = data_check_dir("pretrain_data", out_dir, STAGE.outs[0])
     shutil.rmtree(report_dir, ignore_errors=True)
     with stage_run("pretrain_data", params) as run:
         # The instances and the metrics file are committed together or not at all; the builder stages its
@@ -96,4 +101,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

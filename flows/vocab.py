@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 from prefect import flow, task
 
 from bert_core.atomic import check_writable
-from bert_core.constants import REPO_ROOT
 from bert_core.sources import data_root
 from bert_core.vocab import VocabParams, train_vocab
-from flows._cli import run_stage
-from flows._stage import METRICS_DIR, finish_stage, stage_outputs, stage_run, write_stage_metrics
+from flows._cli import exit_command, run_stage
+from flows._stage import (
+    METRICS_DIR,
+    data_check_dir,
+    finish_stage,
+    stage_outputs,
+    stage_run,
+    write_stage_metrics,
+)
 from flows.stages import get
 
 STAGE = get("vocab")
@@ -69,8 +74,9 @@ def vocab_flow(
     check_writable(out_dir, metrics_path or METRICS_DIR / "vocab.json")  # fail fast
     ref = reference_vocab(params)
     # The data-check report outlives the run (a failed check's message points at it): one folder per suite.
-    shutil.rmtree(REPO_ROOT / "reports" / "data_checks" / "vocab", ignore_errors=True)
-    report_dir = REPO_ROOT / "reports" / "data_checks" / "vocab" / "vocab"
+    checks_dir = data_check_dir("vocab", out_dir, STAGE.outs[0])
+    shutil.rmtree(checks_dir, ignore_errors=True)
+    report_dir = checks_dir / "vocab"
     with stage_run("vocab", params) as run:
         from bert_core.tracking.ui import log_corpus_data
 
@@ -97,4 +103,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_command(main())

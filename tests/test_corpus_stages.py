@@ -101,6 +101,8 @@ def test_flows_run_the_stages_and_record_them(shared_data, tmp_path, monkeypatch
     (tmp_path / "corpus.yaml").write_text(yaml.safe_dump(corpus_yaml))
     (tmp_path / "vocab.yaml").write_text(yaml.safe_dump({"vocab": {"vocab_size": 1200}}))
     monkeypatch.setenv("BERT_DATA_ROOT", str(root))
+    repo_reports = REPO / "reports" / "data_checks"
+    before = {p: p.stat().st_mtime_ns for p in repo_reports.rglob("*")} if repo_reports.is_dir() else {}
     cm = corpus_flow.fn(
         str(tmp_path / "corpus.yaml"),
         str(tmp_path / "corpus"),
@@ -114,6 +116,11 @@ def test_flows_run_the_stages_and_record_them(shared_data, tmp_path, monkeypatch
     assert cm["documents"] == 150 and cm["checks_failed"] == 0
     assert json.loads((tmp_path / "m" / "vocab.json").read_text())["vocab_size"] == vm["vocab_size"] == 1200
     assert "reference_bert_base_uncased" in vm  # the released vocab came from the local root
+    # The data-check reports follow the outputs (tmp_path), the repository's reports stay as they were.
+    assert (tmp_path / "reports" / "data_checks" / "corpus" / "corpus" / "index.html").is_file()
+    assert (tmp_path / "reports" / "data_checks" / "vocab" / "vocab" / "index.html").is_file()
+    after = {p: p.stat().st_mtime_ns for p in repo_reports.rglob("*")} if repo_reports.is_dir() else {}
+    assert after == before
     runs = mlflow.search_runs(experiment_names=["bert-pipeline"])
     assert sorted(runs["tags.stage"]) == ["corpus", "vocab"]
     assert set(runs["status"]) == {"FINISHED"}

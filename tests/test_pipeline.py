@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -121,6 +123,64 @@ def test_stage_env(repo, monkeypatch, tmp_path):
     assert _inputs.stage_env("rid", str(tmp_path), repo)["BERT_DATA_ROOT"] == str(tmp_path)
     with pytest.raises(ValueError, match="is not a directory"):
         _inputs.stage_env("rid", "/no/such/dir", repo)
+
+
+class _FakeServer:
+    """Stands in for Prefect's temporary server (``flows._prefect_api._temporary_server_class``)."""
+
+    started: ClassVar[list[_FakeServer]] = []
+
+    def __init__(self, port: int) -> None:
+        self.api_url = f"http://127.0.0.1:{port}/api"
+        self.running = False
+
+    def start(self) -> None:
+        self.running = True
+        self.started.append(self)
+
+    def stop(self) -> None:
+        self.running = False
+
+
+def test_one_prefect_api_for_the_pipeline_and_every_stage_it_runs(repo, monkeypatch, tmp_path):
+    """The pipeline's command starts one temporary server and hands its URL to DVC's environment, so every
+    stage command reports there (a stage given PREFECT_API_URL starts no server of its own)."""
+    from flows import _prefect_api
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(_prefect_api, "_temporary_server_class", lambda: _FakeServer)
+    monkeypatch.setattr(_prefect_api, "check_api", lambda url, **_: None)  # the fake does not answer
+    _FakeServer.started.clear()
+    with _prefect_api.prefect_api(home=tmp_path) as url:  # no `make serve` lock in this home
+        assert _FakeServer.started and _FakeServer.started[0].api_url == url
+        env = _inputs.stage_env("rid", None, repo)
+        assert env["PREFECT_API_URL"] == url
+        monkeypatch.setenv("PREFECT_API_URL", env["PREFECT_API_URL"])  # what a stage command sees
+        with _prefect_api.prefect_api(home=tmp_path) as stage_url:
+            assert stage_url == url
+        monkeypatch.delenv("PREFECT_API_URL")
+    assert len(_FakeServer.started) == 1 and not _FakeServer.started[0].running
+    assert "PREFECT_API_URL" not in os.environ
+
+
+def test_a_prefect_api_the_user_runs_is_reused_untouched(repo, monkeypatch, tmp_path):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows import _prefect_api
+
+    checked: list[str] = []
+    user_url = "http://127.0.0.1:4200/api"
+    monkeypatch.setenv("PREFECT_API_URL", user_url)  # as `make serve` users export it
+    monkeypatch.setattr(_prefect_api, "_temporary_server_class", lambda: pytest.fail("server started"))
+    monkeypatch.setattr(_prefect_api, "check_api", lambda url, **_: checked.append(url))
+    # Prefect reads the environment when it is imported; in this process, its settings say the same.
+    with (
+        temporary_settings(updates={PREFECT_API_URL: user_url}),
+        _prefect_api.prefect_api(home=tmp_path) as url,
+    ):
+        assert url == user_url == _inputs.stage_env("rid", None, repo)["PREFECT_API_URL"]
+    assert checked == [user_url]
+    assert os.environ["PREFECT_API_URL"] == user_url
 
 
 HOLD = """

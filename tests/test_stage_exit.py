@@ -1,0 +1,40 @@
+"""flows/_cli.py::exit_command: a command ends with its exit code and a normal exit, minus the last GC passes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from bert_core.constants import REPO_ROOT
+from flows.stages import STAGES
+
+SCRIPT = """
+import atexit, gc, sys, threading, time
+from flows._cli import exit_command
+
+def late():
+    time.sleep(0.2)
+    print("thread done", flush=True)
+
+atexit.register(lambda: print("atexit ran, frozen:", gc.get_freeze_count() > 0))
+threading.Thread(target=late).start()
+sys.stdout.write("buffered, no newline")
+exit_command(7)
+"""
+
+
+def test_exit_code_threads_atexit_and_buffered_output_are_kept():
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stdout.startswith("buffered, no newline")
+    assert "thread done" in proc.stdout  # non-daemon threads are joined first, as on a normal exit
+    assert proc.stdout.rstrip().endswith("atexit ran, frozen: True")
+
+
+def test_every_stage_command_and_the_pipeline_exit_through_exit_command():
+    for module in [s.flow_module for s in STAGES] + ["flows.pipeline"]:
+        source = (REPO_ROOT / (module.replace(".", "/") + ".py")).read_text()
+        main_block = source.split('if __name__ == "__main__":', 1)[1]
+        assert "exit_command(main())" in main_block, module
