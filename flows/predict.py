@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = {
         "input_path": str(Path(args.input).expanduser().resolve()),
         "output_path": str(Path(args.output).expanduser().resolve()),
-        "model": str(Path(args.model).expanduser().resolve()) if Path(args.model).expanduser().is_dir() else args.model,
+        "model": str(Path(args.model).expanduser().resolve())
+        if Path(args.model).expanduser().is_dir()
+        else args.model,
         "batch_size": args.batch_size,
         "id_field": args.id_field,
     }
