@@ -1,20 +1,17 @@
 """Params overrides: dotted keys into params files, and DVC's ``-S`` value syntax both ways.
 
 An override set maps a params file to dotted keys and their values (:data:`Overrides`), e.g.
-``{"params/pretrain.yaml": {"pretrain.model.preset": "base"}}``. Values use DVC's ``-S`` syntax (Hydra's
-override grammar): :func:`format_value` writes it and :func:`parse_value` reads it the way DVC does, so a
-value survives the round trip through ``dvc exp run -S``. Used by :mod:`flows.profiles` and the pipeline
-flow's form (:mod:`flows._inputs`).
+``{"params/pretrain.yaml": {"pretrain.model.preset": "base"}}``. Values use DVC's ``-S`` syntax, which is
+Hydra's override grammar; DVC parses it with Hydra's ``OverridesParser`` (``dvc/utils/hydra.py``), and so do
+we: :func:`parse_value` is that parser and :func:`format_value` is Hydra's own rendering of a parsed value,
+so a value survives the round trip through ``dvc exp run -S`` without a grammar of our own. Used by
+:mod:`flows.profiles` and the pipeline flow's inputs (:mod:`flows._inputs`).
 """
 
 from __future__ import annotations
 
-import math
-import re
+import functools
 from typing import Any
-
-_PLAIN_STR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
-_HYDRA_KEYWORDS = {"null", "true", "false", "inf", "nan"}
 
 Overrides = dict[str, dict[str, Any]]
 """``{params file (repo-relative): {dotted key: value}}``."""
@@ -76,45 +73,63 @@ def same_value(a: Any, b: Any) -> bool:
     return a == b
 
 
-# ------------------------------------------------------------------------------------- -S formatting
+# ------------------------------------------------------------------------ -S values, by Hydra's parser
 
 
-def format_value(value: Any) -> str:
-    """A Python value in DVC's ``-S`` syntax (Hydra's override grammar), e.g. ``[1e-05,3e-05]``."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
+@functools.cache
+def _parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def _hydra_text(element: Any) -> str:
+    """Hydra's own rendering of a parsed override value (the inverse of its parser)."""
+    from hydra.core.override_parser.types import Override, OverrideType
+
+    return Override(OverrideType.CHANGE, "key", None, element).get_value_element_as_str()
+
+
+def _element(value: Any) -> Any:
+    """``value`` as Hydra's parser would return it, so :func:`_hydra_text` writes text that parses back to it.
+
+    A string stays bare when Hydra writes it unescaped and reads it back as itself inside a list (the
+    strictest place it can appear); anything else (``'null'``, ``'1e-4'``, ``'a b'``, ``"it's"``, ``''``)
+    becomes a quoted string, which Hydra escapes itself.
+    """
+    from hydra.core.override_parser.types import Quote, QuotedString
+
     if isinstance(value, str):
-        if _PLAIN_STR_RE.match(value) and value.lower() not in _HYDRA_KEYWORDS:
+        if _hydra_text(value) == value and _parses_to(f"[{value}]", [value]):
             return value
-        # Hydra's quoted strings: backslashes need escaping only before a quote or at the end.
-        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
-        return f"'{escaped}'"
+        return QuotedString(value, Quote.single)
     if isinstance(value, list | tuple):
-        return "[" + ",".join(format_value(v) for v in value) + "]"
+        return [_element(v) for v in value]
     if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
+        return {k: _element(v) for k, v in value.items()}
+    if value is None or isinstance(value, bool | int | float):
+        return value
     raise ProfileError(f"cannot express {value!r} ({type(value).__name__}) as a params value")
 
 
-def parse_value(text: str) -> Any:
-    """Parse one ``-S`` value the way DVC does (Hydra's grammar): ``1e-4`` is a float, ``[1,2]`` a list."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
+def _parses_to(text: str, expected: Any) -> bool:
     try:
-        override = OverridesParser.create().parse_override(f"key={text}")
+        return same_value(parse_value(text), expected)
+    except ProfileError:
+        return False
+
+
+def format_value(value: Any) -> str:
+    """A Python value in DVC's ``-S`` syntax, written by Hydra, e.g. ``[1e-05,3e-05]``."""
+    return _hydra_text(_element(value))
+
+
+def parse_value(text: str) -> Any:
+    """Parse one ``-S`` value with Hydra's parser, as DVC does: ``1e-4`` is a float, ``[1,2]`` a list."""
+    try:
+        return _parser().parse_override(f"key={text}").value()
     except Exception as err:
         raise ProfileError(f"'{text}' is not a valid -S value: {err}") from None
-    return override.value()
 
 
 def parse_set_args(specs: list[str] | tuple[str, ...]) -> Overrides:
