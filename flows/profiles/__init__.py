@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,8 +99,19 @@ def describe_profile(name: str, root: Path = REPO_ROOT) -> str:
     return " ".join(x for x in lines if x)
 
 
-def load_profile(name: str, root: Path = REPO_ROOT) -> Overrides:
-    """Read ``params/profiles/<name>.yaml`` into ``{file: {dotted key: value}}`` (shape checked)."""
+@dataclass(frozen=True)
+class Profile:
+    """One profile file, read and checked once: its overrides and its ``targets:``."""
+
+    name: str
+    overrides: Overrides
+    targets: list[str] = field(default_factory=list)
+    """The DVC stages it runs; ``[]``: the whole pipeline. The released-checkpoint profile runs ``evaluate``
+    only (and, through its deps, every ``finetune@<task>``), so no corpus, vocab or pretraining stage runs."""
+
+
+def load(name: str, root: Path = REPO_ROOT) -> Profile:
+    """Read ``params/profiles/<name>.yaml``: ``{file: {dotted key: value}}`` and ``targets:`` (shapes checked)."""
     path = profile_path(name, root)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -110,37 +122,33 @@ def load_profile(name: str, root: Path = REPO_ROOT) -> Overrides:
     data = data or {}
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: top level must map params files to overrides, got {type(data).__name__}")
-    data = {k: v for k, v in data.items() if k != TARGETS_KEY}
+    targets = data.pop(TARGETS_KEY, [])
+    if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
+        raise ProfileError(f"{path}: '{TARGETS_KEY}' must be a list of DVC stage names, got {targets!r}")
+    known = {s.name for s in stages.STAGES}
+    if unknown := [t for t in targets if t.split("@", 1)[0] not in known]:
+        raise ProfileError(
+            f"{path}: '{TARGETS_KEY}' names unknown stage(s) {unknown}; stages: {sorted(known)}"
+        )
     out: Overrides = {}
     for file, keys in data.items():
         if not (isinstance(file, str) and file.startswith("params/") and file.endswith(".yaml")):
             raise ProfileError(f"{path}: '{file}' is not a params file (expected params/<stage>.yaml)")
-        if keys is None:
-            keys = {}
+        keys = {} if keys is None else keys
         if not isinstance(keys, dict) or not all(isinstance(k, str) and k for k in keys):
             raise ProfileError(f"{path}: '{file}' must map dotted keys to values")
         out[file] = dict(keys)
-    return out
+    return Profile(name, out, list(targets))
+
+
+def load_profile(name: str, root: Path = REPO_ROOT) -> Overrides:
+    """The overrides of profile ``name`` (see :func:`load`)."""
+    return load(name, root).overrides
 
 
 def profile_targets(name: str, root: Path = REPO_ROOT) -> list[str]:
-    """The DVC stages profile ``name`` runs (its ``targets:`` list); ``[]``: the whole pipeline.
-
-    The released-checkpoint profile runs ``evaluate`` only (and, through its deps, every
-    ``finetune@<task>``), so no corpus, vocab or pretraining stage runs.
-    """
-    path = profile_path(name, root)
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    targets = data.get(TARGETS_KEY, []) if isinstance(data, dict) else []
-    if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
-        raise ProfileError(f"{path}: '{TARGETS_KEY}' must be a list of DVC stage names, got {targets!r}")
-    known = {s.name for s in stages.STAGES}
-    unknown = [t for t in targets if t.split("@", 1)[0] not in known]
-    if unknown:
-        raise ProfileError(
-            f"{path}: '{TARGETS_KEY}' names unknown stage(s) {unknown}; stages: {sorted(known)}"
-        )
-    return list(targets)
+    """The DVC stages profile ``name`` runs (see :attr:`Profile.targets`)."""
+    return load(name, root).targets
 
 
 def _committed_text(root: str, file: str) -> str | None:
@@ -179,14 +187,23 @@ def managed_keys(root: Path = REPO_ROOT) -> dict[str, set[str]]:
     return out
 
 
+Current = Callable[[str, str], Any]
+"""``current(file, key)``: a key's value in the workspace params with the profile applied."""
+
+
 def resolve(
-    name: str | None, extra: Overrides | None = None, root: Path = REPO_ROOT, *, only_changes: bool = True
+    name: str | Profile | None,
+    extra: Overrides | Callable[[Current], Overrides] | None = None,
+    root: Path = REPO_ROOT,
+    *,
+    only_changes: bool = True,
 ) -> Overrides:
     """The overrides that turn the workspace params into profile ``name`` plus ``extra``.
 
     Args:
-        name: A profile name, or ``None`` to keep the workspace params and apply only ``extra``.
-        extra: Further overrides (from ``-S`` or a form), applied last.
+        name: A profile (or its name), or ``None`` to keep the workspace params and apply only ``extra``.
+        extra: Further overrides (from ``-S`` or a form), applied last; a function of :data:`Current` when
+            they depend on the profile's values (the form's task list keeps each task's profile settings).
         root: Repository root.
         only_changes: Drop overrides equal to the workspace value (so ``dvc exp run`` shows only
             real changes).
@@ -194,9 +211,9 @@ def resolve(
     Raises:
         ProfileError: unknown profile, missing params file, or a key that does not exist in its file.
     """
+    profile = load(name, root) if isinstance(name, str) else name
     layers: list[Overrides] = []
-    if name is not None:
-        profile = load_profile(name, root)
+    if profile is not None:
         defaults: Overrides = {}
         for file, keys in managed_keys(root).items():
             committed = read_params_file(file, root, committed=True)
@@ -204,34 +221,46 @@ def resolve(
                 value = get_dotted(committed, key)
                 if value is not MISSING:
                     defaults.setdefault(file, {})[key] = value
-        layers += [defaults, profile]
-    layers.append(extra or {})
-    wanted = merge(*layers)
+        layers += [defaults, profile.overrides]
+    workspace: dict[str, dict[str, Any]] = {}  # each params file read once
+
+    def read(file: str) -> dict[str, Any]:
+        if file not in workspace:
+            workspace[file] = read_params_file(file, root)
+        return workspace[file]
+
+    if callable(extra):
+        base = merge(*layers)
+        extra = extra(lambda file, key: get_dotted(_with(read(file), base.get(file, {})), key))
+    wanted = merge(*layers, extra or {})
     out: Overrides = {}
     for file, keys in wanted.items():
-        current = read_params_file(file, root)
-        effective = copy.deepcopy(current)
+        data = copy.deepcopy(read(file))
         for key, value in keys.items():
-            if not has_dotted(effective, key):
+            if not has_dotted(data, key):
                 raise ProfileError(
                     f"{file}: no key '{key}' (an override can only change an existing key; check its "
                     f"spelling against {file})"
                 )
-            unchanged = same_value(get_dotted(effective, key), value)
-            set_dotted(effective, key, copy.deepcopy(value))
-            if only_changes and unchanged:
-                continue
-            out.setdefault(file, {})[key] = value
+            unchanged = same_value(get_dotted(data, key), value)
+            set_dotted(data, key, copy.deepcopy(value))
+            if not (only_changes and unchanged):
+                out.setdefault(file, {})[key] = value
     return out
+
+
+def _with(data: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``data`` with those of ``keys`` that exist in it set."""
+    data = copy.deepcopy(data)
+    for key, value in keys.items():
+        if has_dotted(data, key):
+            set_dotted(data, key, copy.deepcopy(value))
+    return data
 
 
 def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) -> dict[str, Any]:
     """The workspace params file ``file`` with ``overrides`` applied (in memory)."""
-    data = copy.deepcopy(read_params_file(file, root))
-    for key, value in overrides.get(file, {}).items():
-        if has_dotted(data, key):
-            set_dotted(data, key, copy.deepcopy(value))
-    return data
+    return _with(read_params_file(file, root), overrides.get(file, {}))
 
 
 def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
