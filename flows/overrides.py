@@ -10,6 +10,7 @@ so a value survives the round trip through ``dvc exp run -S`` without a grammar 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -83,66 +84,67 @@ def _parser() -> Any:
     return OverridesParser.create()
 
 
-def _hydra_text(element: Any) -> str:
-    """Hydra's own rendering of a parsed override value (the inverse of its parser)."""
-    from hydra.core.override_parser.types import Override, OverrideType
-
-    return Override(OverrideType.CHANGE, "key", None, element).get_value_element_as_str()
-
-
-def _element(value: Any) -> Any:
-    """``value`` as Hydra's parser would return it, so :func:`_hydra_text` writes text that parses back to it.
-
-    A string stays bare when Hydra writes it unescaped and reads it back as itself inside a list (the
-    strictest place it can appear); anything else (``'null'``, ``'1e-4'``, ``'a b'``, ``"it's"``, ``''``)
-    becomes a quoted string, which Hydra escapes itself.
-    """
-    from hydra.core.override_parser.types import Quote, QuotedString
-
-    if isinstance(value, str):
-        if _hydra_text(value) == value and _parses_to(f"[{value}]", [value]):
-            return value
-        return QuotedString(value, Quote.single)
-    if isinstance(value, list | tuple):
-        return [_element(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _element(v) for k, v in value.items()}
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    raise ProfileError(f"cannot express {value!r} ({type(value).__name__}) as a params value")
-
-
-def _parses_to(text: str, expected: Any) -> bool:
+def _parse(override: str, shown: str) -> Any:
+    """One ``key=value`` override as Hydra's parser (and so DVC's ``-S``) reads it; errors show ``shown``."""
     try:
-        return same_value(parse_value(text), expected)
-    except ProfileError:
-        return False
-
-
-def format_value(value: Any) -> str:
-    """A Python value in DVC's ``-S`` syntax, written by Hydra, e.g. ``[1e-05,3e-05]``."""
-    return _hydra_text(_element(value))
+        return _parser().parse_override(override)
+    except Exception as err:
+        raise ProfileError(f"'{shown}' is not a valid -S value: {err}") from None
 
 
 def parse_value(text: str) -> Any:
     """Parse one ``-S`` value with Hydra's parser, as DVC does: ``1e-4`` is a float, ``[1,2]`` a list."""
-    try:
-        return _parser().parse_override(f"key={text}").value()
-    except Exception as err:
-        raise ProfileError(f"'{text}' is not a valid -S value: {err}") from None
+    return _parse(f"key={text}", text).value()
+
+
+def format_value(value: Any) -> str:
+    """A Python value in DVC's ``-S`` syntax, written by Hydra's own renderer, e.g. ``[1e-05,3e-05]``.
+
+    Hydra renders what its parser returns, so each string is first made that: bare when Hydra writes it
+    unescaped and reads it back as itself inside a list (its strictest place), else a quoted string
+    (``'null'``, ``'1e-4'``, ``'a b'``, ``''``), which Hydra escapes itself.
+    """
+    from hydra.core.override_parser.types import Override, OverrideType, Quote, QuotedString
+
+    def text(element: Any) -> str:
+        return Override(OverrideType.CHANGE, "key", None, element).get_value_element_as_str()
+
+    def element(v: Any) -> Any:
+        if isinstance(v, str):
+            with contextlib.suppress(ProfileError):
+                if text(v) == v and parse_value(f"[{v}]") == [v]:
+                    return v
+            return QuotedString(v, Quote.single)
+        if isinstance(v, list | tuple):
+            return [element(x) for x in v]
+        if isinstance(v, dict):
+            return {k: element(x) for k, x in v.items()}
+        if v is None or isinstance(v, bool | int | float):
+            return v
+        raise ProfileError(f"cannot express {v!r} ({type(v).__name__}) as a params value")
+
+    return text(element(value))
 
 
 def parse_set_args(specs: list[str] | tuple[str, ...]) -> Overrides:
-    """Parse ``file:key=value`` strings (the argument of ``dvc exp run -S``) into overrides."""
+    """Parse ``file:key=value`` strings (the argument of ``dvc exp run -S``) into overrides.
+
+    The file is what precedes the first ``:`` of the part before ``=``, as DVC splits it; the rest is one
+    Hydra override, parsed by Hydra.
+    """
     out: Overrides = {}
     for spec in specs:
-        target, eq, text = spec.partition("=")
-        file, colon, key = target.partition(":")
-        if not (eq and colon and file and key):
+        file, colon, override = spec.partition(":")
+        if not (colon and file and "=" not in file and "=" in override):
             raise ProfileError(
                 f"'{spec}': expected FILE:KEY=VALUE, e.g. params/finetune.yaml:finetune.seeds=[1,2]"
             )
-        out.setdefault(file, {})[key] = parse_value(text)
+        parsed = _parse(override, spec)
+        if parsed.is_sweep_override() or parsed.is_delete() or parsed.is_add():
+            raise ProfileError(
+                f"'{spec}': one value per key (no sweep, + or ~); quote a string with commas: KEY='a,b'"
+            )
+        out.setdefault(file, {})[parsed.key_or_group] = parsed.value()
     return out
 
 

@@ -29,13 +29,14 @@ Dotted keys and the ``-S`` value syntax live in :mod:`flows.overrides`; the comm
 
     eval dvc exp run $(python -m flows.profiles args gpu-base)
 
-Values use DVC's ``-S`` syntax (Hydra's override grammar), and ``apply`` writes them with DVC's own
-implementation of ``-S``, so both paths produce the same files.
+Values use DVC's ``-S`` syntax (Hydra's override grammar, read and written by Hydra's parser), and
+``apply`` writes them with DVC's own implementation of ``-S``, so both paths produce the same files.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import subprocess
 from collections.abc import Callable
@@ -106,8 +107,7 @@ class Profile:
     name: str
     overrides: Overrides
     targets: list[str] = field(default_factory=list)
-    """The DVC stages it runs; ``[]``: the whole pipeline. The released-checkpoint profile runs ``evaluate``
-    only (and, through its deps, every ``finetune@<task>``), so no corpus, vocab or pretraining stage runs."""
+    """The DVC stages it runs (``released``: ``evaluate`` and its ``finetune@<task>`` deps); ``[]``: all."""
 
 
 def load(name: str, root: Path = REPO_ROOT) -> Profile:
@@ -222,45 +222,41 @@ def resolve(
                 if value is not MISSING:
                     defaults.setdefault(file, {})[key] = value
         layers += [defaults, profile.overrides]
-    workspace: dict[str, dict[str, Any]] = {}  # each params file read once
-
-    def read(file: str) -> dict[str, Any]:
-        if file not in workspace:
-            workspace[file] = read_params_file(file, root)
-        return workspace[file]
-
+    read = functools.cache(lambda file: read_params_file(file, root))  # each params file read once
     if callable(extra):
         base = merge(*layers)
-        extra = extra(lambda file, key: get_dotted(_with(read(file), base.get(file, {})), key))
-    wanted = merge(*layers, extra or {})
+        extra = extra(lambda file, key: get_dotted(_with(read(file), base.get(file, {}))[0], key))
     out: Overrides = {}
-    for file, keys in wanted.items():
-        data = copy.deepcopy(read(file))
-        for key, value in keys.items():
-            if not has_dotted(data, key):
-                raise ProfileError(
-                    f"{file}: no key '{key}' (an override can only change an existing key; check its "
-                    f"spelling against {file})"
-                )
-            unchanged = same_value(get_dotted(data, key), value)
-            set_dotted(data, key, copy.deepcopy(value))
-            if not (only_changes and unchanged):
-                out.setdefault(file, {})[key] = value
+    for file, keys in merge(*layers, extra or {}).items():
+        changed = _with(read(file), keys, file)[1]
+        if kept := changed if only_changes else keys:
+            out[file] = kept
     return out
 
 
-def _with(data: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``data`` with those of ``keys`` that exist in it set."""
-    data = copy.deepcopy(data)
+def _with(data: dict[str, Any], keys: dict[str, Any], file: str | None = None) -> tuple[dict, dict]:
+    """A copy of ``data`` with ``keys`` set in order, and those of ``keys`` that changed a value.
+
+    With ``file``, a key that does not exist is an error naming it; without, it is skipped.
+    """
+    data, changed = copy.deepcopy(data), {}
     for key, value in keys.items():
-        if has_dotted(data, key):
-            set_dotted(data, key, copy.deepcopy(value))
-    return data
+        if not has_dotted(data, key):
+            if file is None:
+                continue
+            raise ProfileError(
+                f"{file}: no key '{key}' (an override can only change an existing key; check its "
+                f"spelling against {file})"
+            )
+        if not same_value(get_dotted(data, key), value):
+            changed[key] = value
+        set_dotted(data, key, copy.deepcopy(value))
+    return data, changed
 
 
 def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) -> dict[str, Any]:
     """The workspace params file ``file`` with ``overrides`` applied (in memory)."""
-    return _with(read_params_file(file, root), overrides.get(file, {}))
+    return _with(read_params_file(file, root), overrides.get(file, {}))[0]
 
 
 def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
@@ -324,7 +320,7 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
         for file in stage_files:
             keys = profile.get(file, {})
             try:
-                data = copy.deepcopy(read_params_file(file, root))
+                data = read_params_file(file, root)
             except ProfileError as err:
                 report.problems.append(f"{where}: {err}")
                 continue
@@ -333,8 +329,7 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
                 report.problems.append(f"{where}: {file} has no key '{key}'")
             if missing:
                 continue
-            for key, value in keys.items():
-                set_dotted(data, key, value)
+            data = _with(data, keys)[0]
             owner = stages.by_params_file(file)
             if file not in models:
                 try:
