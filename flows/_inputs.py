@@ -39,7 +39,7 @@ PER_TASK_FIELDS = ("learning_rates", "seeds")
 """Form fields that also clear a task's own setting of the same name, so the form value holds for all."""
 
 
-def form_overrides(fields: dict[str, Any], current: profiles.Current) -> Overrides:
+def form_overrides(fields: dict[str, Any], current: Callable[[str, str], Any]) -> Overrides:
     """The params overrides of the form fields that were set (``None`` keeps the profile's value).
 
     Args:
@@ -68,35 +68,34 @@ def form_overrides(fields: dict[str, Any], current: profiles.Current) -> Overrid
 
 @dataclass(frozen=True)
 class RunInputs:
-    """One run's params and stages, computed once (:func:`run_inputs`); every consumer reads this."""
+    """One run's params and stages, computed once (:func:`run_inputs`); every consumer reads this.
+
+    Attributes:
+        overrides: What differs from the workspace params (``dvc exp run -S``, or what repro mode writes).
+        targets: The DVC stages to run: those asked for, else the profile's ``targets:``; ``[]``: all.
+    """
 
     overrides: Overrides
-    """What differs from the workspace params: the ``-S`` arguments of ``dvc exp run``, or what ``dvc
-    repro`` mode writes into the params files. ``finetune.model.source`` is a directory DVC tracks."""
     targets: list[str]
-    """The DVC stages to run: the ones asked for, else the profile's ``targets:``; ``[]``: all."""
 
 
 def run_inputs(
     profile: str | None,
     fields: dict[str, Any],
-    set_args: list[str],
+    sets: list[str],
     root: Path,
     *,
     targets: list[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> RunInputs:
-    """A profile, then the form fields, then free ``-S`` overrides, as one override set.
-
-    The profile file is read once and resolved once (:func:`flows.profiles.resolve`); the form's task
-    list sees the tasks as the profile leaves them. Only what differs from the workspace is kept.
+    """A profile, then the form fields, then free ``-S`` overrides (``sets``), resolved once into one set.
 
     Raises:
         ProfileError: an unknown profile, a malformed ``-S`` argument, a key that does not exist, or a
             starting checkpoint DVC cannot track (each message names the file and key).
     """
     chosen = profiles.load(profile, root) if profile else None
-    given = parse_set_args(set_args)
+    given = parse_set_args(sets)
     overrides = profiles.resolve(chosen, lambda current: merge(form_overrides(fields, current), given), root)
     overrides = track_model_source(overrides, root, log)
     return RunInputs(overrides, list(targets or (chosen.targets if chosen else [])))

@@ -141,16 +141,6 @@ def load(name: str, root: Path = REPO_ROOT) -> Profile:
     return Profile(name, out, list(targets))
 
 
-def load_profile(name: str, root: Path = REPO_ROOT) -> Overrides:
-    """The overrides of profile ``name`` (see :func:`load`)."""
-    return load(name, root).overrides
-
-
-def profile_targets(name: str, root: Path = REPO_ROOT) -> list[str]:
-    """The DVC stages profile ``name`` runs (see :attr:`Profile.targets`)."""
-    return load(name, root).targets
-
-
 def _committed_text(root: str, file: str) -> str | None:
     try:
         proc = subprocess.run(
@@ -182,18 +172,14 @@ def managed_keys(root: Path = REPO_ROOT) -> dict[str, set[str]]:
     """Every key that any profile sets, per file."""
     out: dict[str, set[str]] = {}
     for name in list_profiles(root):
-        for file, keys in load_profile(name, root).items():
+        for file, keys in load(name, root).overrides.items():
             out.setdefault(file, set()).update(keys)
     return out
 
 
-Current = Callable[[str, str], Any]
-"""``current(file, key)``: a key's value in the workspace params with the profile applied."""
-
-
 def resolve(
     name: str | Profile | None,
-    extra: Overrides | Callable[[Current], Overrides] | None = None,
+    extra: Overrides | Callable[[Callable[[str, str], Any]], Overrides] | None = None,
     root: Path = REPO_ROOT,
     *,
     only_changes: bool = True,
@@ -202,8 +188,8 @@ def resolve(
 
     Args:
         name: A profile (or its name), or ``None`` to keep the workspace params and apply only ``extra``.
-        extra: Further overrides (from ``-S`` or a form), applied last; a function of :data:`Current` when
-            they depend on the profile's values (the form's task list keeps each task's profile settings).
+        extra: Further overrides (from ``-S`` or a form), applied last; or a function of ``current(file,
+            key)`` (a value with the profile applied) that returns them, for a form's task list.
         root: Repository root.
         only_changes: Drop overrides equal to the workspace value (so ``dvc exp run`` shows only
             real changes).
@@ -225,7 +211,7 @@ def resolve(
     read = functools.cache(lambda file: read_params_file(file, root))  # each params file read once
     if callable(extra):
         base = merge(*layers)
-        extra = extra(lambda file, key: get_dotted(_with(read(file), base.get(file, {}))[0], key))
+        extra = extra(lambda file, key: get_dotted(_with(read(file), base.get(file, {}), file)[0], key))
     out: Overrides = {}
     for file, keys in merge(*layers, extra or {}).items():
         changed = _with(read(file), keys, file)[1]
@@ -234,16 +220,11 @@ def resolve(
     return out
 
 
-def _with(data: dict[str, Any], keys: dict[str, Any], file: str | None = None) -> tuple[dict, dict]:
-    """A copy of ``data`` with ``keys`` set in order, and those of ``keys`` that changed a value.
-
-    With ``file``, a key that does not exist is an error naming it; without, it is skipped.
-    """
+def _with(data: dict[str, Any], keys: dict[str, Any], file: str) -> tuple[dict, dict]:
+    """A copy of params file ``file`` (``data``) with ``keys`` set in order, and the keys that changed it."""
     data, changed = copy.deepcopy(data), {}
     for key, value in keys.items():
         if not has_dotted(data, key):
-            if file is None:
-                continue
             raise ProfileError(
                 f"{file}: no key '{key}' (an override can only change an existing key; check its "
                 f"spelling against {file})"
@@ -256,7 +237,7 @@ def _with(data: dict[str, Any], keys: dict[str, Any], file: str | None = None) -
 
 def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) -> dict[str, Any]:
     """The workspace params file ``file`` with ``overrides`` applied (in memory)."""
-    return _with(read_params_file(file, root), overrides.get(file, {}))[0]
+    return _with(read_params_file(file, root), overrides.get(file, {}), file)[0]
 
 
 def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
@@ -309,7 +290,7 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
     models: dict[str, type | None] = {}  # per params file
     for name in names:
         try:
-            profile = load_profile(name, root)
+            profile = load(name, root).overrides
         except ProfileError as err:
             report.problems.append(str(err))
             continue
@@ -329,7 +310,7 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
                 report.problems.append(f"{where}: {file} has no key '{key}'")
             if missing:
                 continue
-            data = _with(data, keys)[0]
+            data = _with(data, keys, file)[0]
             owner = stages.by_params_file(file)
             if file not in models:
                 try:
