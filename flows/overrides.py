@@ -37,13 +37,8 @@ def _child(node: Any, part: str) -> Any:
 
 
 def get_dotted(data: dict[str, Any], key: str) -> Any:
-    """``data['a'][0]['b']`` for ``'a.0.b'`` (list items by index, as in ``-S``); a sentinel when absent."""
-    node: Any = data
-    for part in key.split("."):
-        node = _child(node, part)
-        if node is MISSING:
-            return MISSING
-    return node
+    """``data['a'][0]['b']`` for ``'a.0.b'`` (list items by index, as in ``-S``); ``MISSING`` when absent."""
+    return functools.reduce(_child, key.split("."), data)
 
 
 def has_dotted(data: dict[str, Any], key: str) -> bool:
@@ -52,14 +47,9 @@ def has_dotted(data: dict[str, Any], key: str) -> bool:
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     """Set an existing dotted key (the caller checked :func:`has_dotted`)."""
-    *parents, last = key.split(".")
-    node: Any = data
-    for part in parents:
-        node = _child(node, part)
-    if isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
+    parent, _, last = key.rpartition(".")
+    node = get_dotted(data, parent) if parent else data
+    node[int(last) if isinstance(node, list) else last] = value
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -127,11 +117,7 @@ def format_value(value: Any) -> str:
 
 
 def parse_set_args(specs: list[str] | tuple[str, ...]) -> Overrides:
-    """Parse ``file:key=value`` strings (the argument of ``dvc exp run -S``) into overrides.
-
-    The file is what precedes the first ``:`` of the part before ``=``, as DVC splits it; the rest is one
-    Hydra override, parsed by Hydra.
-    """
+    """Parse ``file:key=value`` strings (``dvc exp run -S``) into overrides, split and parsed as DVC does."""
     out: Overrides = {}
     for spec in specs:
         file, colon, override = spec.partition(":")
