@@ -105,6 +105,8 @@ def format_value(value: Any) -> str:
                 if text(v) == v and parse_value(f"[{v}]") == [v]:
                     return v
             return QuotedString(v, Quote.single)
+        if isinstance(v, bool):  # Hydra reads any case; YAML (and the params files) write lowercase
+            return "true" if v else "false"
         if isinstance(v, list | tuple):
             return [element(x) for x in v]
         if isinstance(v, dict):
