@@ -60,7 +60,12 @@ def test_dvc_lines_are_classified(line, kind, stage):
     assert (event.kind, event.stage) == (kind, stage)
 
 
-def test_form_fields_become_overrides(repo):
+def test_form_fields_become_overrides(repo, monkeypatch):
+    resolved = []
+    real_resolve = _inputs.profiles.resolve
+    monkeypatch.setattr(
+        _inputs.profiles, "resolve", lambda *a, **k: resolved.append(a) or real_resolve(*a, **k)
+    )
     fields = {
         "preset": "base",
         "pretrain_steps": None,
@@ -70,6 +75,7 @@ def test_form_fields_become_overrides(repo):
     inputs = _inputs.run_inputs("tiny", fields, ["params/finetune.yaml:finetune.defaults.seeds=[7]"], repo)
     overrides = inputs.overrides
     assert inputs.targets == []  # the profile names none: the whole pipeline
+    assert len(resolved) == 1  # the profile is resolved once, the form's task list included
     assert overrides["params/pretrain.yaml"] == {"pretrain.max_steps": 5, "pretrain.model.preset": "base"}
     fine = overrides["params/finetune.yaml"]
     # The chosen tasks keep the profile's settings, minus their own learning rates (the form's grid holds).
