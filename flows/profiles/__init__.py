@@ -104,7 +104,6 @@ def describe_profile(name: str, root: Path = REPO_ROOT) -> str:
 class Profile:
     """One profile file, read and checked once: its overrides and its ``targets:``."""
 
-    name: str
     overrides: Overrides
     targets: list[str] = field(default_factory=list)
     """The DVC stages it runs (``released``: ``evaluate`` and its ``finetune@<task>`` deps); ``[]``: all."""
@@ -138,7 +137,7 @@ def load(name: str, root: Path = REPO_ROOT) -> Profile:
         if not isinstance(keys, dict) or not all(isinstance(k, str) and k for k in keys):
             raise ProfileError(f"{path}: '{file}' must map dotted keys to values")
         out[file] = dict(keys)
-    return Profile(name, out, list(targets))
+    return Profile(out, list(targets))
 
 
 def _committed_text(root: str, file: str) -> str | None:
@@ -168,15 +167,6 @@ def read_params_file(file: str, root: Path = REPO_ROOT, *, committed: bool = Fal
 # ------------------------------------------------------------------------------------------ resolving
 
 
-def managed_keys(root: Path = REPO_ROOT) -> dict[str, set[str]]:
-    """Every key that any profile sets, per file."""
-    out: dict[str, set[str]] = {}
-    for name in list_profiles(root):
-        for file, keys in load(name, root).overrides.items():
-            out.setdefault(file, set()).update(keys)
-    return out
-
-
 def resolve(
     name: str | Profile | None,
     extra: Overrides | Callable[[Callable[[str, str], Any]], Overrides] | None = None,
@@ -199,14 +189,15 @@ def resolve(
     """
     profile = load(name, root) if isinstance(name, str) else name
     layers: list[Overrides] = []
-    if profile is not None:
+    if profile is not None:  # every key that any profile sets goes back to its committed default first
+        managed: dict[str, set[str]] = {}
+        for other in list_profiles(root):
+            for file, keys in load(other, root).overrides.items():
+                managed.setdefault(file, set()).update(keys)
         defaults: Overrides = {}
-        for file, keys in managed_keys(root).items():
+        for file, keys in managed.items():
             committed = read_params_file(file, root, committed=True)
-            for key in sorted(keys):
-                value = get_dotted(committed, key)
-                if value is not MISSING:
-                    defaults.setdefault(file, {})[key] = value
+            defaults[file] = {k: v for k in sorted(keys) if (v := get_dotted(committed, k)) is not MISSING}
         layers += [defaults, profile.overrides]
     read = functools.cache(lambda file: read_params_file(file, root))  # each params file read once
     if callable(extra):
@@ -305,10 +296,8 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
             except ProfileError as err:
                 report.problems.append(f"{where}: {err}")
                 continue
-            missing = [k for k in keys if not has_dotted(data, k)]
-            for key in missing:
-                report.problems.append(f"{where}: {file} has no key '{key}'")
-            if missing:
+            if missing := [k for k in keys if not has_dotted(data, k)]:
+                report.problems += [f"{where}: {file} has no key '{k}'" for k in missing]
                 continue
             data = _with(data, keys, file)[0]
             owner = stages.by_params_file(file)
