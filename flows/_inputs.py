@@ -1,8 +1,9 @@
 """The pipeline flow's inputs: form fields to params overrides, the DVC command, the stages' environment.
 
 The run form of ``bert-pipeline`` (typed fields: preset, tasks, steps, learning rates, seeds, time budget)
-maps to params keys through :data:`FORM_KEYS`; :func:`build_overrides` layers a profile, the form fields and
-free ``-S`` overrides (:mod:`flows.profiles`), keeping only what differs from the workspace.
+maps to params keys through :data:`FORM_KEYS`; :func:`run_inputs` layers a profile, the form fields and
+free ``-S`` overrides (:mod:`flows.profiles`) into one :class:`RunInputs`, keeping only what differs from
+the workspace, and the DVC command, the checkpoint tracking and the stage list all read that.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bert_core.tracking import tracking_uri
 from flows import TELEMETRY_OFF, profiles
-from flows.overrides import Overrides, get_dotted, merge, parse_set_args, set_args
+from flows._checkpoint import track_model_source
+from flows.overrides import Overrides, merge, parse_set_args, set_args
 
 FORM_KEYS: dict[str, tuple[tuple[str, str], ...]] = {
     "preset": (("params/pretrain.yaml", "pretrain.model.preset"),),
@@ -35,13 +39,12 @@ PER_TASK_FIELDS = ("learning_rates", "seeds")
 """Form fields that also clear a task's own setting of the same name, so the form value holds for all."""
 
 
-def form_overrides(fields: dict[str, Any], base: Overrides, root: Path) -> Overrides:
+def form_overrides(fields: dict[str, Any], current: Callable[[str, str], Any]) -> Overrides:
     """The params overrides of the form fields that were set (``None`` keeps the profile's value).
 
     Args:
         fields: Form field name -> value.
-        base: The profile's overrides; ``tasks`` keeps each chosen task's settings from it.
-        root: Repository root.
+        current: A key's value as the profile leaves it; ``tasks`` keeps each chosen task's settings.
     """
     out: Overrides = {}
     for name, value in fields.items():
@@ -53,21 +56,49 @@ def form_overrides(fields: dict[str, Any], base: Overrides, root: Path) -> Overr
     if fields.get("tasks") is None and not cleared:
         return out
     file, key = TASKS_KEY
-    current = get_dotted(profiles.effective_params(file, base, root), key)
-    current = current if isinstance(current, dict) else {}
+    tasks_now = current(file, key)
+    tasks_now = tasks_now if isinstance(tasks_now, dict) else {}
     chosen = fields.get("tasks")
-    names = list(dict.fromkeys(chosen)) if chosen is not None else list(current)
-    tasks = {t: {k: v for k, v in (current.get(t) or {}).items() if k not in cleared} for t in names}
-    if tasks != current:
+    names = list(dict.fromkeys(chosen)) if chosen is not None else list(tasks_now)
+    tasks = {t: {k: v for k, v in (tasks_now.get(t) or {}).items() if k not in cleared} for t in names}
+    if tasks != tasks_now:
         out.setdefault(file, {})[key] = tasks
     return out
 
 
-def build_overrides(profile: str | None, fields: dict[str, Any], extra: list[str], root: Path) -> Overrides:
-    """Profile, then form fields, then free ``-S`` overrides; only what differs from the workspace."""
-    base = profiles.resolve(profile, None, root, only_changes=False) if profile else {}
-    layer = merge(form_overrides(fields, base, root), parse_set_args(extra))
-    return profiles.resolve(profile, layer, root)
+@dataclass(frozen=True)
+class RunInputs:
+    """One run's params and stages, computed once (:func:`run_inputs`); every consumer reads this.
+
+    Attributes:
+        overrides: What differs from the workspace params (``dvc exp run -S``, or what repro mode writes).
+        targets: The DVC stages to run: those asked for, else the profile's ``targets:``; ``[]``: all.
+    """
+
+    overrides: Overrides
+    targets: list[str]
+
+
+def run_inputs(
+    profile: str | None,
+    fields: dict[str, Any],
+    sets: list[str],
+    root: Path,
+    *,
+    targets: list[str] | None = None,
+    log: Callable[[str], None] = print,
+) -> RunInputs:
+    """A profile, then the form fields, then free ``-S`` overrides (``sets``), resolved once into one set.
+
+    Raises:
+        ProfileError: an unknown profile, a malformed ``-S`` argument, a key that does not exist, or a
+            starting checkpoint DVC cannot track (each message names the file and key).
+    """
+    chosen = profiles.load(profile, root) if profile else None
+    given = parse_set_args(sets)
+    overrides = profiles.resolve(chosen, lambda current: merge(form_overrides(fields, current), given), root)
+    overrides = track_model_source(overrides, root, log)
+    return RunInputs(overrides, list(targets or (chosen.targets if chosen else [])))
 
 
 def dvc_command(

@@ -1,20 +1,18 @@
 """Params overrides: dotted keys into params files, and DVC's ``-S`` value syntax both ways.
 
 An override set maps a params file to dotted keys and their values (:data:`Overrides`), e.g.
-``{"params/pretrain.yaml": {"pretrain.model.preset": "base"}}``. Values use DVC's ``-S`` syntax (Hydra's
-override grammar): :func:`format_value` writes it and :func:`parse_value` reads it the way DVC does, so a
-value survives the round trip through ``dvc exp run -S``. Used by :mod:`flows.profiles` and the pipeline
-flow's form (:mod:`flows._inputs`).
+``{"params/pretrain.yaml": {"pretrain.model.preset": "base"}}``. Values use DVC's ``-S`` syntax, which is
+Hydra's override grammar; DVC parses it with Hydra's ``OverridesParser`` (``dvc/utils/hydra.py``), and so do
+we: :func:`parse_value` is that parser and :func:`format_value` is Hydra's own rendering of a parsed value,
+so a value survives the round trip through ``dvc exp run -S`` without a grammar of our own. Used by
+:mod:`flows.profiles` and the pipeline flow's inputs (:mod:`flows._inputs`).
 """
 
 from __future__ import annotations
 
-import math
-import re
+import contextlib
+import functools
 from typing import Any
-
-_PLAIN_STR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
-_HYDRA_KEYWORDS = {"null", "true", "false", "inf", "nan"}
 
 Overrides = dict[str, dict[str, Any]]
 """``{params file (repo-relative): {dotted key: value}}``."""
@@ -39,13 +37,8 @@ def _child(node: Any, part: str) -> Any:
 
 
 def get_dotted(data: dict[str, Any], key: str) -> Any:
-    """``data['a'][0]['b']`` for ``'a.0.b'`` (list items by index, as in ``-S``); a sentinel when absent."""
-    node: Any = data
-    for part in key.split("."):
-        node = _child(node, part)
-        if node is MISSING:
-            return MISSING
-    return node
+    """``data['a'][0]['b']`` for ``'a.0.b'`` (list items by index, as in ``-S``); ``MISSING`` when absent."""
+    return functools.reduce(_child, key.split("."), data)
 
 
 def has_dotted(data: dict[str, Any], key: str) -> bool:
@@ -54,14 +47,9 @@ def has_dotted(data: dict[str, Any], key: str) -> bool:
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     """Set an existing dotted key (the caller checked :func:`has_dotted`)."""
-    *parents, last = key.split(".")
-    node: Any = data
-    for part in parents:
-        node = _child(node, part)
-    if isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
+    parent, _, last = key.rpartition(".")
+    node = get_dotted(data, parent) if parent else data
+    node[int(last) if isinstance(node, list) else last] = value
 
 
 def same_value(a: Any, b: Any) -> bool:
@@ -76,58 +64,75 @@ def same_value(a: Any, b: Any) -> bool:
     return a == b
 
 
-# ------------------------------------------------------------------------------------- -S formatting
+# ------------------------------------------------------------------------ -S values, by Hydra's parser
 
 
-def format_value(value: Any) -> str:
-    """A Python value in DVC's ``-S`` syntax (Hydra's override grammar), e.g. ``[1e-05,3e-05]``."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        if _PLAIN_STR_RE.match(value) and value.lower() not in _HYDRA_KEYWORDS:
-            return value
-        # Hydra's quoted strings: backslashes need escaping only before a quote or at the end.
-        escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value).replace("'", "\\'")
-        return f"'{escaped}'"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(format_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
-    raise ProfileError(f"cannot express {value!r} ({type(value).__name__}) as a params value")
+@functools.cache
+def _parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def _parse(override: str, shown: str) -> Any:
+    """One ``key=value`` override as Hydra's parser (and so DVC's ``-S``) reads it; errors show ``shown``."""
+    try:
+        return _parser().parse_override(override)
+    except Exception as err:
+        raise ProfileError(f"'{shown}' is not a valid -S value: {err}") from None
 
 
 def parse_value(text: str) -> Any:
-    """Parse one ``-S`` value the way DVC does (Hydra's grammar): ``1e-4`` is a float, ``[1,2]`` a list."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    """Parse one ``-S`` value with Hydra's parser, as DVC does: ``1e-4`` is a float, ``[1,2]`` a list."""
+    return _parse(f"key={text}", text).value()
 
-    try:
-        override = OverridesParser.create().parse_override(f"key={text}")
-    except Exception as err:
-        raise ProfileError(f"'{text}' is not a valid -S value: {err}") from None
-    return override.value()
+
+def format_value(value: Any) -> str:
+    """A Python value in DVC's ``-S`` syntax, written by Hydra's own renderer, e.g. ``[1e-05,3e-05]``.
+
+    Hydra renders what its parser returns, so each string is first made that: bare when Hydra writes it
+    unescaped and reads it back as itself inside a list (its strictest place), else a quoted string
+    (``'null'``, ``'1e-4'``, ``'a b'``, ``''``), which Hydra escapes itself.
+    """
+    from hydra.core.override_parser.types import Override, OverrideType, Quote, QuotedString
+
+    def text(element: Any) -> str:
+        return Override(OverrideType.CHANGE, "key", None, element).get_value_element_as_str()
+
+    def element(v: Any) -> Any:
+        if isinstance(v, str):
+            with contextlib.suppress(ProfileError):
+                if text(v) == v and parse_value(f"[{v}]") == [v]:
+                    return v
+            return QuotedString(v, Quote.single)
+        if isinstance(v, bool):  # Hydra reads any case; YAML (and the params files) write lowercase
+            return "true" if v else "false"
+        if isinstance(v, list | tuple):
+            return [element(x) for x in v]
+        if isinstance(v, dict):
+            return {k: element(x) for k, x in v.items()}
+        if v is None or isinstance(v, bool | int | float):
+            return v
+        raise ProfileError(f"cannot express {v!r} ({type(v).__name__}) as a params value")
+
+    return text(element(value))
 
 
 def parse_set_args(specs: list[str] | tuple[str, ...]) -> Overrides:
-    """Parse ``file:key=value`` strings (the argument of ``dvc exp run -S``) into overrides."""
+    """Parse ``file:key=value`` strings (``dvc exp run -S``) into overrides, split and parsed as DVC does."""
     out: Overrides = {}
     for spec in specs:
-        target, eq, text = spec.partition("=")
-        file, colon, key = target.partition(":")
-        if not (eq and colon and file and key):
+        file, colon, override = spec.partition(":")
+        if not (colon and file and "=" not in file and "=" in override):
             raise ProfileError(
                 f"'{spec}': expected FILE:KEY=VALUE, e.g. params/finetune.yaml:finetune.seeds=[1,2]"
             )
-        out.setdefault(file, {})[key] = parse_value(text)
+        parsed = _parse(override, spec)
+        if parsed.is_sweep_override() or parsed.is_delete() or parsed.is_add():
+            raise ProfileError(
+                f"'{spec}': one value per key (no sweep, + or ~); quote a string with commas: KEY='a,b'"
+            )
+        out.setdefault(file, {})[parsed.key_or_group] = parsed.value()
     return out
 
 

@@ -51,9 +51,8 @@ from pydantic import Field
 
 from bert_core.constants import REPO_ROOT
 from flows import _dvc, profiles
-from flows._checkpoint import track_model_source
 from flows._driver import PipelineFailed, StageReport, drive, markdown_artifact, summary_markdown
-from flows._inputs import build_overrides, dvc_command, stage_env
+from flows._inputs import dvc_command, run_inputs, stage_env
 from flows.overrides import ProfileError
 
 FLOW_NAME = "bert-pipeline"
@@ -141,10 +140,10 @@ def pipeline_flow(
         timeout_s=lock_timeout_minutes * 60,
         on_wait=lambda who: logger.info("waiting for the workspace: %s is running", who),
     ):
-        overrides = build_overrides(profile, fields, list(extra_overrides or []), root)
-        overrides = track_model_source(overrides, root, logger.info)
-        if not targets and profile:
-            targets = profiles.profile_targets(profile, root)  # e.g. released: evaluate, no pretraining
+        inputs = run_inputs(
+            profile, fields, list(extra_overrides or []), root, targets=targets, log=logger.info
+        )
+        overrides, targets = inputs.overrides, inputs.targets  # targets: e.g. released runs evaluate only
         logger.info("pipeline run %s, profile %s, overrides %s", run_id, profile or "(workspace)", overrides)
         if not as_experiment and overrides:
             for path in profiles.apply(overrides, root):

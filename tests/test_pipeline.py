@@ -62,16 +62,22 @@ def test_dvc_lines_are_classified(line, kind, stage):
     assert (event.kind, event.stage) == (kind, stage)
 
 
-def test_form_fields_become_overrides(repo):
+def test_form_fields_become_overrides(repo, monkeypatch):
+    resolved = []
+    real_resolve = _inputs.profiles.resolve
+    monkeypatch.setattr(
+        _inputs.profiles, "resolve", lambda *a, **k: resolved.append(a) or real_resolve(*a, **k)
+    )
     fields = {
         "preset": "base",
         "pretrain_steps": None,
         "tasks": ["rte", "mrpc"],
         "learning_rates": [3e-5, 2e-5],
     }
-    overrides = _inputs.build_overrides(
-        "tiny", fields, ["params/finetune.yaml:finetune.defaults.seeds=[7]"], repo
-    )
+    inputs = _inputs.run_inputs("tiny", fields, ["params/finetune.yaml:finetune.defaults.seeds=[7]"], repo)
+    overrides = inputs.overrides
+    assert inputs.targets == []  # the profile names none: the whole pipeline
+    assert len(resolved) == 1  # the profile is resolved once, the form's task list included
     assert overrides["params/pretrain.yaml"] == {"pretrain.max_steps": 5, "pretrain.model.preset": "base"}
     fine = overrides["params/finetune.yaml"]
     # The chosen tasks keep the profile's settings, minus their own learning rates (the form's grid holds).
@@ -79,12 +85,12 @@ def test_form_fields_become_overrides(repo):
     assert fine["finetune.defaults.learning_rates"] == [3e-5, 2e-5]
     assert fine["finetune.defaults.seeds"] == [7]
     # tasks not chosen: the profile's task settings come through unchanged.
-    only_tiny = _inputs.build_overrides("tiny", {}, [], repo)
+    only_tiny = _inputs.run_inputs("tiny", {}, [], repo).overrides
     assert only_tiny == {
         "params/pretrain.yaml": {"pretrain.max_steps": 5},
         "params/finetune.yaml": {"finetune.tasks.sst2.train_limit": 10},
     }
-    assert _inputs.build_overrides(None, {}, [], repo) == {}
+    assert _inputs.run_inputs(None, {}, [], repo) == _inputs.RunInputs({}, [])
 
 
 def test_every_form_field_maps_to_a_real_params_key():

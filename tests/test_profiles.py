@@ -45,9 +45,11 @@ def _x(root: Path) -> dict:
     return yaml.safe_load((root / "params" / "x.yaml").read_text())["x"]
 
 
-VALUES = [None, True, 0, -3, 1e-4, 5e-05, 0.1, 1e20, "base", "a b", "it's", "x:y", "null", "True", "",
-          "1e-4", "a,b", "path/to/x.txt", "back\\slash\\", ["sst2", "mrpc"], [1e-4, 5e-5], [[1, 2], [3]],
-          {"a": 1, "b": "c d", "e": {}}]  # fmt: skip
+VALUES = [None, True, False, 0, -3, 1e-4, 5e-05, 2e-3, 0.1, 1e20, "base", "a b", "it's", "x:y", "null",
+          "True", "false", "inf", "7", "", "1e-4", "a,b", "a=b", " padded ", "path/to/x.txt",
+          "models/released/google--bert_uncased", "/abs/path", "-a", "a+b", "$x", "ü", "back\\slash\\", ["sst2", "mrpc"], [1e-4, 5e-5, 2e-3],
+          [[1, 2], [3]], ["a b", None, True], {"a": 1, "b": "c d", "e": {}},
+          {"rte": {"learning_rates": [2e-3], "train_limit": 50}, "mrpc": {}}]  # fmt: skip
 
 
 @pytest.mark.parametrize("value", VALUES, ids=repr)
@@ -71,9 +73,9 @@ def test_values_round_trip_through_dvc(value, tmp_path):
 def test_list_describe_and_load(repo):
     assert profiles.list_profiles(repo) == ["cpu-small", "big", "named"]
     assert profiles.describe_profile("big", repo) == "Big one. Second line."
-    assert profiles.load_profile("cpu-small", repo) == {}
+    assert profiles.load("cpu-small", repo).overrides == {}
     with pytest.raises(ProfileError, match="Known profiles: cpu-small, big, named"):
-        profiles.load_profile("nope", repo)
+        profiles.load("nope", repo)
 
 
 def test_switching_profiles_restores_defaults(repo):
@@ -119,7 +121,7 @@ def test_unknown_keys_and_bad_specs_are_named(repo):
     }
     (repo / "params" / "profiles" / "broken.yaml").write_text("params/x.yaml: [1, 2]\n")
     with pytest.raises(ProfileError, match="must map dotted keys"):
-        profiles.load_profile("broken", repo)
+        profiles.load("broken", repo)
 
 
 def test_check_uses_the_stage_params_models(tmp_path):
@@ -140,13 +142,13 @@ def test_check_uses_the_stage_params_models(tmp_path):
 def test_every_profile_of_the_repository_parses():
     names = profiles.list_profiles()
     assert {"cpu-small", "gpu-base", "tiny"} <= set(names)
-    assert profiles.load_profile("cpu-small") == {}
+    assert profiles.load("cpu-small").overrides == {}
     report = profiles.check_profiles()
     assert report.ok, "\n".join(report.problems)
 
 
 def test_gpu_base_follows_the_paper():
-    gpu = ov.merge(profiles.load_profile("gpu-base"))
+    gpu = ov.merge(profiles.load("gpu-base").overrides)
     flat = {k: v for keys in gpu.values() for k, v in keys.items()}
     assert flat["corpus.cap.max_bytes"] is None and flat["pretrain_data.dupe_factor"] == 10
     assert flat["pretrain_data.phases"] == ["seq128", "seq512"]

@@ -148,8 +148,8 @@ def test_unpack_minilm_without_the_package_says_how_to_install(tmp_path, monkeyp
 def test_the_released_profile_runs_only_evaluate_and_parses():
     from flows import profiles
 
-    assert profiles.profile_targets("released") == ["evaluate"]
-    assert profiles.profile_targets("cpu-small") == []
+    assert profiles.load("released").targets == ["evaluate"]
+    assert profiles.load("cpu-small").targets == []
     assert profiles.check_profiles(names=["released"]).ok
     overrides = profiles.resolve("released", None, only_changes=False)
     assert overrides["params/finetune.yaml"]["finetune.model.source"] == "google/bert_uncased_L-2_H-128_A-2"

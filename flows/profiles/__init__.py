@@ -29,15 +29,17 @@ Dotted keys and the ``-S`` value syntax live in :mod:`flows.overrides`; the comm
 
     eval dvc exp run $(python -m flows.profiles args gpu-base)
 
-Values use DVC's ``-S`` syntax (Hydra's override grammar), and ``apply`` writes them with DVC's own
-implementation of ``-S``, so both paths produce the same files.
+Values use DVC's ``-S`` syntax (Hydra's override grammar, read and written by Hydra's parser), and
+``apply`` writes them with DVC's own implementation of ``-S``, so both paths produce the same files.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,8 +100,17 @@ def describe_profile(name: str, root: Path = REPO_ROOT) -> str:
     return " ".join(x for x in lines if x)
 
 
-def load_profile(name: str, root: Path = REPO_ROOT) -> Overrides:
-    """Read ``params/profiles/<name>.yaml`` into ``{file: {dotted key: value}}`` (shape checked)."""
+@dataclass(frozen=True)
+class Profile:
+    """One profile file, read and checked once: its overrides and its ``targets:``."""
+
+    overrides: Overrides
+    targets: list[str] = field(default_factory=list)
+    """The DVC stages it runs (``released``: ``evaluate`` and its ``finetune@<task>`` deps); ``[]``: all."""
+
+
+def load(name: str, root: Path = REPO_ROOT) -> Profile:
+    """Read ``params/profiles/<name>.yaml``: ``{file: {dotted key: value}}`` and ``targets:`` (shapes checked)."""
     path = profile_path(name, root)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -110,37 +121,23 @@ def load_profile(name: str, root: Path = REPO_ROOT) -> Overrides:
     data = data or {}
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: top level must map params files to overrides, got {type(data).__name__}")
-    data = {k: v for k, v in data.items() if k != TARGETS_KEY}
+    targets = data.pop(TARGETS_KEY, [])
+    if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
+        raise ProfileError(f"{path}: '{TARGETS_KEY}' must be a list of DVC stage names, got {targets!r}")
+    known = {s.name for s in stages.STAGES}
+    if unknown := [t for t in targets if t.split("@", 1)[0] not in known]:
+        raise ProfileError(
+            f"{path}: '{TARGETS_KEY}' names unknown stage(s) {unknown}; stages: {sorted(known)}"
+        )
     out: Overrides = {}
     for file, keys in data.items():
         if not (isinstance(file, str) and file.startswith("params/") and file.endswith(".yaml")):
             raise ProfileError(f"{path}: '{file}' is not a params file (expected params/<stage>.yaml)")
-        if keys is None:
-            keys = {}
+        keys = {} if keys is None else keys
         if not isinstance(keys, dict) or not all(isinstance(k, str) and k for k in keys):
             raise ProfileError(f"{path}: '{file}' must map dotted keys to values")
         out[file] = dict(keys)
-    return out
-
-
-def profile_targets(name: str, root: Path = REPO_ROOT) -> list[str]:
-    """The DVC stages profile ``name`` runs (its ``targets:`` list); ``[]``: the whole pipeline.
-
-    The released-checkpoint profile runs ``evaluate`` only (and, through its deps, every
-    ``finetune@<task>``), so no corpus, vocab or pretraining stage runs.
-    """
-    path = profile_path(name, root)
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    targets = data.get(TARGETS_KEY, []) if isinstance(data, dict) else []
-    if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
-        raise ProfileError(f"{path}: '{TARGETS_KEY}' must be a list of DVC stage names, got {targets!r}")
-    known = {s.name for s in stages.STAGES}
-    unknown = [t for t in targets if t.split("@", 1)[0] not in known]
-    if unknown:
-        raise ProfileError(
-            f"{path}: '{TARGETS_KEY}' names unknown stage(s) {unknown}; stages: {sorted(known)}"
-        )
-    return list(targets)
+    return Profile(out, list(targets))
 
 
 def _committed_text(root: str, file: str) -> str | None:
@@ -170,23 +167,19 @@ def read_params_file(file: str, root: Path = REPO_ROOT, *, committed: bool = Fal
 # ------------------------------------------------------------------------------------------ resolving
 
 
-def managed_keys(root: Path = REPO_ROOT) -> dict[str, set[str]]:
-    """Every key that any profile sets, per file."""
-    out: dict[str, set[str]] = {}
-    for name in list_profiles(root):
-        for file, keys in load_profile(name, root).items():
-            out.setdefault(file, set()).update(keys)
-    return out
-
-
 def resolve(
-    name: str | None, extra: Overrides | None = None, root: Path = REPO_ROOT, *, only_changes: bool = True
+    name: str | Profile | None,
+    extra: Overrides | Callable[[Callable[[str, str], Any]], Overrides] | None = None,
+    root: Path = REPO_ROOT,
+    *,
+    only_changes: bool = True,
 ) -> Overrides:
     """The overrides that turn the workspace params into profile ``name`` plus ``extra``.
 
     Args:
-        name: A profile name, or ``None`` to keep the workspace params and apply only ``extra``.
-        extra: Further overrides (from ``-S`` or a form), applied last.
+        name: A profile (or its name), or ``None`` to keep the workspace params and apply only ``extra``.
+        extra: Further overrides (from ``-S`` or a form), applied last; or a function of ``current(file,
+            key)`` (a value with the profile applied) that returns them, for a form's task list.
         root: Repository root.
         only_changes: Drop overrides equal to the workspace value (so ``dvc exp run`` shows only
             real changes).
@@ -194,44 +187,48 @@ def resolve(
     Raises:
         ProfileError: unknown profile, missing params file, or a key that does not exist in its file.
     """
+    profile = load(name, root) if isinstance(name, str) else name
     layers: list[Overrides] = []
-    if name is not None:
-        profile = load_profile(name, root)
+    if profile is not None:  # every key that any profile sets goes back to its committed default first
+        managed: dict[str, set[str]] = {}
+        for other in list_profiles(root):
+            for file, keys in load(other, root).overrides.items():
+                managed.setdefault(file, set()).update(keys)
         defaults: Overrides = {}
-        for file, keys in managed_keys(root).items():
+        for file, keys in managed.items():
             committed = read_params_file(file, root, committed=True)
-            for key in sorted(keys):
-                value = get_dotted(committed, key)
-                if value is not MISSING:
-                    defaults.setdefault(file, {})[key] = value
-        layers += [defaults, profile]
-    layers.append(extra or {})
-    wanted = merge(*layers)
+            defaults[file] = {k: v for k in sorted(keys) if (v := get_dotted(committed, k)) is not MISSING}
+        layers += [defaults, profile.overrides]
+    read = functools.cache(lambda file: read_params_file(file, root))  # each params file read once
+    if callable(extra):
+        base = merge(*layers)
+        extra = extra(lambda file, key: get_dotted(_with(read(file), base.get(file, {}), file)[0], key))
     out: Overrides = {}
-    for file, keys in wanted.items():
-        current = read_params_file(file, root)
-        effective = copy.deepcopy(current)
-        for key, value in keys.items():
-            if not has_dotted(effective, key):
-                raise ProfileError(
-                    f"{file}: no key '{key}' (an override can only change an existing key; check its "
-                    f"spelling against {file})"
-                )
-            unchanged = same_value(get_dotted(effective, key), value)
-            set_dotted(effective, key, copy.deepcopy(value))
-            if only_changes and unchanged:
-                continue
-            out.setdefault(file, {})[key] = value
+    for file, keys in merge(*layers, extra or {}).items():
+        changed = _with(read(file), keys, file)[1]
+        if kept := changed if only_changes else keys:
+            out[file] = kept
     return out
+
+
+def _with(data: dict[str, Any], keys: dict[str, Any], file: str) -> tuple[dict, dict]:
+    """A copy of params file ``file`` (``data``) with ``keys`` set in order, and the keys that changed it."""
+    data, changed = copy.deepcopy(data), {}
+    for key, value in keys.items():
+        if not has_dotted(data, key):
+            raise ProfileError(
+                f"{file}: no key '{key}' (an override can only change an existing key; check its "
+                f"spelling against {file})"
+            )
+        if not same_value(get_dotted(data, key), value):
+            changed[key] = value
+        set_dotted(data, key, copy.deepcopy(value))
+    return data, changed
 
 
 def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) -> dict[str, Any]:
     """The workspace params file ``file`` with ``overrides`` applied (in memory)."""
-    data = copy.deepcopy(read_params_file(file, root))
-    for key, value in overrides.get(file, {}).items():
-        if has_dotted(data, key):
-            set_dotted(data, key, copy.deepcopy(value))
-    return data
+    return _with(read_params_file(file, root), overrides.get(file, {}), file)[0]
 
 
 def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
@@ -284,7 +281,7 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
     models: dict[str, type | None] = {}  # per params file
     for name in names:
         try:
-            profile = load_profile(name, root)
+            profile = load(name, root).overrides
         except ProfileError as err:
             report.problems.append(str(err))
             continue
@@ -295,17 +292,14 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
         for file in stage_files:
             keys = profile.get(file, {})
             try:
-                data = copy.deepcopy(read_params_file(file, root))
+                data = read_params_file(file, root)
             except ProfileError as err:
                 report.problems.append(f"{where}: {err}")
                 continue
-            missing = [k for k in keys if not has_dotted(data, k)]
-            for key in missing:
-                report.problems.append(f"{where}: {file} has no key '{key}'")
-            if missing:
+            if missing := [k for k in keys if not has_dotted(data, k)]:
+                report.problems += [f"{where}: {file} has no key '{k}'" for k in missing]
                 continue
-            for key, value in keys.items():
-                set_dotted(data, key, value)
+            data = _with(data, keys, file)[0]
             owner = stages.by_params_file(file)
             if file not in models:
                 try:
