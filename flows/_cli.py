@@ -6,8 +6,8 @@ the outcome into the exit code DVC sees:
 
 - 0: done;
 - 1: any error, with one line ``<stage> stage failed[ (<task>)]: <Type>: <message>`` on stderr;
-- ``err.exit_code`` (128 + signal number) for the stage's ``interrupted`` exceptions (pretraining stopped
-  by SIGTERM/SIGINT after writing a checkpoint), with ``<stage> stage interrupted: <message>``;
+- ``err.exit_code`` (128 + signal number) for a stage's own interrupt (``TrainingInterrupted``: training
+  stopped by SIGTERM/SIGINT after writing a checkpoint), with ``<stage> stage interrupted: <message>``;
 - 130 / 143 for a SIGINT (Ctrl-C) / SIGTERM anywhere else (loading data, starting Prefect ...), with
   ``<stage> stage interrupted[ (<task>)]: stopped by SIGINT before it finished; ...``. Both handlers are
   installed first thing, so a SIGINT that the parent left ignored (a shell's ``cmd &``) still stops it.
@@ -22,7 +22,6 @@ the pipeline's API in ``PREFECT_API_URL`` and starts no server. The command ends
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import logging
 import os
@@ -80,34 +79,6 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
         self.exit_code = 128 + signum
-
-
-class StageInterrupted(KeyboardInterrupt):
-    """A stage's own "stopped by a signal" exception (``TrainingInterrupted``: checkpoint written), carried
-    out of the Prefect flow as an interrupt, so that Prefect marks the run Crashed, as for a Ctrl-C anywhere
-    else, instead of Failed with a traceback."""
-
-    def __init__(self, err: BaseException) -> None:
-        super().__init__(str(err))
-        self.message = str(err)
-        self.signum = int(getattr(err, "signum", signal.SIGINT))
-        self.exit_code = int(getattr(err, "exit_code", 128 + self.signum))
-
-
-def interrupt_as_crash(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a flow function: an exception carrying ``signum`` and ``exit_code`` leaves it as
-    :class:`StageInterrupted` (the wrapper keeps the signature Prefect reads)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as err:
-            if isinstance(getattr(err, "signum", None), int) and hasattr(err, "exit_code"):
-                raise StageInterrupted(err) from err
-            raise
-
-    return wrapper
 
 
 def _raise_interrupted(signum: int, _frame: Any) -> None:
@@ -210,65 +181,54 @@ def run_stage(
     argv: list[str] | None = None,
     *,
     doc: str | None = None,
-    interrupted: tuple[type[BaseException], ...] = (),
+    other_ranks: Callable[..., Any] | None = None,
     log_to_stderr: bool = False,
 ) -> int:
     """Parse ``argv``, validate the stage's params, call ``flow(**options)``; return the exit code.
 
     Args:
         name: The stage (a row of the stage table).
-        flow: Called with one keyword argument per option (the flow function's parameters).
+        flow: The stage's Prefect flow, called with one keyword argument per option.
         argv: Command-line arguments (default ``sys.argv[1:]``).
         doc: The flow module's docstring; its first paragraph is the ``--help`` description.
-        interrupted: Exceptions that mean "stopped by a signal, resumable"; their ``exit_code`` is returned.
+        other_ranks: Under ``torchrun``, what ranks other than 0 run instead of ``flow`` (they only train:
+            no Prefect, no tracking); ``flow`` is then a zero-argument function that builds the flow, so
+            that those ranks never import Prefect.
         log_to_stderr: Configure logging to stderr first.
+
+    An exception that carries ``signum`` and ``exit_code`` (``TrainingInterrupted``: stopped by a signal,
+    a checkpoint written) is an interrupt like a Ctrl-C anywhere else: Prefect marks the run Crashed, and
+    the exit code is the exception's.
     """
     old_handlers = install_signal_handlers()
-    try:
-        return _run_stage(name, flow, argv, doc=doc, interrupted=interrupted, log_to_stderr=log_to_stderr)
-    finally:
-        restore_signal_handlers(old_handlers)
-
-
-def _run_stage(
-    name: str,
-    flow: Callable[..., Any],
-    argv: list[str] | None,
-    *,
-    doc: str | None,
-    interrupted: tuple[type[BaseException], ...],
-    log_to_stderr: bool,
-) -> int:
-    stage = get(name)
-    parser = build_parser(stage, doc.split("\n\n")[0] if doc else None)
-    kwargs = vars(parser.parse_args(argv))
-    if log_to_stderr:
-        configure_logging()
-    instance = [str(kwargs[o.dest]) for o in stage.options if o.positional]
-    where = f" ({', '.join(instance)})" if instance else ""
+    stage, where = get(name), ""
     try:
         try:
+            kwargs = vars(build_parser(stage, doc.split("\n\n")[0] if doc else None).parse_args(argv))
+            if log_to_stderr:
+                configure_logging()
+            instance = [str(kwargs[o.dest]) for o in stage.options if o.positional]
+            where = f" ({', '.join(instance)})" if instance else ""
             stage.load_params(kwargs["params_file"])  # fail fast on bad params, before Prefect starts
-            if _uses_prefect():
+            if not _uses_prefect() and other_ranks is not None:
+                other_ranks(**kwargs)
+            else:
                 from flows._prefect_api import prefect_api
 
                 with prefect_api(announce=False):
-                    flow(**kwargs)
-            else:
-                flow(**kwargs)
-        except interrupted as err:
-            print(f"{stage.name} stage interrupted: {err}", file=sys.stderr)
-            return int(getattr(err, "exit_code", 1))
+                    (flow() if other_ranks is not None else flow)(**kwargs)
         except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
             print(failure_line(f"{stage.name} stage failed{where}", err), file=sys.stderr)
             return 1
     except BaseException as err:  # SIGINT/SIGTERM, also one arriving while an error above is handled
-        if isinstance(err, StageInterrupted):
-            print(f"{stage.name} stage interrupted: {err.message}", file=sys.stderr)
+        if not isinstance(err, Interrupted) and isinstance(getattr(err, "exit_code", None), int):
+            print(f"{stage.name} stage interrupted: {err}", file=sys.stderr)  # the stage's own message
             return err.exit_code
         signum = signal_of(err)
         if signum is None:
             raise
         print(f"{stage.name} stage interrupted{where}: {interrupted_message(signum)}", file=sys.stderr)
         return 128 + signum
+    finally:
+        restore_signal_handlers(old_handlers)
     return 0

@@ -1,20 +1,23 @@
-"""The orchestrator's side of the stage pattern: metrics for DVC, a Prefect artifact, the flow-run tag.
+"""The stage runner's half of every stage flow: outputs, tracking, reports and metrics, in one place.
 
-A flow module is thin::
+A stage flow is a recipe::
 
-    @flow(name="corpus")
-    def corpus_flow(params_file: str = "params/corpus.yaml") -> dict:
-        params = load_params(params_file, "corpus", CorpusParams)
-        with stage_run("corpus", params) as run:
-            with stage_outputs("corpus", out_dir) as staged:        # every out: all or none
-                stats = build_corpus(params, staged[out_dir], ...)     # the typed bert_core function
-                write_stage_metrics("corpus", stats.as_metrics(), outputs=staged)  # metrics/corpus.json
-            finish_stage("corpus", stats.as_metrics(), run, written=True)  # MLflow + Prefect artifact
-        return stats.as_metrics()
+    @flow(name="corpus", log_prints=True)
+    def corpus_flow(params_file: str = ..., out_dir: str = ..., metrics_path: str | None = None) -> dict:
+        params = STAGE.load_params(params_file)
+        with stage("corpus", params, out_dir, metrics_path=metrics_path,
+                   checks_dir=data_check_dir("corpus", out_dir, STAGE.outs[0])) as s:
+            stats = build_corpus(params, s[out_dir], report_dir=s.checks_dir / "corpus")  # the library entry
+            s.done(stats.as_metrics(), reports=[stats.check_report])
+        return s.metrics
 
-The MLflow run itself (tracking store, standard tags, retries) is :mod:`bert_core.tracking`; this module's
-:func:`stage_run` adds the Prefect flow-run id to its tags, and shows the library's INFO lines (progress,
-metrics) on the console and in the flow run's Prefect logs (:func:`library_logs`).
+:func:`stage` owns what every stage repeats: the fail-fast check that every out can be written, a fresh
+data-check folder (logged to MLflow even when a check fails the stage), the MLflow run
+(:func:`stage_run`, with the Prefect flow-run id among its tags and the library's INFO lines shown), the
+staged outs and their all-or-nothing commit together with the DVC metrics file, the withdrawal of a model
+registered inside the block when the commit fails, and, once committed, the check reports, artifacts,
+tags and metrics in MLflow and the metrics as a Prefect artifact. Signals, exit codes and argument parsing
+are the command line's (:mod:`flows._cli`).
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
 from bert_core import tracking
-from bert_core.atomic import OutputSet, atomic_outputs, write_json_atomic
+from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_json_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
 from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
@@ -173,31 +178,6 @@ def stage_outputs(
         yield staged
 
 
-@contextlib.contextmanager
-def withdrawn_unless_committed() -> Iterator[Callable[[tracking.Registration], tracking.Registration]]:
-    """For a stage that registers a model before its outs are committed (pretrain: the registry record
-    goes into its metrics file). Wrap the :func:`stage_outputs` block; pass each registration through the
-    yielded function. If the block fails, the commit included, each one is withdrawn
-    (:meth:`~bert_core.tracking.Registration.withdraw`), so the registry never names a model that the
-    workspace does not hold."""
-    registrations: list[tracking.Registration] = []
-
-    def keep(registration: tracking.Registration) -> tracking.Registration:
-        registrations.append(registration)
-        return registration
-
-    try:
-        yield keep
-    except BaseException:
-        for registration in reversed(registrations):
-            try:
-                registration.withdraw()
-            except Exception as err:  # the stage's own error is the one to report
-                log.error("could not withdraw %s version %s: %s; delete it in the MLflow UI",
-                          registration.name, registration.version, err)  # fmt: skip
-        raise
-
-
 def write_stage_metrics(
     stage: str,
     metrics: dict[str, Any],
@@ -254,3 +234,128 @@ def finish_stage(
     path = metrics_file(stage, metrics_path) if written else write_stage_metrics(stage, metrics, metrics_path)
     publish_artifact(stage, metrics)
     return path
+
+
+@dataclass
+class StageBody:
+    """What the body of a :func:`stage` block works with and hands back.
+
+    Attributes:
+        run: The stage's MLflow run.
+        staged: The staged outs: write the out ``out`` to ``body[out]``.
+        checks_dir: The run's data-check folder (``None`` for a stage without data checks).
+        metrics: Set by :meth:`done`; the DVC metrics file, MLflow and the Prefect artifact get them.
+    """
+
+    run: StageRun
+    staged: OutputSet
+    checks_dir: Path | None
+    metrics: dict[str, Any] | None = None
+    reports: list[Any] = field(default_factory=list)
+    artifacts: list[tuple[Path, str | None]] = field(default_factory=list)
+    tags: dict[str, Any] = field(default_factory=dict)
+    registrations: list[tracking.Registration] = field(default_factory=list)
+    after_commit: list[Callable[[], None]] = field(default_factory=list)
+
+    def __getitem__(self, out: str | os.PathLike[str]) -> Path:
+        return self.staged[out]
+
+    def registered(self, registration: tracking.Registration) -> tracking.Registration:
+        """Keep a registration made inside the block: it is withdrawn if the outs are then not committed
+        (the registry never names a model the workspace does not hold)."""
+        self.registrations.append(registration)
+        return registration
+
+    def done(
+        self,
+        metrics: dict[str, Any],
+        *,
+        reports: list[Any] = (),  # type: ignore[assignment]
+        artifacts: list[tuple[str | os.PathLike[str], str | None]] = (),  # type: ignore[assignment]
+        tags: dict[str, Any] | None = None,
+        then: Callable[[], None] | None = None,
+    ) -> None:
+        """The stage's result: its metrics, data-check reports, and what to do once the outs are committed:
+        artifacts to log (final paths, with their MLflow artifact folder), tags to set, and ``then`` (work
+        on the committed outs, e.g. registering a model directory)."""
+        self.metrics = metrics
+        self.reports += [r for r in reports if r is not None]
+        self.artifacts += [(Path(p), where) for p, where in artifacts]
+        self.tags |= tags or {}
+        if then is not None:
+            self.after_commit.append(then)
+
+
+def _withdraw(registrations: list[tracking.Registration]) -> None:
+    for registration in reversed(registrations):
+        try:
+            registration.withdraw()
+        except Exception as err:  # the stage's own error is the one to report
+            log.error("could not withdraw %s version %s: %s; delete it in the MLflow UI",
+                      registration.name, registration.version, err)  # fmt: skip
+
+
+@contextlib.contextmanager
+def stage(
+    name: str,
+    params: Any,
+    *outs: str | os.PathLike[str],
+    metrics_path: str | os.PathLike[str] | None = None,
+    dirs: tuple[str | os.PathLike[str], ...] = (),
+    checks_dir: Path | None = None,
+    experiment: str = PIPELINE_EXPERIMENT,
+    run_name: str | None = None,
+    tags: dict[str, Any] | None = None,
+    label: str | None = None,
+) -> Iterator[StageBody]:
+    """One stage run, from the fail-fast checks to the committed outs (see the module docstring).
+
+    Args:
+        name: The stage (its metrics file is ``metrics/<name>.json`` unless ``metrics_path`` is given).
+        params: Logged as the MLflow run's params (a params model or a dict).
+        outs: The stage's outs; written to ``body[out]``, committed with the metrics file, all or none.
+        metrics_path: The DVC metrics file.
+        dirs: Outs created as empty directories before the block.
+        checks_dir: The run's data-check folder: emptied first, logged to MLflow afterwards (also on failure).
+        experiment, run_name, tags: The MLflow run's experiment, name and extra tags.
+        label: Names the Prefect artifact (default ``name``).
+
+    Raises:
+        RuntimeError: the block ended without calling :meth:`StageBody.done`.
+    """
+    final_metrics = metrics_file(name, metrics_path)
+    check_writable(*outs, final_metrics)  # fail fast, before any work, naming the out
+    if checks_dir is not None:
+        shutil.rmtree(checks_dir, ignore_errors=True)  # a failed check's message points at its report
+    with stage_run(name, params, experiment=experiment, run_name=run_name, tags=tags) as run:
+        body: StageBody | None = None
+        try:
+            with atomic_outputs([*outs, final_metrics], dirs=dirs) as staged:
+                body = StageBody(run, staged, checks_dir)
+                yield body
+                if body.metrics is None:
+                    raise RuntimeError(f"stage {name} finished without its metrics (StageBody.done)")
+                write_json_atomic(staged[final_metrics], body.metrics)
+        except BaseException:
+            if body is not None:
+                _withdraw(body.registrations)
+            raise
+        finally:
+            if checks_dir is not None and checks_dir.exists():
+                try:
+                    run.log_artifact(checks_dir, artifact_path=f"data_checks/{checks_dir.name}")
+                except Exception as err:  # the stage's own outcome matters more
+                    log.warning("could not log the data-check reports in %s: %s", checks_dir, err)
+        for report in body.reports:
+            try:
+                run.log_check_report(report)
+            except Exception as err:  # a report that cannot be logged must not fail the stage
+                log.warning("could not log data-check report %s: %s", getattr(report, "suite", "?"), err)
+        for path, where in body.artifacts:
+            run.log_artifact(path, artifact_path=where)
+        if body.tags:
+            run.set_tags(body.tags)
+        for step in body.after_commit:
+            step()
+        run.log_metrics(body.metrics)
+        publish_artifact(label or name, body.metrics)

@@ -8,29 +8,18 @@ artifact, data-check report).
 
 from __future__ import annotations
 
-import logging
-import shutil
 from pathlib import Path
 
 from prefect import flow
 
-from bert_core.atomic import check_writable
 from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.sources import data_root
 from bert_core.tracking.ui import log_corpus_sources
 from flows._cli import exit_command, run_stage
-from flows._stage import (
-    METRICS_DIR,
-    data_check_dir,
-    finish_stage,
-    stage_outputs,
-    stage_run,
-    write_stage_metrics,
-)
+from flows._stage import data_check_dir, stage
 from flows.stages import get
 
 STAGE = get("corpus")
-log = logging.getLogger("bert_core.flows.corpus")
 
 
 @flow(name="corpus", log_prints=True)
@@ -50,30 +39,17 @@ def corpus_flow(
     """
     params: CorpusParams = STAGE.load_params(params_file)
     root = data_root()
-    check_writable(out_dir, metrics_path or METRICS_DIR / "corpus.json")  # fail fast
-    # The data-check report outlives the run (a failed check's message points at it): one folder per suite.
-    checks_dir = data_check_dir("corpus", out_dir, STAGE.outs[0])
-    shutil.rmtree(checks_dir, ignore_errors=True)
-    report_dir = checks_dir / "corpus"
-    with stage_run("corpus", params) as run:
-        # The corpus and its metrics file are committed together or not at all; the builder stages its
-        # directory inside the staged one (renames only, no copy).
-        with stage_outputs("corpus", out_dir, metrics_path=metrics_path) as staged:
-            try:
-                stats = build_corpus(
-                    params, staged[out_dir], data_root=root, workers=workers, report_dir=report_dir
-                )
-            finally:
-                if report_dir.exists():  # keep the Data Docs even when a check failed the stage
-                    run.log_artifact(report_dir, artifact_path="data_checks/corpus")
-            metrics = stats.as_metrics()
-            write_stage_metrics("corpus", metrics, metrics_path, outputs=staged)
-        run.log_check_report(stats.check_report)
+    checks = data_check_dir("corpus", out_dir, STAGE.outs[0])
+    with stage("corpus", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
+        stats = build_corpus(params, s[out_dir], data_root=root, workers=workers, report_dir=checks / "corpus")
         log_corpus_sources(params, stats, root)  # the Dataset column and lineage in the MLflow UI
-        run.log_artifact(Path(out_dir) / "manifest.json")
-        run.set_tags({"corpus.params_hash": stats.params_hash, "corpus.workers": stats.workers})
-        finish_stage("corpus", metrics, run, metrics_path, written=True)
-    return metrics
+        s.done(
+            stats.as_metrics(),
+            reports=[stats.check_report],
+            artifacts=[(Path(out_dir) / "manifest.json", None)],
+            tags={"corpus.params_hash": stats.params_hash, "corpus.workers": stats.workers},
+        )
+    return s.metrics
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from bert_core.evaluate.params import EvaluateParams
 from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
 from flows._cli import exit_command, run_stage
-from flows._stage import finish_stage, in_repo, stage_outputs, stage_run
+from flows._stage import in_repo, stage
 from flows.stages import get
 
 STAGE = get("evaluate")
@@ -49,24 +49,18 @@ def evaluate_flow(
     metrics_file = Path(metrics_path) if metrics_path else REPO_ROOT / default_metrics
     report_dir = in_repo(params.report_dir, "evaluate.report_dir")
     outs = [report_dir / "evaluate.md", report_dir / "evaluate.html", report_dir / "evaluate"]
-    with stage_run("evaluate", {**params.model_dump(mode="json"), "tasks": tasks}) as run:
-        # The reports and the metrics file are committed together or not at all.
-        with stage_outputs("evaluate", *outs, metrics_path=metrics_file, dirs=(outs[2],)) as staged:
-            metrics, paths = evaluate_results(
-                in_repo(params.results_dir, "evaluate.results_dir"),
-                metrics_file,
-                report_dir,
-                tasks=tasks,
-                reference_size=params.reference_size,
-                dpi=params.dpi,
-                lock_path=REPO_ROOT / "dvc.lock",
-                outputs=staged,
-            )
-        run.log_artifact(paths["html"], artifact_path="report")
-        run.log_artifact(paths["markdown"], artifact_path="report")
-        run.log_artifact(paths["plot.scores"].parent, artifact_path="report/evaluate")
-        finish_stage("evaluate", metrics, run, metrics_file, written=True)
-    return metrics
+    run_params = {**params.model_dump(mode="json"), "tasks": tasks}
+    with stage("evaluate", run_params, *outs, metrics_path=metrics_file, dirs=(outs[2],)) as s:
+        metrics, _ = evaluate_results(
+            in_repo(params.results_dir, "evaluate.results_dir"), metrics_file, report_dir, tasks=tasks,
+            reference_size=params.reference_size, dpi=params.dpi, lock_path=REPO_ROOT / "dvc.lock",
+            outputs=s.staged,
+        )  # fmt: skip
+        s.done(
+            metrics,
+            artifacts=[(outs[1], "report"), (outs[0], "report"), (outs[2], "report/evaluate")],
+        )
+    return s.metrics
 
 
 def main(argv: list[str] | None = None) -> int:

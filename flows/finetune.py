@@ -25,49 +25,24 @@ import os
 # Must be set before torch loads its OpenMP runtime; OMP_WAIT_POLICY=ACTIVE in the environment overrides it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import contextlib
 import logging
-import shutil
+import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
-from bert_core.atomic import atomic_outputs, check_writable, write_json_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.finetune.params import FinetuneParams
 from bert_core.sources import data_root
 from bert_core.tracking import FINETUNE_EXPERIMENT
-from flows._cli import exit_command, interrupt_as_crash, run_stage
-from flows._stage import data_check_dir, publish_artifact, stage_run
+from flows._cli import exit_command, run_stage
+from flows._stage import data_check_dir, stage
 from flows.stages import get
 
 STAGE = get("finetune")
 log = logging.getLogger("bert_core.flows.finetune")
-
-
-def _log_check_reports(run: Any, reports: list[Any]) -> None:
-    for report in reports:
-        try:
-            run.log_check_report(report)
-        except Exception as err:  # a report that cannot be logged must not fail the stage
-            log.warning("could not log data-check report %s: %s", getattr(report, "suite", "?"), err)
-
-
-@contextlib.contextmanager
-def _keep_reports_on_failure(run: Any, report_dir: Path) -> Iterator[None]:
-    """On a failure (a failed data check), log the reports written so far to MLflow too."""
-    try:
-        yield
-    except Exception:
-        if report_dir.exists():
-            try:
-                run.log_artifact(report_dir, artifact_path="data_checks")
-            except Exception as err:  # the stage's own error matters more
-                log.warning("could not log the data-check reports in %s: %s", report_dir, err)
-        raise
 
 
 def _standard_tags(run_id: str) -> dict[str, str]:
@@ -78,8 +53,32 @@ def _standard_tags(run_id: str) -> dict[str, str]:
     return {k: v for k, v in tags.items() if not k.startswith("mlflow.")}
 
 
+def _source(source: str, download: str) -> Any:
+    """The pretrained model: a local directory, a registry URI, or a Hub id (downloaded here; offline it
+    fails in seconds), resolved to a directory with its provenance (``.info``)."""
+    from bert_core.released import download_hub_checkpoint, is_hub_id
+    from bert_core.tracking import resolve_model_source
+
+    hub = source if is_hub_id(source) else None
+    local = str(download_hub_checkpoint(hub, Path(download) / "hub")) if hub else source
+    resolved = resolve_model_source(local, download)
+    if hub:
+        resolved.info.update(uri=f"hf://{hub}", model=hub)
+    return resolved
+
+
+def _outs(task: str, out_dir: str | None, model_out: str | None, metrics_path: str | None,
+          plots_dir: str | None) -> tuple[Path, Path, Path, list[Path]]:  # fmt: skip
+    """The task's outs: results, model, metrics file and learning curves (default: the stage table's)."""
+    (model_default, out_default), (metrics_default,) = STAGE.outs, STAGE.metrics
+    out = Path(out_dir or REPO_ROOT / STAGE.expand(out_default, task))
+    model_dir = Path(model_out or REPO_ROOT / STAGE.expand(model_default, task))
+    metrics_file = Path(metrics_path or REPO_ROOT / STAGE.expand(metrics_default, task))
+    curves_dir = Path(plots_dir or (REPO_ROOT / STAGE.expand(STAGE.plots[0], task)).parent)
+    return out, model_dir, metrics_file, [curves_dir / "train.csv", curves_dir / "dev.csv"]
+
+
 @flow(name="finetune", log_prints=True)
-@interrupt_as_crash  # TrainingInterrupted: the run is Crashed, the exit status 130/143
 def finetune_flow(
     task: str,
     params_file: str = STAGE.default("params_file"),
@@ -100,20 +99,12 @@ def finetune_flow(
         metrics_path: DVC metrics file (default ``metrics/finetune/<task>.json``).
         plots_dir: Learning curves of the selected trial for ``dvc plots`` (default ``plots/finetune/<task>``).
     """
-    from bert_core import modelcard
-    from bert_core.evaluate.references import reference_for
     from bert_core.finetune.run import finetune_task
-    from bert_core.released import download_hub_checkpoint, is_hub_id
-    from bert_core.serving import mlflow_model, serving_task
+    from bert_core.modelcard import write_card
+    from bert_core.serving.finetuned import finetuned_card, register_finetuned
     from bert_core.tasks import get_task
     from bert_core.tasks.datasource import split_tags
-    from bert_core.tracking import (
-        MlflowTrialTracker,
-        git_commit,
-        pipeline_run_id,
-        register,
-        resolve_model_source,
-    )
+    from bert_core.tracking import MlflowTrialTracker
     from bert_core.tracking.ui import log_headline_metric, log_task_data
 
     params: FinetuneParams = STAGE.load_params(params_file)
@@ -122,109 +113,53 @@ def finetune_flow(
         log.warning(
             "task %s is not listed under finetune.tasks in %s; using the defaults", spec.name, params_file
         )
-    settings = params.for_task(spec.name)
-    source = model_source or params.model.source
-    (model_default, out_default), (metrics_default,) = STAGE.outs, STAGE.metrics
-    out = Path(out_dir or REPO_ROOT / STAGE.expand(out_default, spec.name))
-    model_dir = Path(model_out or REPO_ROOT / STAGE.expand(model_default, spec.name))
-    metrics_file = Path(metrics_path or REPO_ROOT / STAGE.expand(metrics_default, spec.name))
-    curves_dir = Path(plots_dir or (REPO_ROOT / STAGE.expand(STAGE.plots[0], spec.name)).parent)
-    run_params = {
-        "task": spec.name,
-        "model": params.model.model_dump(mode="json"),
-        "settings": settings.model_dump(mode="json"),
-        "device": params.device,
-        "precision": params.precision,
-    }
+    settings, source = params.for_task(spec.name), model_source or params.model.source
+    out, model_dir, metrics_file, curves = _outs(spec.name, out_dir, model_out, metrics_path, plots_dir)
+    checks = data_check_dir("finetune", out, STAGE.expand(STAGE.outs[1], spec.name)) / spec.name
+    run_params = {"task": spec.name, "model": params.model.model_dump(mode="json"),
+                  "settings": settings.model_dump(mode="json"), "device": params.device, "precision": params.precision}  # fmt: skip
     tags = {"task": spec.name, "init": params.model.init, "pretrained_source": source}
-    curves = [curves_dir / "train.csv", curves_dir / "dev.csv"]
-    finals = [out, model_dir, metrics_file, *curves]
-    check_writable(*finals)  # fail fast, naming the output, before the model is fetched or trained
-    # The data-check reports outlive the run (a failed check's message points at them): one folder per suite.
-    report_dir = data_check_dir("finetune", out, STAGE.expand(out_default, spec.name)) / spec.name
-    shutil.rmtree(report_dir, ignore_errors=True)
     with (
-        stage_run("finetune", run_params, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}",
-                  tags=tags) as run,
+        stage("finetune", run_params, out, model_dir, *curves, metrics_path=metrics_file, dirs=(out,),
+              checks_dir=checks, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}", tags=tags,
+              label=f"finetune-{spec.name}") as s,
         tempfile.TemporaryDirectory(prefix="finetune-source-") as download,
     ):  # fmt: skip
-        hub = source if is_hub_id(source) else None  # a Hub id: downloaded here (offline: fails in seconds)
-        local = str(download_hub_checkpoint(hub, Path(download) / "hub")) if hub else source
-        resolved = resolve_model_source(local, download)
-        if hub:
-            resolved.info.update(uri=f"hf://{hub}", model=hub)
-        run.set_tags({f"pretrained_{k}": v for k, v in resolved.info.items()})
-        trial_tags = {**_standard_tags(run.run_id), **tags,
-                      **{f"pretrained_{k}": str(v) for k, v in resolved.info.items()}}  # fmt: skip
-        # Every out (results, model, metrics file, curves) is committed together or not at all.
-        with atomic_outputs(finals, dirs=[out]) as staged, _keep_reports_on_failure(run, report_dir):
-            result = finetune_task(
-                spec.name,
-                params,
-                resolved.path,
-                out,
-                model_out=model_dir,
-                data_root=data_root(),
-                tracker=MlflowTrialTracker(run.run_id, trial_tags, main_metric=spec.main_metric),
-                source_info=resolved.info,
-                on_data=lambda data: (
-                    _log_check_reports(run, data.check_reports),
-                    log_task_data(spec.name, data),
-                ),
-                check_report_dir=report_dir,
-                outputs=staged,
-            )
-            metrics = result.metrics()
-            run.set_tags(split_tags(result.data_split))  # data_split (+ its label unless official splits)
-            log_headline_metric(
-                spec.main_metric, metrics
-            )  # dev.main + tag main_metric: one column across tasks
-            name = f"{params.registry.name_prefix}{spec.name}"
+        resolved = _source(source, download)
+        s.run.set_tags({f"pretrained_{k}": v for k, v in resolved.info.items()})
+        trial_tags = {**_standard_tags(s.run.run_id), **tags, **{f"pretrained_{k}": str(v) for k, v in resolved.info.items()}}  # fmt: skip
+        result = finetune_task(
+            spec.name, params, resolved.path, out, model_out=model_dir, data_root=data_root(),
+            tracker=MlflowTrialTracker(s.run.run_id, trial_tags, main_metric=spec.main_metric),
+            source_info=resolved.info, on_data=lambda data: (s.reports.extend(data.check_reports),
+                                                             log_task_data(spec.name, data)),
+            check_report_dir=checks, outputs=s.staged,
+        )  # fmt: skip
+        metrics = result.metrics()
+        s.run.set_tags(split_tags(result.data_split))  # data_split (+ its label unless official splits)
+        log_headline_metric(spec.main_metric, metrics)  # dev.main + tag main_metric: one column across tasks
+        card = finetuned_card(spec, settings, result, metrics, f"{params.registry.name_prefix}{spec.name}")
+        write_card(s[model_dir], card())  # run-free: the directory is a DVC output
+        with tempfile.TemporaryDirectory(prefix="curves-", dir=s[out]) as scratch:
+            for curve, written in zip(curves, result.write_curves(scratch)):
+                os.replace(written, s[curve])
 
-            def card(run_ids: dict[str, str] | None = None) -> str:
-                return modelcard.finetuned_card_for(
-                    spec, metrics, result.model, params=settings.model_dump(mode="json"), git_commit=git_commit(),
-                    lock_path=REPO_ROOT / "dvc.lock",
-                    reference=reference_for(result.model.get("preset")), run_ids=run_ids, name=name,
-                    data_label=result.data_split.get("label") or None,
-                )  # fmt: skip
+        def register() -> None:  # on the committed model directory
+            registration = register_finetuned(
+                model_dir, spec=spec, settings=settings, registry=params.registry, metrics=metrics,
+                run_id=s.run.run_id, experiment=FINETUNE_EXPERIMENT, card=card,
+                tags={**trial_tags, "selected_trial": result.selected.name},
+            )  # fmt: skip
+            s.run.set_tags(registration.as_tags())
+            s.run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
 
-            modelcard.write_card(staged[model_dir], card())  # run-free: the directory is a DVC output
-            write_json_atomic(staged[metrics_file], metrics)
-            with tempfile.TemporaryDirectory(prefix="curves-", dir=staged[out]) as scratch:
-                for curve, written in zip(curves, result.write_curves(scratch)):
-                    os.replace(written, staged[curve])
-        run.log_artifact(out, artifact_path="results")
-        for curve in curves:
-            run.log_artifact(curve, artifact_path="plots")
-        if params.registry.enabled:
-            run_ids = {"pipeline_run_id": pipeline_run_id(), "mlflow_run_id": run.run_id,
-                       "mlflow_experiment": FINETUNE_EXPERIMENT, "registered_model": name}  # fmt: skip
-            with modelcard.staged_with_card(model_dir, card(run_ids)) as staged_model:
-                registration = register(
-                    staged_model,
-                    name=name,
-                    run_id=run.run_id,
-                    alias=params.registry.alias,
-                    description=f"Fine-tuned BERT for {name}; alias '{params.registry.alias}' = best on dev",
-                    tags={**trial_tags, "selected_trial": result.selected.name},
-                    metric_key=f"dev.{spec.main_metric}",
-                    value=metrics.get(f"dev.{spec.main_metric}", float("nan")),  # NaN: undefined correlation
-                    save_model=mlflow_model(
-                        serving_task(spec, settings, null_threshold=metrics.get("dev.null_threshold"))
-                    ),
-                )
-            run.set_tags(registration.as_tags())
-            run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
-        run.log_metrics(metrics)  # the metrics file was committed with the other outs
-        publish_artifact(f"finetune-{spec.name}", metrics)
-    return metrics
+        s.done(metrics, artifacts=[(out, "results"), *((c, "plots") for c in curves)],
+               then=register if params.registry.enabled else None)  # fmt: skip
+    return s.metrics
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bert_core.training import TrainingInterrupted
-
-    return run_stage("finetune", finetune_flow, argv, doc=__doc__, interrupted=(TrainingInterrupted,))
+    return run_stage("finetune", finetune_flow, argv, doc=__doc__)
 
 
 if __name__ == "__main__":

@@ -25,15 +25,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bert_core.pretrain import PretrainParams, pretrain, write_curves
-from bert_core.pretrain.registration import REGISTERED_MODEL_DESCRIPTION, version_metadata
 from flows._cli import exit_command, run_stage
 from flows.stages import get
-
-if TYPE_CHECKING:
-    from bert_core.config import BertConfig
 
 STAGE = get("pretrain")
 log = logging.getLogger("bert_core.flows.pretrain")
@@ -50,68 +46,41 @@ def pretrain_flow_fn(
     metrics_path: str | None = None,
 ) -> dict:
     """Train, write outputs, track and register; returns the stage metrics."""
-    from bert_core import modelcard
-    from bert_core.constants import REPO_ROOT
-    from bert_core.serving import fill_mask_task, mlflow_model
-    from bert_core.tracking import git_commit, mlflow_sink, pipeline_run_id, register
+    from bert_core.serving.pretrained import pretrained_card, register_pretrained
+    from bert_core.tracking import mlflow_sink
     from bert_core.tracking.ui import log_pretrain_data
     from bert_core.training.distributed import setup_distributed, teardown_distributed
-    from flows._stage import (
-        finish_stage,
-        stage_outputs,
-        stage_run,
-        withdrawn_unless_committed,
-        write_stage_metrics,
-    )
+    from flows._stage import stage
 
     params: PretrainParams = STAGE.load_params(params_file)
     dist = setup_distributed(params.device)
+    card = pretrained_card(params)
+    # The model, the curves and the metrics file are committed together or not at all (the checkpoints
+    # live in checkpoint_root, outside them: an interrupted run resumes from there).
+    outs = (out_dir, loss_plot, heldout_plot)
     try:
-        with stage_run("pretrain", params, tags={"preset": params.model.preset}) as run:
-            commit, lock = git_commit(), REPO_ROOT / "dvc.lock"
-
-            def card(metrics: dict, data_stats: dict, config: BertConfig, run_ids: dict | None = None) -> str:
-                return modelcard.pretrained_card_for(params, config, metrics, data_stats, git_commit=commit,
-                                                     lock_path=lock, run_ids=run_ids)  # fmt: skip
-
-            sink = mlflow_sink(run.run_id, spill_path=Path(checkpoint_root) / "unsent-metrics.jsonl")
-            # The model, the curves and the metrics file are committed together or not at all (the
-            # checkpoints live in checkpoint_root, outside them: an interrupted run resumes from there).
-            outs = [out_dir, loss_plot, heldout_plot]
-            with (
-                withdrawn_unless_committed() as registered,
-                stage_outputs("pretrain", *outs, metrics_path=metrics_path) as staged,
-            ):
-                try:
-                    result = pretrain(
-                        params, data_dir, vocab_dir, staged[out_dir], checkpoint_root=checkpoint_root,
-                        on_metrics=sink, dist=dist, model_card=card,
-                    )  # fmt: skip
-                finally:
-                    sink.close(timeout_s=60)
-                write_curves(result.history, staged[loss_plot], staged[heldout_plot])
-                run.log_metrics({"data": result.data_stats})
-                tags, description = version_metadata(result, params)
-                log_pretrain_data(data_dir, [phase.name for phase in params.phases])
-                # The registered copy's card names its runs; models/pretrained keeps the run-free one (a
-                # DVC output). The registry record goes into the metrics file, so it comes first, and is
-                # withdrawn if the outs are then not committed.
-                run_ids = {"pipeline_run_id": pipeline_run_id(), "mlflow_run_id": run.run_id,
-                           "registered_model": params.registered_model}  # fmt: skip
-                with modelcard.staged_with_card(
-                    result.model_dir, card(result.metrics, result.data_stats, result.config, run_ids)
-                ) as staged_model:
-                    registration = registered(register(
-                        staged_model, name=params.registered_model, run_id=run.run_id,
-                        alias=params.registry_alias, description=REGISTERED_MODEL_DESCRIPTION, tags=tags,
-                        version_description=description, save_model=mlflow_model(fill_mask_task()),
-                    ))  # fmt: skip
-                metrics = {**result.metrics, "registry": registration.as_record()}
-                write_stage_metrics("pretrain", metrics, metrics_path, outputs=staged)
-            run.log_artifact(loss_plot, artifact_path="plots")
-            run.log_artifact(heldout_plot, artifact_path="plots")
-            finish_stage("pretrain", metrics, run, metrics_path, written=True)
-        return metrics
+        with stage(
+            "pretrain", params, *outs, metrics_path=metrics_path, tags={"preset": params.model.preset}
+        ) as s:
+            sink = mlflow_sink(s.run.run_id, spill_path=Path(checkpoint_root) / "unsent-metrics.jsonl")
+            try:
+                result = pretrain(
+                    params, data_dir, vocab_dir, s[out_dir], checkpoint_root=checkpoint_root,
+                    on_metrics=sink, dist=dist, model_card=card,
+                )  # fmt: skip
+            finally:
+                sink.close(timeout_s=60)
+            write_curves(result.history, s[loss_plot], s[heldout_plot])
+            s.run.log_metrics({"data": result.data_stats})
+            log_pretrain_data(data_dir, [phase.name for phase in params.phases])
+            # The registry record goes into the metrics file, so the model is registered before the
+            # commit, and withdrawn if the outs are then not committed.
+            registration = s.registered(register_pretrained(result, params, run_id=s.run.run_id, card=card))
+            s.done(
+                {**result.metrics, "registry": registration.as_record()},
+                artifacts=[(loss_plot, "plots"), (heldout_plot, "plots")],
+            )
+        return s.metrics
     finally:
         teardown_distributed()
 
@@ -120,9 +89,7 @@ def prefect_flow():
     """The stage's Prefect flow, built on demand: importing this module must not import Prefect."""
     from prefect import flow
 
-    from flows._cli import interrupt_as_crash
-
-    return flow(name="pretrain", log_prints=True)(interrupt_as_crash(pretrain_flow_fn))
+    return flow(name="pretrain", log_prints=True)(pretrain_flow_fn)
 
 
 def __getattr__(name: str) -> Any:
@@ -134,7 +101,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _worker_rank(
+def _other_rank(
     params_file: str, data_dir: str, vocab_dir: str, out_dir: str, checkpoint_root: str, **_outputs: Any
 ) -> None:
     """Ranks other than 0 under torchrun: train only (rank 0 tracks and writes the outputs)."""
@@ -148,19 +115,8 @@ def _worker_rank(
         teardown_distributed()
 
 
-def _run(**options: Any) -> None:
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) != 0:
-        _worker_rank(**options)
-    else:
-        prefect_flow()(**options)
-
-
 def main(argv: list[str] | None = None) -> int:
-    from bert_core.training import TrainingInterrupted
-
-    return run_stage(
-        "pretrain", _run, argv, doc=__doc__, interrupted=(TrainingInterrupted,), log_to_stderr=True
-    )
+    return run_stage("pretrain", prefect_flow, argv, doc=__doc__, other_ranks=_other_rank, log_to_stderr=True)
 
 
 if __name__ == "__main__":

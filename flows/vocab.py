@@ -10,23 +10,14 @@ skipped with a warning when it cannot be fetched — it only feeds a comparison 
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 from prefect import flow, task
 
-from bert_core.atomic import check_writable
 from bert_core.sources import data_root
 from bert_core.vocab import VocabParams, train_vocab
 from flows._cli import exit_command, run_stage
-from flows._stage import (
-    METRICS_DIR,
-    data_check_dir,
-    finish_stage,
-    stage_outputs,
-    stage_run,
-    write_stage_metrics,
-)
+from flows._stage import data_check_dir, stage
 from flows.stages import get
 
 STAGE = get("vocab")
@@ -70,32 +61,18 @@ def vocab_flow(
     metrics_path: str | None = None,
 ) -> dict:
     """Train the WordPiece vocab; return its metrics."""
-    params: VocabParams = STAGE.load_params(params_file)
-    check_writable(out_dir, metrics_path or METRICS_DIR / "vocab.json")  # fail fast
-    ref = reference_vocab(params)
-    # The data-check report outlives the run (a failed check's message points at it): one folder per suite.
-    checks_dir = data_check_dir("vocab", out_dir, STAGE.outs[0])
-    shutil.rmtree(checks_dir, ignore_errors=True)
-    report_dir = checks_dir / "vocab"
-    with stage_run("vocab", params) as run:
-        from bert_core.tracking.ui import log_corpus_data
+    from bert_core.tracking.ui import log_corpus_data
 
+    params: VocabParams = STAGE.load_params(params_file)
+    checks = data_check_dir("vocab", out_dir, STAGE.outs[0])
+    with stage("vocab", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
         log_corpus_data(corpus_dir)  # the Dataset column and lineage in the MLflow UI
-        # The vocab and its metrics file are committed together or not at all.
-        with stage_outputs("vocab", out_dir, metrics_path=metrics_path) as staged:
-            try:
-                stats = train_vocab(
-                    params, Path(corpus_dir), staged[out_dir], reference_vocab=ref, report_dir=report_dir
-                )
-            finally:
-                if report_dir.exists():
-                    run.log_artifact(report_dir, artifact_path="data_checks/vocab")
-            metrics = stats.as_metrics()
-            write_stage_metrics("vocab", metrics, metrics_path, outputs=staged)
-        run.log_check_report(stats.check_report)
-        run.log_artifact(Path(out_dir), artifact_path="vocab")
-        finish_stage("vocab", metrics, run, metrics_path, written=True)
-    return metrics
+        stats = train_vocab(
+            params, Path(corpus_dir), s[out_dir], reference_vocab=reference_vocab(params),
+            report_dir=checks / "vocab",
+        )  # fmt: skip
+        s.done(stats.as_metrics(), reports=[stats.check_report], artifacts=[(Path(out_dir), "vocab")])
+    return s.metrics
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,13 +150,21 @@ def test_a_withdrawn_registration_leaves_the_registry_as_it_was(stage, model):
     assert client.get_registered_model("bert-x").aliases == {}
 
 
-def test_the_stage_withdraws_its_registrations_when_its_block_fails(model):
-    from flows._stage import withdrawn_unless_committed
+def test_the_stage_withdraws_its_registrations_when_its_block_fails(model, tmp_path):
+    from flows._stage import stage
 
-    with pytest.raises(OSError, match="disk full"), withdrawn_unless_committed() as registered:
-        registered(register(model, name="bert-pretrained", run_id=_run_id(), alias="newest"))
+    out = tmp_path / "model"
+    with (
+        pytest.raises(OSError, match="disk full"),
+        stage("demo", {}, out, metrics_path=tmp_path / "m.json") as s,
+    ):
+        s.registered(register(model, name="bert-pretrained", run_id=_run_id(), alias="newest"))
         raise OSError("disk full while committing")
     assert MlflowClient().search_model_versions("name = 'bert-pretrained'") == []
-    with withdrawn_unless_committed() as registered:
-        registered(register(model, name="bert-pretrained", run_id=_run_id(), alias="newest"))
+    assert not out.exists()
+    with stage("demo", {}, out, metrics_path=tmp_path / "m.json") as s:
+        s[out].mkdir()
+        s.registered(register(model, name="bert-pretrained", run_id=_run_id(), alias="newest"))
+        s.done({"steps": 1})
     assert len(MlflowClient().search_model_versions("name = 'bert-pretrained'")) == 1
+    assert out.is_dir() and (tmp_path / "m.json").read_text().strip().startswith("{")

@@ -65,6 +65,19 @@ class BuildResult:
     metrics: dict[str, Any]
     reports: list[Any] = field(default_factory=list)
     seconds: float = 0.0
+    workers: int = 1
+
+    def as_metrics(self) -> dict[str, Any]:
+        """The stage's metrics: per phase and split, plus the build's time and throughput."""
+        per_output = [m for phase in self.metrics.values() for m in phase.values()]
+        seconds = max(self.seconds, 1e-9)
+        return {
+            **self.metrics,
+            "elapsed_s": round(self.seconds, 3),
+            "instances_per_s": sum(m["instances"] for m in per_output) / seconds,
+            "tokens_per_s": sum(m["tokens"] for m in per_output) / seconds,
+            "workers": self.workers,
+        }
 
 
 MIN_TASK_DOCS = 2  # NSP draws NotNext segments from another document of the same task
@@ -390,7 +403,7 @@ def build_pretrain_data(
     vocab = read_vocab(vocab_dir / "vocab.txt")
     load_tokenizer(vocab_dir, vocab)  # fail here, not in a worker, on a mismatched tokenizer.json
     plans = {split: plan_tasks(corpus_dir, split, params.task_bytes) for split in SPLITS}
-    result = BuildResult(metrics={})
+    result = BuildResult(metrics={}, workers=params.num_workers)
     with atomic_path(output_dir, is_dir=True) as tmp:
         jobs = [
             Job(task, str(tmp), str(vocab_dir), params.model_dump(mode="json"))

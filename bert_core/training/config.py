@@ -136,8 +136,12 @@ class FitResult:
     resumed_from_step: int | None
 
 
-class TrainingInterrupted(Exception):
-    """SIGTERM/SIGINT arrived; a checkpoint was written. ``exit_code`` is 128 + signal number."""
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGTERM/SIGINT arrived; a checkpoint was written. ``exit_code`` is 128 + signal number.
+
+    An interrupt, not an error: ``except Exception`` does not catch it, and an orchestrator treats it as a
+    Ctrl-C (Prefect marks the run Crashed, not Failed).
+    """
 
     def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
         name = signal.Signals(signum).name
