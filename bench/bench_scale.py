@@ -512,8 +512,9 @@ def project(
         "- Peak memory of pretrain_data: no linear term (a worker holds one window of "
         "pretrain_data.window_tokens tokens, the parent only the plan): the largest parent RSS measured at "
         f"any size plus {cores} times the largest single worker RSS measured.",
-        "- vocab: one process whose tokenizer trains on Rust threads, so its serial part is not known "
-        f"here: range CPU/{cores} .. CPU. With the committed vocab.sample_max_bytes "
+        "- vocab: one process; the tokenizer counts words on Rust threads, the merges are learned in one "
+        f"Python thread, and the split is not measured here: range CPU/{cores} .. CPU. With the committed "
+        "vocab.sample_max_bytes "
         f"({stage_params_default_vocab_cap() / MB:,.0f} MB) instead of no cap, its cost stops growing at "
         "that sample size.",
         f"- {GOOGLE}: one single-threaded process holding every instance in memory until it writes; the "
