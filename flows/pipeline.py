@@ -43,6 +43,7 @@ import re
 import signal
 import sys
 import uuid
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 # Telemetry off and Prefect's start-up timeout are set by flows/__init__.py, before Prefect is imported.
@@ -116,13 +117,7 @@ def pipeline_flow(
     logger = get_run_logger()
     root = REPO_ROOT
     run_id = str(flow_run.id or uuid.uuid4())
-    exp_name = None
-    if as_experiment:
-        exp_name = experiment_name or f"{flow_run.name or 'run'}-{run_id[:6]}"
-        if not _EXP_NAME_RE.match(exp_name):
-            raise ValueError(
-                f"experiment_name={exp_name!r}: use letters, digits, '.', '_' and '-' (a git ref name)"
-            )
+    exp_name = _experiment_name(experiment_name, flow_run.name, run_id) if as_experiment else None
     fields = {
         "preset": preset,
         "tasks": tasks,
@@ -158,8 +153,39 @@ def pipeline_flow(
         logger.info("running: dvc %s", " ".join(args))
         returncode, reports, tail = drive(args, root=root, env=env)
 
+    _report(run_id, exp_name, args, returncode, reports, tail, root, all_stages=not targets)
+    return {
+        "pipeline_run_id": run_id,
+        "dvc_experiment": exp_name,
+        "command": ["dvc", *args],
+        "overrides": overrides,
+        "stages": {r.stage: {"outcome": r.outcome, "metrics": r.metrics} for r in reports},
+    }
+
+
+def _experiment_name(given: str | None, flow_run_name: str | None, run_id: str) -> str:
+    """The DVC experiment's name: the given one, else the flow run's name and id (a valid git ref name)."""
+    name = given or f"{flow_run_name or 'run'}-{run_id[:6]}"
+    if not _EXP_NAME_RE.match(name):
+        raise ValueError(f"experiment_name={name!r}: use letters, digits, '.', '_' and '-' (a git ref name)")
+    return name
+
+
+def _report(
+    run_id: str,
+    exp_name: str | None,
+    args: list[str],
+    returncode: int,
+    reports: list[StageReport],
+    tail: list[str],
+    root: Path,
+    *,
+    all_stages: bool,
+) -> None:
+    """The run's summary as a Prefect artifact (listing what never ran); :class:`PipelineFailed` naming the
+    failed stage when DVC failed."""
     ok = returncode == 0
-    if not ok and not targets:
+    if not ok and all_stages:
         with contextlib.suppress(Exception):  # the summary lists what never ran, when dvc.yaml is readable
             seen = {r.stage for r in reports}
             reports += [StageReport(i.name, "not run") for i in _dvc.stage_infos(root) if i.name not in seen]
@@ -171,13 +197,6 @@ def pipeline_flow(
         raise PipelineFailed(
             f"{where} (dvc exit code {returncode}). Last DVC output:\n" + "\n".join(tail[-15:])
         )
-    return {
-        "pipeline_run_id": run_id,
-        "dvc_experiment": exp_name,
-        "command": ["dvc", *args],
-        "overrides": overrides,
-        "stages": {r.stage: {"outcome": r.outcome, "metrics": r.metrics} for r in reports},
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
