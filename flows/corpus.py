@@ -41,7 +41,9 @@ def corpus_flow(
     root = data_root()
     checks = data_check_dir("corpus", out_dir, STAGE.outs[0])
     with stage("corpus", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
-        stats = build_corpus(params, s[out_dir], data_root=root, workers=workers, report_dir=checks / "corpus")
+        stats = build_corpus(
+            params, s[out_dir], data_root=root, workers=workers, report_dir=checks / "corpus"
+        )
         log_corpus_sources(params, stats, root)  # the Dataset column and lineage in the MLflow UI
         s.done(
             stats.as_metrics(),

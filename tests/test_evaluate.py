@@ -323,7 +323,9 @@ def test_scores_not_above_their_best_baseline_are_marked_and_counted(tmp_path):
     assert "| 0.0 ≤ baseline |" in rows["cola"] and "0.0 (majority)" in rows["cola"]  # a tie: the first
     assert "| 50.5 ≤ baseline |" in rows["conll2003"] and "68.8 (lexicon)" in rows["conll2003"]
     assert "≤" not in rows["wnli"] and rows["wnli"].endswith("| – |")
-    table = re.sub(r" +", " ", md.split("## Trivial baselines on the same evaluated rows")[1].split("\n## ")[0])
+    table = re.sub(
+        r" +", " ", md.split("## Trivial baselines on the same evaluated rows")[1].split("\n## ")[0]
+    )
     assert "| conll2003 | lexicon |" in table and "| 68.8 | 50.5 ≤ baseline | -18.3 |" in table
     assert "| f1 | 0.0 | 50.5 | +50.5 |" in table  # above the majority baseline: unmarked in its row
     assert metrics["baseline.tasks_compared"] == 3 and metrics["baseline.tasks_beating"] == 1

@@ -153,18 +153,18 @@ def test_a_withdrawn_registration_leaves_the_registry_as_it_was(stage, model):
 def test_the_stage_withdraws_its_registrations_when_its_block_fails(model, tmp_path):
     from flows._stage import stage
 
-    out = tmp_path / "model"
+    out = tmp_path / "stage-out"
     with (
         pytest.raises(OSError, match="disk full"),
         stage("demo", {}, out, metrics_path=tmp_path / "m.json") as s,
     ):
-        s.registered(register(model, name="bert-pretrained", run_id=_run_id(), alias="newest"))
+        s.registered(register(model, name="bert-pretrained", run_id=s.run.run_id, alias="newest"))
         raise OSError("disk full while committing")
     assert MlflowClient().search_model_versions("name = 'bert-pretrained'") == []
     assert not out.exists()
     with stage("demo", {}, out, metrics_path=tmp_path / "m.json") as s:
         s[out].mkdir()
-        s.registered(register(model, name="bert-pretrained", run_id=_run_id(), alias="newest"))
+        s.registered(register(model, name="bert-pretrained", run_id=s.run.run_id, alias="newest"))
         s.done({"steps": 1})
     assert len(MlflowClient().search_model_versions("name = 'bert-pretrained'")) == 1
     assert out.is_dir() and (tmp_path / "m.json").read_text().strip().startswith("{")
