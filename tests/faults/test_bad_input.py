@@ -116,7 +116,27 @@ PARAMS_CASES = {
     "sequence longer than BERT's 512 positions (finetune)": (
         "finetune", {"finetune.defaults.max_seq_length": 1024},
         ["'finetune.defaults.max_seq_length' = 1024: Input should be less than or equal to 512"]),
+    "Adam beta of 1 or more": ("pretrain", {"pretrain.optimizer.betas": [1.5, 0.999]},
+                               ["'pretrain.optimizer.betas.0' = 1.5: Input should be less than 1"]),
+    "alias MLflow reserves (v<N>)": ("finetune", {"finetune.registry.alias": "v1"},
+                                     ["'finetune.registry.alias' = 'v1': MLflow refuses it", "is reserved"]),
+    "registered model name with '/'": (
+        "finetune", {"finetune.registry.name_prefix": "team/bert-"},
+        ["'finetune.registry.name_prefix' = 'team/bert-': MLflow refuses it", "cannot contain '/'"]),
+    "pretrain alias 'latest'": ("pretrain", {"pretrain.registry_alias": "latest"},
+                                ["'pretrain.registry_alias' = 'latest': MLflow refuses it"]),
 }  # fmt: skip
+if not torch.cuda.is_available():  # refused when the stage starts, on this machine only
+    PARAMS_CASES["device: cuda without a GPU (pretrain)"] = (
+        "pretrain",
+        {"pretrain.device": "cuda"},
+        ["'pretrain.device' = 'cuda': this machine has no CUDA device"],
+    )
+    PARAMS_CASES["device: cuda without a GPU (finetune)"] = (
+        "finetune",
+        {"finetune.device": "cuda"},
+        ["'finetune.device' = 'cuda': this machine has no CUDA device"],
+    )
 
 
 @pytest.mark.parametrize("case", list(PARAMS_CASES))
