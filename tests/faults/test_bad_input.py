@@ -176,6 +176,18 @@ def test_params_file_with_a_repeated_key_or_an_empty_section(tmp_path, env):
     assert_failed_cleanly(res, "corpus", tmp_path / "work", f"{bad}:1: section 'corpus' is empty")
 
 
+def test_finetune_before_pretraining_names_the_pretrain_stage_not_the_hub(tmp_path, env):
+    """``models/pretrained`` has the shape of a Hub id; missing, it is the pretrain stage's output not built."""
+    params = params_file(tmp_path, "finetune", {"finetune.model.source": "models/pretrained"})
+    res = run_stage("finetune", stage_args("finetune", params), tmp_path / "work", env)
+    assert_failed_cleanly(
+        res, "finetune", tmp_path / "work",
+        "CheckpointSourceError: finetune.model.source='models/pretrained': models/pretrained does not exist: "
+        "the pretrain stage has not run; run `dvc repro pretrain` (or `make pipeline`)",
+    )  # fmt: skip
+    assert "hf download" not in res.stderr and "Hub cannot be reached" not in res.stderr
+
+
 # --------------------------------------------------------------------------------------------- corpus
 
 
