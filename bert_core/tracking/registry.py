@@ -18,9 +18,9 @@ worse version. :func:`alias_lock` serialises the read-compare-set-verify of one 
 - a tracking server (``http(s)``) or any other store: MLflow's API has no compare-and-set, so the lock is a
   file in the local temporary directory (it serialises the runs of one host), and every writer re-reads the
   alias after setting it and goes round again when another writer's set landed in between (up to
-  :data:`VERIFY_ROUNDS`). Writers on different hosts then converge on the best version, but a run may report
-  ``alias_moved`` for a version that a concurrent, better one displaced a moment later; run the registering
-  stages of one task on one host, or read the alias afterwards, where that matters.
+  :data:`VERIFY_ROUNDS`). Across hosts that narrows the window without closing it: a worse run that read the
+  old champion before a better run's set, and sets its own after the better run's read-back, still wins.
+  Register the runs of one task from one host, or check the alias afterwards (docs/reliability.md).
 """
 
 from __future__ import annotations
