@@ -94,3 +94,28 @@ def test_an_alias_that_never_settles_is_an_error_naming_it():
 def test_no_alias_yet_and_no_meddling():
     client = _Registry({"1": 50.0}, alias=None, meddle=[])
     assert registry._move_if_better(client, "m", "champion", "1", "dev.score", 50.0) == (True, None, None)
+
+
+def test_withdrawing_puts_the_alias_back_only_while_it_points_at_the_withdrawn_version(tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    mlflow.set_experiment("withdraw")
+
+    def reg(value: float) -> registry.Registration:
+        with mlflow.start_run() as run:
+            pass
+        return registry.register(model, name="m", run_id=run.info.run_id, alias="champion",
+                                 metric_key="dev.score", value=value)  # fmt: skip
+
+    client = MlflowClient()
+    first, second = reg(50.0), reg(60.0)
+    first.withdraw()  # a better run moved the alias meanwhile: its move stays
+    assert str(client.get_model_version_by_alias("m", "champion").version) == second.version
+    third = reg(70.0)
+    third.withdraw()  # still on the withdrawn version: back to the one before
+    assert str(client.get_model_version_by_alias("m", "champion").version) == second.version
+    assert {str(v.version) for v in client.search_model_versions("name = 'm'")} == {second.version}
