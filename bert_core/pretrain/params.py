@@ -10,12 +10,12 @@ so the two stages cannot disagree.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from bert_core.config import BertConfig
-from bert_core.params import StrictModel
+from bert_core.params import StrictModel, mlflow_alias, mlflow_model_name
 
 if TYPE_CHECKING:
     from bert_core.training.config import TrainConfig
@@ -66,7 +66,7 @@ class OptimizerParams(StrictModel):
     name: Literal["adamw", "lamb"] = "adamw"
     lr: float = Field(1e-4, gt=0, description="peak learning rate of phases that do not set their own")
     weight_decay: float = Field(0.01, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     eps: float = Field(1e-6, gt=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
 
@@ -134,12 +134,18 @@ class PretrainParams(StrictModel):
     registered_model: str = Field("bert-pretrained", min_length=1, description="MLflow registry name")
     registry_alias: str = Field("newest", min_length=1, description="alias moved to each new version")
 
+    @field_validator("registered_model")
+    @classmethod
+    def _mlflow_name(cls, v: str) -> str:
+        return mlflow_model_name(v)
+
+    @field_validator("registry_alias")
+    @classmethod
+    def _mlflow_alias(cls, v: str) -> str:
+        return mlflow_alias(v)
+
     @model_validator(mode="after")
     def _check(self) -> PretrainParams:
-        if self.registry_alias.lower() == "latest":
-            raise ValueError(
-                "registry_alias 'latest' is reserved by MLflow (models:/<name>/latest); use e.g. 'newest'"
-            )
         if self.max_steps is None and self.time_budget_minutes is None:
             raise ValueError("set max_steps or time_budget_minutes (or both: whichever comes first)")
         names = [p.name for p in self.phases]

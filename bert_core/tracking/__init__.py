@@ -7,7 +7,7 @@ Public API (import from here):
   :data:`PIPELINE_EXPERIMENT`, :data:`FINETUNE_EXPERIMENT` (``run``): one MLflow run per stage run.
   :func:`check_tracking_server`, :class:`TrackingUnavailable`, :class:`TrackingStoreRemoved`,
   :func:`bound_http_retries` (``run``): failing fast on a tracking server that does not answer and on a
-  SQLite store removed mid-run.
+  SQLite store removed mid-run; :class:`TrackingStoreBusy` (``busy``): on one another process keeps locked.
 - :class:`RetryingSink`, :func:`mlflow_sink`, :func:`fan_out`, ``MetricsCallback`` (``sink``): the
   training loop's buffered, retrying metric sink.
 - :func:`register`, :class:`Registration` (``registry``): the one registration path of every stage.
@@ -17,6 +17,7 @@ Public API (import from here):
 - :class:`MlflowTrialTracker` (``trials``): one nested run per fine-tuning trial.
 """
 
+from bert_core.tracking.busy import TrackingStoreBusy
 from bert_core.tracking.fingerprint import FINGERPRINT_TAG, fingerprint, registered_version
 from bert_core.tracking.registry import Registration, register
 from bert_core.tracking.run import (
@@ -50,6 +51,7 @@ __all__ = [
     "ResolvedSource",
     "RetryingSink",
     "StageRun",
+    "TrackingStoreBusy",
     "TrackingStoreRemoved",
     "TrackingUnavailable",
     "bound_http_retries",

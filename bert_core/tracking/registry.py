@@ -6,21 +6,86 @@ when it is missing (tolerating another run creating it at the same moment), crea
 its tags and description, and moves an alias to it: always (pretrain's ``newest``), or only when the new
 version beats the one the alias points to on a dev metric (finetune's ``champion``). Every registry call
 is retried with backoff (:func:`bert_core.tracking.run.retry_tracking`).
+
+Moving the alias is a compare-and-set: two runs of one task that register at the same moment (two pool
+workers, parallel experiments) must not both read the old champion, both win, and leave the alias on the
+worse version. :func:`alias_lock` serialises the read-compare-set-verify of one registered model:
+
+- a SQLite store (the default): a :class:`filelock.FileLock` next to the database file, one per registered
+  model (``.<store>.locks/``). It holds across processes and across hosts that share the file, on a
+  filesystem whose ``flock`` reaches every host (local disks, NFSv4; not every network filesystem, where
+  SQLite itself is unsafe for concurrent writers anyway);
+- a tracking server (``http(s)``) or any other store: MLflow's API has no compare-and-set, so the lock is a
+  file in the local temporary directory (it serialises the runs of one host), and every writer re-reads the
+  alias after setting it and goes round again when another writer's set landed in between (up to
+  :data:`VERIFY_ROUNDS`). Across hosts that narrows the window without closing it: a worse run that read the
+  old champion before a better run's set, and sets its own after the better run's read-back, still wins.
+  Register the runs of one task from one host, or check the alias afterwards (docs/reliability.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import math
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bert_core.tracking.run import retry_tracking
+from bert_core.tracking.run import retry_tracking, sqlite_store_path, tracking_uri
 
 log = logging.getLogger(__name__)
+
+#: How long a registration waits for another run's alias move on the same registered model.
+ALIAS_LOCK_TIMEOUT_S = 120.0
+#: Rounds of set-then-verify when another writer's set lands in between (tracking servers).
+VERIFY_ROUNDS = 5
+
+
+class AliasLockTimeout(RuntimeError):
+    """Another run held a registered model's alias lock for longer than :data:`ALIAS_LOCK_TIMEOUT_S`."""
+
+
+def alias_lock_path(name: str, uri: str | None = None) -> Path:
+    """The lock file that serialises alias moves of registered model ``name`` in the store ``uri``.
+
+    Next to a SQLite store (``<dir>/.<store>.locks/<model>-<hash>.lock``), so that every process and host
+    that writes that file shares it; for other stores in the local temporary directory, keyed by store
+    and model.
+    """
+    uri = uri or tracking_uri()
+    digest = hashlib.sha256(f"{uri}\0{name}".encode()).hexdigest()[:16]
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:64]
+    store = sqlite_store_path(uri)
+    folder = store.parent / f".{store.name}.locks" if store is not None else Path(tempfile.gettempdir())
+    if store is None:
+        stem = f"bert-registry-{stem}"
+    return folder / f"{stem}-{digest}.lock"
+
+
+@contextlib.contextmanager
+def alias_lock(name: str, *, timeout_s: float | None = None) -> Iterator[None]:
+    """Hold the alias lock of registered model ``name`` (see the module docstring for what it covers).
+
+    Raises:
+        AliasLockTimeout: another run held it for ``timeout_s`` (default :data:`ALIAS_LOCK_TIMEOUT_S`).
+    """
+    from filelock import FileLock, Timeout
+
+    path = alias_lock_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    timeout = ALIAS_LOCK_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        with FileLock(str(path), timeout=timeout):
+            yield
+    except Timeout:
+        raise AliasLockTimeout(
+            f"registered model {name!r}: another run has held its alias lock {path} for {timeout:.0f} s; "
+            f"if no other run is registering {name!r}, that process is stuck: stop it and run again"
+        ) from None
 
 
 @dataclass
@@ -52,12 +117,14 @@ class Registration:
 
         client = MlflowClient()
         if self.alias_moved:
-            if self.previous_version is not None:
-                retry_tracking(client.set_registered_model_alias)(
-                    self.name, self.alias, self.previous_version
-                )
-            else:
-                retry_tracking(client.delete_registered_model_alias)(self.name, self.alias)
+            with alias_lock(self.name):  # only while it still points here: a later, better run's move stays
+                if _alias_target(client, self.name, self.alias) == self.version:
+                    if self.previous_version is not None:
+                        retry_tracking(client.set_registered_model_alias)(
+                            self.name, self.alias, self.previous_version
+                        )
+                    else:
+                        retry_tracking(client.delete_registered_model_alias)(self.name, self.alias)
         retry_tracking(client.delete_model_version)(self.name, self.version)
         log.warning("withdrew %s version %s (alias %s back on %s)", self.name, self.version, self.alias,
                     self.previous_version or "nothing")  # fmt: skip
@@ -152,22 +219,56 @@ def register(
         description=version_description,
     )  # fmt: skip
     if metric_key is None:
-        previous = retry_tracking(client.get_registered_model)(name).aliases.get(alias)
-        retry_tracking(client.set_registered_model_alias)(name, alias, mv.version)
+        with alias_lock(name):
+            previous = _alias_target(client, name, alias)
+            retry_tracking(client.set_registered_model_alias)(name, alias, mv.version)
         log.info("registered %s version %s (alias %s)", name, mv.version, alias)
-        return Registration(name, str(mv.version), alias, True,
-                            previous_version=None if previous is None else str(previous))  # fmt: skip
+        return Registration(name, str(mv.version), alias, True, previous_version=previous)
 
-    previous_version, previous_value = None, None
-    current = retry_tracking(client.get_registered_model)(name).aliases.get(alias)
-    if current is not None:
-        previous_version = str(current)
-        previous = retry_tracking(client.get_model_version)(name, previous_version)
-        previous_value = _float((previous.tags or {}).get(metric_key))
-    moved = current is None or _float(value) > (previous_value if previous_value is not None else -math.inf)
-    if moved:
-        retry_tracking(client.set_registered_model_alias)(name, alias, mv.version)
+    moved, previous_version, previous_value = _move_if_better(client, name, alias, str(mv.version), metric_key,
+                                                              _float(value))  # fmt: skip
     log.info("registered %s version %s (%s=%.4g); alias %s %s", name, mv.version, metric_key, value, alias,
              "moved" if moved else f"stays on version {previous_version} ({previous_value:.4g})")  # fmt: skip
     return Registration(name, str(mv.version), alias, moved, float(value), previous_version,
                         None if previous_value is None or not math.isfinite(previous_value) else previous_value)  # fmt: skip
+
+
+def _alias_target(client: Any, name: str, alias: str) -> str | None:
+    """The version ``alias`` of ``name`` points to now (None: nowhere), read from the store."""
+    current = retry_tracking(client.get_registered_model)(name).aliases.get(alias)
+    return None if current is None else str(current)
+
+
+def _move_if_better(
+    client: Any, name: str, alias: str, version: str, metric_key: str, value: float
+) -> tuple[bool, str | None, float | None]:
+    """Compare-and-set ``alias`` to ``version`` when ``value`` beats the alias's version on ``metric_key``.
+
+    Under :func:`alias_lock`: read the alias and its version's score, compare, set, and read the alias again.
+    When the read-back shows another writer's set (possible only where the lock does not reach that writer:
+    a tracking server used from several hosts), the comparison is made again against that version.
+
+    Returns:
+        Whether the alias moved to ``version``, and the version and score it pointed to before.
+    """
+    replaced: tuple[str | None, float | None] = (None, None)  # what this run's last set displaced
+    with alias_lock(name):
+        for _ in range(VERIFY_ROUNDS):
+            current = _alias_target(client, name, alias)
+            if current == version:  # set by an earlier round, displaced and set back by another writer
+                return True, *replaced
+            current_value = None
+            if current is not None:
+                tags = retry_tracking(client.get_model_version)(name, current).tags or {}
+                current_value = _float(tags.get(metric_key))
+            moved = current is None or value > (current_value if current_value is not None else -math.inf)
+            if moved:
+                replaced = (current, current_value)
+                retry_tracking(client.set_registered_model_alias)(name, alias, version)
+            if _alias_target(client, name, alias) == (version if moved else current):
+                return moved, current, current_value
+            log.warning("alias %s of %s changed while this run set it; comparing again", alias, name)
+    raise RuntimeError(
+        f"registered model {name!r}: alias {alias!r} kept changing under concurrent writers in {VERIFY_ROUNDS} "
+        f"rounds; read it with `mlflow.MlflowClient().get_model_version_by_alias({name!r}, {alias!r})`"
+    )

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 from bert_core.atomic import process_alive
 from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
+from bert_core.tracking.busy import STORE_BUSY_ATTEMPTS, store_busy_error, store_locked
 from bert_core.tracking.provenance import git_commit, pipeline_run_id
 
 #: The experiment of the pipeline's stage runs (corpus, vocab, pretrain_data, pretrain, evaluate).
@@ -305,7 +306,9 @@ def retry_tracking(
     No attempt starts more than ``budget_s`` (default :data:`RETRY_BUDGET_S`) after the first one; with
     MLflow's HTTP retries bounded (:func:`bound_http_retries`) a server that is gone fails the call in
     about a minute. A SQLite store removed while the stage runs fails at once with
-    :class:`TrackingStoreRemoved` (retrying cannot bring it back).
+    :class:`TrackingStoreRemoved` (retrying cannot bring it back); one that another process keeps locked
+    fails after :data:`STORE_BUSY_ATTEMPTS` attempts (10 to 40 s) with :class:`TrackingStoreBusy`, which
+    names the file and what to do.
     """
 
     @functools.wraps(fn)
@@ -313,13 +316,17 @@ def retry_tracking(
         budget = RETRY_BUDGET_S if budget_s is None else budget_s
         check_store_present()  # a stat(): name a removed store before MLflow logs its SQLAlchemy traceback
         started = time.monotonic()
-        delay = first_delay
+        delay, locked = first_delay, 0
         for attempt in range(1, attempts + 1):
             try:
                 return fn(*args, **kwargs)
             except Exception as err:  # any transport error is worth a retry here
                 check_store_present()  # a deleted store is deterministic: name it, never retry
-                if attempt == attempts or time.monotonic() - started + delay > budget:
+                if store_locked(err) and (store := sqlite_store_path(tracking_uri())) is not None:
+                    locked += 1
+                    if locked >= STORE_BUSY_ATTEMPTS or attempt == attempts:
+                        raise store_busy_error(store, time.monotonic() - started) from err
+                elif attempt == attempts or time.monotonic() - started + delay > budget:
                     raise
                 log.warning(
                     "tracking call %s failed (%s); retry %d/%d in %.1fs",

@@ -90,10 +90,15 @@ class Stage:
         return resolve(self.entry)
 
     def load_params(self, params_file: str | None = None) -> Any:
-        """Read and validate this stage's params section (default file: the stage's own)."""
-        from bert_core.params import load_params
+        """Read and validate this stage's params section (default file: the stage's own), and check that
+        this machine can run them (``device: cuda`` where torch sees no GPU is refused here, naming the key,
+        rather than after the data has loaded)."""
+        from bert_core.params import check_device, load_params
 
-        return load_params(params_file or self.params_file, self.section, self.model())
+        path = params_file or self.params_file
+        params = load_params(path, self.section, self.model())
+        check_device(params, where=str(path), key=f"{self.section}.device")
+        return params
 
 
 def _common(stage: str) -> tuple[Option, ...]:

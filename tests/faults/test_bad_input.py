@@ -116,7 +116,27 @@ PARAMS_CASES = {
     "sequence longer than BERT's 512 positions (finetune)": (
         "finetune", {"finetune.defaults.max_seq_length": 1024},
         ["'finetune.defaults.max_seq_length' = 1024: Input should be less than or equal to 512"]),
+    "Adam beta of 1 or more": ("pretrain", {"pretrain.optimizer.betas": [1.5, 0.999]},
+                               ["'pretrain.optimizer.betas.0' = 1.5: Input should be less than 1"]),
+    "alias MLflow reserves (v<N>)": ("finetune", {"finetune.registry.alias": "v1"},
+                                     ["'finetune.registry.alias' = 'v1': MLflow refuses it", "is reserved"]),
+    "registered model name with '/'": (
+        "finetune", {"finetune.registry.name_prefix": "team/bert-"},
+        ["'finetune.registry.name_prefix' = 'team/bert-': MLflow refuses it", "cannot contain '/'"]),
+    "pretrain alias 'latest'": ("pretrain", {"pretrain.registry_alias": "latest"},
+                                ["'pretrain.registry_alias' = 'latest': MLflow refuses it"]),
 }  # fmt: skip
+if not torch.cuda.is_available():  # refused when the stage starts, on this machine only
+    PARAMS_CASES["device: cuda without a GPU (pretrain)"] = (
+        "pretrain",
+        {"pretrain.device": "cuda"},
+        ["'pretrain.device' = 'cuda': this machine has no CUDA device"],
+    )
+    PARAMS_CASES["device: cuda without a GPU (finetune)"] = (
+        "finetune",
+        {"finetune.device": "cuda"},
+        ["'finetune.device' = 'cuda': this machine has no CUDA device"],
+    )
 
 
 @pytest.mark.parametrize("case", list(PARAMS_CASES))
@@ -154,6 +174,18 @@ def test_params_file_with_a_repeated_key_or_an_empty_section(tmp_path, env):
     bad.write_text("corpus:\n")
     res = run_stage("corpus", stage_args("corpus", bad), tmp_path / "work", env)
     assert_failed_cleanly(res, "corpus", tmp_path / "work", f"{bad}:1: section 'corpus' is empty")
+
+
+def test_finetune_before_pretraining_names_the_pretrain_stage_not_the_hub(tmp_path, env):
+    """``models/pretrained`` has the shape of a Hub id; missing, it is the pretrain stage's output not built."""
+    params = params_file(tmp_path, "finetune", {"finetune.model.source": "models/pretrained"})
+    res = run_stage("finetune", stage_args("finetune", params), tmp_path / "work", env)
+    assert_failed_cleanly(
+        res, "finetune", tmp_path / "work",
+        "CheckpointSourceError: finetune.model.source='models/pretrained': models/pretrained does not exist: "
+        "the pretrain stage has not run; run `dvc repro pretrain` (or `make pipeline`)",
+    )  # fmt: skip
+    assert "hf download" not in res.stderr and "Hub cannot be reached" not in res.stderr
 
 
 # --------------------------------------------------------------------------------------------- corpus
