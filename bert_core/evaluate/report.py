@@ -40,6 +40,7 @@ from bert_core.evaluate.datanotes import (
     task_label,
 )
 from bert_core.evaluate.plots import plot_learning_curves, plot_scores, plot_trials
+from bert_core.evaluate.references import headline_metric
 from bert_core.evaluate.summary import EvaluationSummary, Row, summarize
 from bert_core.evaluate.value import reference_notes, value_metrics, value_table
 
@@ -198,6 +199,25 @@ def render_report(
         tmp.write_text("\n".join(parts), encoding="utf-8")
     paths["html"] = out_html
     return paths
+
+
+#: Key prefixes of the evaluate metrics that are not a chart row's scores.
+_NOT_ROWS = frozenset({"glue", "gap", "gap_reference", "random_init", "reference_ckpt", "baseline", "tasks"})
+
+
+def score_keys(metrics: dict[str, float]) -> list[str]:
+    """The flat keys of the rows' task scores in :func:`evaluate_results`'s metrics, ``<row>.<metric>``
+    with each row's headline metric (:func:`~bert_core.evaluate.references.headline_metric`), in row order:
+    the first columns of the DVC metrics file."""
+    rows = dict.fromkeys(
+        k.split(".", 1)[0] for k in metrics if "." in k and k.split(".", 1)[0] not in _NOT_ROWS
+    )
+    keys = []
+    for row in rows:
+        key = f"{row}.{headline_metric(row, '')}"
+        if key in metrics:
+            keys.append(key)
+    return keys
 
 
 def evaluate_results(
