@@ -216,7 +216,7 @@ def _run_phase(
     )  # fmt: skip
     trainer = Trainer(
         model, objective, train, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout, on_metrics=emit, dist=dist,
-        fingerprint=fingerprint,
+        fingerprint=fingerprint, progress=f"pretrain phase {phase.name}",
     )  # fmt: skip
     return trainer.fit()
 
