@@ -43,7 +43,6 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import math
 import os
 import signal
 import threading
@@ -108,13 +107,9 @@ class Trainer:
         on_metrics: MetricsCallback | None = None,
         dist: DistContext | None = None,
         fingerprint: str = "",
-        progress: str | None = None,
     ) -> None:
         self.model = model
         self.objective = objective
-        self._progress_what = progress  # None: the caller reports progress (fine-tuning) or none is wanted
-        self._progress: Any = None  # bert_core.progress.Progress, made at the first train window
-        self._progress_seqs, self._progress_loss, self._progress_tps = 0.0, math.nan, 0.0
         self.train_data = train_data
         self.config = config
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
@@ -412,38 +407,14 @@ class Trainer:
             metrics["mfu"] = util
         self.train_metrics = metrics
         self._emit("train", metrics)
-        self._report_progress(seqs, metrics)
         self._reset_window()
-
-    def _report_progress(self, seqs: float, metrics: dict[str, float]) -> None:
-        """The rate-limited progress line (:class:`bert_core.progress.Progress`: step k/N, seq/s, tokens/s,
-        loss, ETA), on rank 0; the full ``step N train: ...`` line of every window is DEBUG."""
-        if not self.dist.is_main or self._progress_what is None:
-            return
-        if self._progress is None:
-            from bert_core.progress import Progress
-
-            self._progress = Progress(
-                self._progress_what, self.config.max_steps, unit="seq", logger=log, initial=self.step - self._win["steps"],
-                detail=lambda _: f"loss {self._progress_loss:.4g}, {self._progress_tps:,.0f} tokens/s",
-            )  # fmt: skip
-        self._progress_seqs += seqs
-        self._progress_loss, self._progress_tps = metrics["loss"], metrics["tokens_per_s"]
-        self._progress.update(self.step, examples=int(self._progress_seqs))
 
     def _emit(self, kind: str, metrics: dict[str, float]) -> None:
         self.history.append({"step": self.step, "kind": kind, **metrics})
         if self.dist.is_main:
-            # the train windows are frequent (a line every log_every steps): the rate-limited progress line
-            # (_report_progress) is the INFO one; evaluations are rare and stay INFO
-            level = logging.DEBUG if kind == "train" and self._progress_what is not None else logging.INFO
-            log.log(
-                level,
-                "step %d %s: %s",
-                self.step,
-                kind,
-                ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()),
-            )
+            # train windows at DEBUG: the callers' rate-limited progress lines (bert_core.progress) report them
+            level, text = logging.DEBUG if kind == "train" else logging.INFO, ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())  # fmt: skip
+            log.log(level, "step %d %s: %s", self.step, kind, text)
             if self.on_metrics is not None:
                 self.on_metrics(self.step, metrics)
 
