@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import logging
 import os
 import shutil
@@ -36,7 +37,7 @@ from typing import Any
 from tabulate import tabulate
 
 from bert_core import tracking
-from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_json_atomic
+from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_json_atomic, write_text_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
 from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
@@ -386,7 +387,10 @@ def stage(
                 if body.metrics is None:
                     raise RuntimeError(f"stage {name} finished without its metrics (StageBody.done)")
                 write_json_atomic(staged[final_details], body.details)
-                write_json_atomic(staged[final_metrics], body.metrics)
+                # in the headline's order (task scores first): `dvc metrics show` prints the columns so
+                write_text_atomic(
+                    staged[final_metrics], json.dumps(body.metrics, indent=2, default=str) + "\n"
+                )
         except BaseException:
             if body is not None:
                 _withdraw(body.registrations)

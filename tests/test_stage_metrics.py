@@ -88,6 +88,7 @@ def test_the_runner_writes_the_headline_to_the_metrics_file_and_every_statistic_
         s.done(headline(details, stages.get("corpus").headline), details=details)
     on_disk = json.loads(metrics.read_text())
     assert on_disk == s.metrics and len(on_disk) <= MAX_HEADLINE
+    assert list(on_disk) == list(s.metrics) and next(iter(on_disk)) == "documents"  # in the headline order
     assert json.loads((tmp_path / "m" / "details" / "corpus.json").read_text()) == details
     run = mlflow.search_runs(experiment_names=["bert-pipeline"]).iloc[0]
     assert run["metrics.sources.wikipedia.documents"] == 75  # MLflow keeps every statistic
