@@ -217,14 +217,27 @@ def headline(
     ``patterns`` (:mod:`fnmatch` patterns, e.g. ``phases.*.steps``; ``{main}`` stands for ``main``, a
     task's main metric), in pattern order, each key once, at most :data:`MAX_HEADLINE` of them.
 
+    ``name=pattern`` puts the first key matching ``pattern`` under ``name``: ``score=dev.{main}`` gives
+    every task's metrics file the same columns (``dvc metrics show metrics/finetune`` lines the tasks up,
+    whatever their main metric).
+
     More matches than that keep the first :data:`MAX_HEADLINE` with a warning naming the others (they stay
     in the details file): a stage that has run for hours is not failed over a column of its summary.
     """
     flat = flatten(metrics)
     out: dict[str, Any] = {}
-    for pattern in patterns:
+    taken: set[str] = set()  # the flat keys already shown (under their name or an alias)
+    for entry in patterns:
+        name, _, pattern = entry.rpartition("=")
         pattern = pattern.replace("{main}", main) if main is not None else pattern
-        out |= {k: v for k, v in flat.items() if k not in out and fnmatch.fnmatchcase(k, pattern)}
+        keys = [k for k in flat if k not in taken and fnmatch.fnmatchcase(k, pattern)]
+        if name:
+            keys = keys[:1]
+            if keys and name not in out:
+                out[name] = flat[keys[0]]
+        else:
+            out.update({k: flat[k] for k in keys if k not in out})
+        taken.update(keys)
     if len(out) > MAX_HEADLINE:
         left = list(out)[MAX_HEADLINE:]
         log.warning(

@@ -155,7 +155,8 @@ def finetune_flow(
             s.run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
 
         best = best_baseline(result)  # the trivial baselines' best on the main metric, beside the score
-        details = {**metrics, **({f"best_baseline.{spec.main_metric}": best[1]} if best else {})}
+        details = {**metrics, **({f"best_baseline.{spec.main_metric}": best[1]} if best else {}),
+                   "main_metric": spec.main_metric}  # fmt: skip
         s.done(headline(details, STAGE.headline, main=spec.main_metric), details=details, artifacts=[(out, "results"), *((c, "plots") for c in curves)],
                then=register if params.registry.enabled else None)  # fmt: skip
     return s.details

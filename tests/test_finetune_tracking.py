@@ -124,8 +124,9 @@ def test_finetune_and_evaluate_flows_record_everything(tiny_model, shared_data, 
                                plots_dir=str(tmp_path / "plots" / "sst2"))  # fmt: skip
     # the DVC metrics file: the headline, task score first; the details file beside it: every statistic
     headline = json.loads((tmp_path / "metrics" / "sst2.json").read_text())
-    assert next(iter(headline)) == "dev.accuracy" and len(headline) <= 20
-    assert headline == pytest.approx({k: v for k, v in metrics.items() if k in headline})
+    assert next(iter(headline)) == "score" and len(headline) <= 20 and headline["main_metric"] == "accuracy"
+    assert headline["score"] == pytest.approx(metrics["dev.accuracy"])
+    assert headline["gap_random_init"] == pytest.approx(metrics["gap.dev.accuracy"])
     details = json.loads((tmp_path / "metrics" / "details" / "sst2.json").read_text())
     assert details == pytest.approx(metrics) and "best_baseline.accuracy" in details
     with open(tmp_path / "plots" / "sst2" / "train.csv", encoding="utf-8") as fh:

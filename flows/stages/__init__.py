@@ -61,9 +61,10 @@ class Stage:
     data_deps: tuple[str, ...] = ()  # outputs of upstream stages
     extra_params: tuple[tuple[str, str], ...] = ()  # (params file, dotted key) read besides the section
     foreach: str | None = None  # dotted params key whose entries each get one stage (``finetune@<key>``)
-    # The figures of the DVC metrics file, in column order (fnmatch patterns over the flat keys; ``{main}``:
-    # the task's main metric): what a user compares across runs, so that ``dvc metrics show/diff`` fit a
-    # terminal. Every other statistic goes to the details file (``details``) and MLflow.
+    # The figures of the DVC metrics file, in order (fnmatch patterns over the flat keys; ``{main}``: the
+    # task's main metric; ``name=pattern``: under that name): what a user compares across runs, so that
+    # ``dvc metrics show/diff`` fit a terminal. Every other statistic goes to the details file (``details``)
+    # and MLflow. (DVC itself sorts the columns by name.)
     headline: tuple[str, ...] = ()
 
     @property
@@ -259,15 +260,17 @@ STAGES: tuple[Stage, ...] = (
         outs=("models/finetuned/${key}", "results/finetune/${key}"),
         metrics=("metrics/finetune/${key}.json",),
         headline=(
-            "dev.{main}",
-            "dev.{main}_mean",
-            "dev.{main}_std",
+            # the same columns for every task (name=pattern), whatever its main metric
+            "score=dev.{main}",
+            "score_mean=dev.{main}_mean",
+            "score_std=dev.{main}_std",
             "seeds",
-            "dev_*.{main}",
-            "best_baseline.{main}",
-            "random_init.dev.{main}",
-            "gap.dev.{main}",
-            "reference.dev.{main}",
+            "main_metric",
+            "score_mismatched=dev_mismatched.{main}",
+            "best_baseline=best_baseline.{main}",
+            "random_init=random_init.dev.{main}",
+            "gap_random_init=gap.dev.{main}",
+            "reference=reference.dev.{main}",
             "selected.learning_rate",
             "train.examples",
             "train.examples_per_second",
