@@ -12,7 +12,9 @@ experiment :data:`bert_core.tracking.FINETUNE_EXPERIMENT`:
   when the new version beats it on the dev metric.
 
 DVC outputs: ``models/finetuned/<task>`` (model), ``results/finetune/<task>`` (predictions, summary) and
-``metrics/finetune/<task>.json`` (flat metrics, so ``dvc metrics diff`` lines up per task) and
+``metrics/finetune/<task>.json`` (the headline figures under the same names for every task, so ``dvc
+metrics show/diff`` line the tasks up: ``score``, ``score_std``, ``best_baseline``, ``gap_random_init`` ...),
+``metrics/finetune/details/<task>.json`` (every figure, :meth:`FinetuneResult.metrics`) and
 ``plots/finetune/<task>/{train,dev}.csv`` (the selected trial's learning curves, ``dvc plots show``).
 """
 

@@ -2,7 +2,9 @@
 
 Reads each task's ``summary.json`` (written by :func:`bert_core.finetune.run.finetune_task`) and writes:
 
-- a flat metrics dict (``metrics/evaluate.json``): ``<row>.<metric>`` for every dev metric of every task
+- a flat metrics dict (``metrics_path``; in the pipeline the stage runner keeps the headline of it in
+  ``metrics/evaluate.json``, the rows' scores first (:func:`score_keys`), and all of it in
+  ``metrics/details/evaluate.json``): ``<row>.<metric>`` for every dev metric of every task
   (rows are task names; MNLI's mismatched dev set is the row ``mnli_mm``), ``<row>.<main>_std`` over
   seeds, ``glue.average`` (the paper's average, WNLI excluded, over the GLUE rows present) with
   ``glue.reference_average`` on the same rows for the same model size, ``random_init.<row>`` /
