@@ -221,8 +221,8 @@ def headline(
     every task's metrics file the same columns (``dvc metrics show metrics/finetune`` lines the tasks up,
     whatever their main metric).
 
-    More matches than that keep the first :data:`MAX_HEADLINE` with a warning naming the others (they stay
-    in the details file): a stage that has run for hours is not failed over a column of its summary.
+    More than :data:`MAX_HEADLINE` matches keep the first ones, with a warning naming the others (they
+    stay in the details file): a stage that has run for hours is not failed over a column of its summary.
     """
     flat = flatten(metrics)
     out: dict[str, Any] = {}

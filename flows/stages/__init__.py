@@ -112,7 +112,10 @@ def _common(stage: str) -> tuple[Option, ...]:
 
 
 def _metrics_option(path: str) -> Option:
-    return Option("--metrics", "metrics_path", None, help=f"metrics JSON (default {path})")
+    return Option(
+        "--metrics", "metrics_path", None,
+        help=f"metrics JSON, the headline figures (default {path}); every statistic: details/<name> beside it",
+    )  # fmt: skip
 
 
 STAGES: tuple[Stage, ...] = (
