@@ -50,9 +50,16 @@ def build_parser(stage: Stage, description: str | None = None) -> argparse.Argum
     return parser
 
 
+#: The console line of a stage: Prefect's own console format, so that a line looks the same whichever
+#: handler prints it (and the pipeline's relay, :func:`flows._driver.relayed`, strips one stamp).
+CONSOLE_FORMAT = "%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(message)s"
+CONSOLE_DATEFMT = "%H:%M:%S"
+
+
 def configure_logging() -> None:
-    """INFO lines of ``bert_core`` on stderr (for stages that log outside Prefect, e.g. torchrun ranks)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """INFO lines of ``bert_core`` on stderr (for stages that log outside Prefect, e.g. torchrun ranks),
+    formatted as Prefect's console handler formats them: one time stamp, one level, the logger name."""
+    logging.basicConfig(level=logging.INFO, format=CONSOLE_FORMAT, datefmt=CONSOLE_DATEFMT)
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 

@@ -8,6 +8,7 @@ artifact shows the stage's metrics (its ``metrics:`` files in ``dvc.yaml``).
 
 from __future__ import annotations
 
+import logging
 import queue
 import re
 import time
@@ -88,12 +89,35 @@ def markdown_artifact(key: str, markdown: str, description: str) -> None:
         get_run_logger().warning("could not create the Prefect artifact %s: %s", key, err)
 
 
+#: The stamp a stage's console line starts with: Prefect's console format (``21:43:43.399 | INFO    | ``) or
+#: :func:`flows._cli.configure_logging`'s (the same), or Python's default ``logging.basicConfig`` with a date
+#: (``2026-11-24 21:43:43,399 INFO ``).
+_STAMP = re.compile(
+    r"^(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}[.,]\d{3}(?: \| | )(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)"
+    r"\s*(?:\| )?"
+)
+
+
+def relayed(line: str) -> tuple[int, str]:
+    """The level and the text of a stage's console line, without its own time stamp and level.
+
+    The pipeline's ``follow_stage`` task logs each line of the stage again, through Prefect's task-run
+    logger, which adds its own time, level and run name: the stage's stamp, left in, gave every line two
+    times and two prefixes. The stage's level is kept (a warning stays a warning); a line without a
+    stamp (DVC's own, a traceback) is INFO as it is.
+    """
+    match = _STAMP.match(line)
+    if match is None:
+        return logging.INFO, line
+    return logging.getLevelName(match["level"]), line[match.end() :]
+
+
 @task(name="dvc-stage", task_run_name="{stage}", cache_policy=NO_CACHE, retries=0)
 def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[str, ...]) -> Any:
     """One DVC stage as seen from the pipeline: its log lines, then its outcome and metrics."""
     logger = get_run_logger()
     for line in feed:
-        logger.info(line)
+        logger.log(*relayed(line))
     metrics = read_stage_metrics(Path(root), metrics_files)
     if metrics:
         markdown_artifact(

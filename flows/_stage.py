@@ -14,15 +14,18 @@ A stage flow is a recipe::
 :func:`stage` owns what every stage repeats: the fail-fast check that every out can be written, a fresh
 data-check folder (logged to MLflow even when a check fails the stage), the MLflow run
 (:func:`stage_run`, with the Prefect flow-run id among its tags and the library's INFO lines shown), the
-staged outs and their all-or-nothing commit together with the DVC metrics file, the withdrawal of a model
+staged outs and their all-or-nothing commit together with the DVC metrics file (the stage's headline
+figures) and its details file (every statistic, :func:`details_file`), the withdrawal of a model
 registered inside the block when the commit fails, and, once committed, the check reports, artifacts,
-tags and metrics in MLflow and the metrics as a Prefect artifact. Signals, exit codes and argument parsing
+tags and every statistic in MLflow and the headline metrics as a Prefect artifact. Signals, exit codes and argument parsing
 are the command line's (:mod:`flows._cli`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
+import json
 import logging
 import os
 import shutil
@@ -34,7 +37,7 @@ from typing import Any
 from tabulate import tabulate
 
 from bert_core import tracking
-from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_json_atomic
+from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_json_atomic, write_text_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
 from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
@@ -192,6 +195,59 @@ def write_stage_metrics(
     return path
 
 
+def details_file(metrics_path: str | os.PathLike[str]) -> Path:
+    """The stage's detailed statistics beside its metrics file: ``details/<name>`` in the metrics file's
+    folder (``metrics/details/corpus.json``, ``metrics/finetune/details/sst2.json``).
+
+    The DVC metrics file holds the headline figures a user compares across runs (``dvc metrics show`` and
+    ``dvc metrics diff`` print every key as a column); everything else goes here, a plain JSON out.
+    """
+    path = Path(metrics_path)
+    return path.parent / "details" / path.name
+
+
+#: At most this many flat keys in a stage's DVC metrics file (one terminal-wide ``dvc metrics show`` row).
+MAX_HEADLINE = 20
+
+
+def headline(
+    metrics: dict[str, Any], patterns: tuple[str, ...] | list[str], *, main: str | None = None
+) -> dict[str, Any]:
+    """The headline figures of ``metrics``: its flat keys (:func:`bert_core.params.flatten`) matching
+    ``patterns`` (:mod:`fnmatch` patterns, e.g. ``phases.*.steps``; ``{main}`` stands for ``main``, a
+    task's main metric), in pattern order, each key once, at most :data:`MAX_HEADLINE` of them.
+
+    ``name=pattern`` puts the first key matching ``pattern`` under ``name``: ``score=dev.{main}`` gives
+    every task's metrics file the same columns (``dvc metrics show metrics/finetune`` lines the tasks up,
+    whatever their main metric).
+
+    More than :data:`MAX_HEADLINE` matches keep the first ones, with a warning naming the others (they
+    stay in the details file): a stage that has run for hours is not failed over a column of its summary.
+    """
+    flat = flatten(metrics)
+    out: dict[str, Any] = {}
+    taken: set[str] = set()  # the flat keys already shown (under their name or an alias)
+    for entry in patterns:
+        name, _, pattern = entry.rpartition("=")
+        pattern = pattern.replace("{main}", main) if main is not None else pattern
+        keys = [k for k in flat if k not in taken and fnmatch.fnmatchcase(k, pattern)]
+        if name:
+            keys = keys[:1]
+            if keys and name not in out:
+                out[name] = flat[keys[0]]
+        else:
+            out.update({k: flat[k] for k in keys if k not in out})
+        taken.update(keys)
+    if len(out) > MAX_HEADLINE:
+        left = list(out)[MAX_HEADLINE:]
+        log.warning(
+            "%d headline metrics match %s, more than %d: %s only in the details file; narrow the stage's "
+            "headline patterns (flows/stages/__init__.py)", len(out), list(patterns), MAX_HEADLINE, left,
+        )  # fmt: skip
+        out = {k: out[k] for k in list(out)[:MAX_HEADLINE]}
+    return out
+
+
 def markdown_table(metrics: dict[str, Any], title: str | None = None) -> str:
     rows = [(k, f"{v:.6g}" if isinstance(v, float) else str(v)) for k, v in flatten(metrics).items()]
     table = tabulate(rows, ["metric", "value"], tablefmt="pipe", disable_numparse=True)
@@ -244,13 +300,15 @@ class StageBody:
         run: The stage's MLflow run.
         staged: The staged outs: write the out ``out`` to ``body[out]``.
         checks_dir: The run's data-check folder (``None`` for a stage without data checks).
-        metrics: Set by :meth:`done`; the DVC metrics file, MLflow and the Prefect artifact get them.
+        metrics: Set by :meth:`done`: the headline figures, for the DVC metrics file and the Prefect artifact.
+        details: Set by :meth:`done`: every statistic, for the details file (:func:`details_file`) and MLflow.
     """
 
     run: StageRun
     staged: OutputSet
     checks_dir: Path | None
     metrics: dict[str, Any] | None = None
+    details: dict[str, Any] | None = None
     reports: list[Any] = field(default_factory=list)
     artifacts: list[tuple[Path, str | None]] = field(default_factory=list)
     tags: dict[str, Any] = field(default_factory=dict)
@@ -270,15 +328,19 @@ class StageBody:
         self,
         metrics: dict[str, Any],
         *,
+        details: dict[str, Any] | None = None,
         reports: list[Any] = (),  # type: ignore[assignment]
         artifacts: list[tuple[str | os.PathLike[str], str | None]] = (),  # type: ignore[assignment]
         tags: dict[str, Any] | None = None,
         then: Callable[[], None] | None = None,
     ) -> None:
-        """The stage's result: its metrics, data-check reports, and what to do once the outs are committed:
-        artifacts to log (final paths, with their MLflow artifact folder), tags to set, and ``then`` (work
-        on the committed outs, e.g. registering a model directory)."""
+        """The stage's result: its headline ``metrics`` (the DVC metrics file: what a user compares across
+        runs, a handful of flat keys, see :func:`headline`) and its ``details`` (every statistic: the
+        details file and MLflow; default ``metrics``), data-check reports, and what to do once the outs
+        are committed: artifacts to log (final paths, with their MLflow artifact folder), tags to set, and
+        ``then`` (work on the committed outs, e.g. registering a model directory)."""
         self.metrics = metrics
+        self.details = details if details is not None else metrics
         self.reports += [r for r in reports if r is not None]
         self.artifacts += [(Path(p), where) for p, where in artifacts]
         self.tags |= tags or {}
@@ -313,8 +375,9 @@ def stage(
     Args:
         name: The stage (its metrics file is ``metrics/<name>.json`` unless ``metrics_path`` is given).
         params: Logged as the MLflow run's params (a params model or a dict).
-        outs: The stage's outs; written to ``body[out]``, committed with the metrics file, all or none.
-        metrics_path: The DVC metrics file.
+        outs: The stage's outs; written to ``body[out]``, committed with the metrics and details files,
+            all or none.
+        metrics_path: The DVC metrics file (its details file: :func:`details_file`).
         dirs: Outs created as empty directories before the block.
         checks_dir: The run's data-check folder: emptied first, logged to MLflow afterwards (also on failure).
         experiment, run_name, tags: The MLflow run's experiment, name and extra tags.
@@ -324,18 +387,23 @@ def stage(
         RuntimeError: the block ended without calling :meth:`StageBody.done`.
     """
     final_metrics = metrics_file(name, metrics_path)
-    check_writable(*outs, final_metrics)  # fail fast, before any work, naming the out
+    final_details = details_file(final_metrics)
+    check_writable(*outs, final_metrics, final_details)  # fail fast, before any work, naming the out
     if checks_dir is not None:
         shutil.rmtree(checks_dir, ignore_errors=True)  # a failed check's message points at its report
     with stage_run(name, params, experiment=experiment, run_name=run_name, tags=tags) as run:
         body: StageBody | None = None
         try:
-            with atomic_outputs([*outs, final_metrics], dirs=dirs) as staged:
+            with atomic_outputs([*outs, final_metrics, final_details], dirs=dirs) as staged:
                 body = StageBody(run, staged, checks_dir)
                 yield body
                 if body.metrics is None:
                     raise RuntimeError(f"stage {name} finished without its metrics (StageBody.done)")
-                write_json_atomic(staged[final_metrics], body.metrics)
+                write_json_atomic(staged[final_details], body.details)
+                # in the headline's order (task scores first): `dvc metrics show` prints the columns so
+                write_text_atomic(
+                    staged[final_metrics], json.dumps(body.metrics, indent=2, default=str) + "\n"
+                )
         except BaseException:
             if body is not None:
                 _withdraw(body.registrations)
@@ -357,5 +425,5 @@ def stage(
             run.set_tags(body.tags)
         for step in body.after_commit:
             step()
-        run.log_metrics(body.metrics)
+        run.log_metrics(body.details)
         publish_artifact(label or name, body.metrics)

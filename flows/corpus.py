@@ -16,7 +16,7 @@ from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.sources import data_root
 from bert_core.tracking.ui import log_corpus_sources
 from flows._cli import exit_command, run_stage
-from flows._stage import data_check_dir, stage
+from flows._stage import data_check_dir, headline, stage
 from flows.stages import get
 
 STAGE = get("corpus")
@@ -45,13 +45,15 @@ def corpus_flow(
             params, s[out_dir], data_root=root, workers=workers, report_dir=checks / "corpus"
         )
         log_corpus_sources(params, stats, root)  # the Dataset column and lineage in the MLflow UI
+        details = stats.as_metrics()
         s.done(
-            stats.as_metrics(),
+            headline(details, STAGE.headline),
+            details=details,
             reports=[stats.check_report],
             artifacts=[(Path(out_dir) / "manifest.json", None)],
             tags={"corpus.params_hash": stats.params_hash, "corpus.workers": stats.workers},
         )
-    return s.metrics
+    return s.details
 
 
 def main(argv: list[str] | None = None) -> int:

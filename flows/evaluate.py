@@ -19,7 +19,7 @@ from bert_core.evaluate.params import EvaluateParams
 from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
 from flows._cli import exit_command, run_stage
-from flows._stage import in_repo, stage
+from flows._stage import headline, in_repo, stage
 from flows.stages import get
 
 STAGE = get("evaluate")
@@ -41,6 +41,7 @@ def evaluate_flow(
         metrics_path: DVC metrics file (default ``metrics/evaluate.json``).
     """
     from bert_core.evaluate import evaluate_results
+    from bert_core.evaluate.report import score_keys
 
     params: EvaluateParams = STAGE.load_params(params_file)
     finetune = load_params(finetune_params_file, "finetune", FinetuneParams)
@@ -57,10 +58,11 @@ def evaluate_flow(
             outputs=s.staged,
         )  # fmt: skip
         s.done(
-            metrics,
+            headline(metrics, [*score_keys(metrics), *STAGE.headline]),
+            details=metrics,
             artifacts=[(outs[1], "report"), (outs[0], "report"), (outs[2], "report/evaluate")],
         )
-    return s.metrics
+    return s.details
 
 
 def main(argv: list[str] | None = None) -> int:

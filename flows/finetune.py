@@ -12,7 +12,9 @@ experiment :data:`bert_core.tracking.FINETUNE_EXPERIMENT`:
   when the new version beats it on the dev metric.
 
 DVC outputs: ``models/finetuned/<task>`` (model), ``results/finetune/<task>`` (predictions, summary) and
-``metrics/finetune/<task>.json`` (flat metrics, so ``dvc metrics diff`` lines up per task) and
+``metrics/finetune/<task>.json`` (the headline figures under the same names for every task, so ``dvc
+metrics show/diff`` line the tasks up: ``score``, ``score_std``, ``best_baseline``, ``gap_random_init`` ...),
+``metrics/finetune/details/<task>.json`` (every figure, :meth:`FinetuneResult.metrics`) and
 ``plots/finetune/<task>/{train,dev}.csv`` (the selected trial's learning curves, ``dvc plots show``).
 """
 
@@ -38,7 +40,7 @@ from bert_core.finetune.params import FinetuneParams
 from bert_core.sources import data_root
 from bert_core.tracking import FINETUNE_EXPERIMENT
 from flows._cli import exit_command, run_stage
-from flows._stage import data_check_dir, stage
+from flows._stage import data_check_dir, headline, stage
 from flows.stages import get
 
 STAGE = get("finetune")
@@ -127,6 +129,7 @@ def finetune_flow(
         metrics_path: DVC metrics file (default ``metrics/finetune/<task>.json``).
         plots_dir: Learning curves of the selected trial for ``dvc plots`` (default ``plots/finetune/<task>``).
     """
+    from bert_core.evaluate.datanotes import best_baseline
     from bert_core.finetune.run import finetune_task
     from bert_core.modelcard import write_card
     from bert_core.serving.finetuned import finetuned_card, register_finetuned
@@ -182,9 +185,12 @@ def finetune_flow(
             s.run.set_tags(registration.as_tags())
             s.run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
 
-        s.done(metrics, artifacts=[(out, "results"), *((c, "plots") for c in curves)],
+        best = best_baseline(result)  # the trivial baselines' best on the main metric, beside the score
+        details = {**metrics, **({f"best_baseline.{spec.main_metric}": best[1]} if best else {}),
+                   "main_metric": spec.main_metric}  # fmt: skip
+        s.done(headline(details, STAGE.headline, main=spec.main_metric), details=details, artifacts=[(out, "results"), *((c, "plots") for c in curves)],
                then=register if params.registry.enabled else None)  # fmt: skip
-    return s.metrics
+    return s.details
 
 
 def main(argv: list[str] | None = None) -> int:

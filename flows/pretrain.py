@@ -50,7 +50,7 @@ def pretrain_flow_fn(
     from bert_core.tracking import mlflow_sink
     from bert_core.tracking.ui import log_pretrain_data
     from bert_core.training.distributed import setup_distributed, teardown_distributed
-    from flows._stage import stage
+    from flows._stage import headline, stage
 
     params: PretrainParams = STAGE.load_params(params_file)
     dist = setup_distributed(params.device)
@@ -76,11 +76,13 @@ def pretrain_flow_fn(
             # The registry record goes into the metrics file, so the model is registered before the
             # commit, and withdrawn if the outs are then not committed.
             registration = s.registered(register_pretrained(result, params, run_id=s.run.run_id, card=card))
+            details = {**result.metrics, "registry": registration.as_record()}
             s.done(
-                {**result.metrics, "registry": registration.as_record()},
+                headline(details, STAGE.headline),
+                details=details,
                 artifacts=[(loss_plot, "plots"), (heldout_plot, "plots")],
             )
-        return s.metrics
+        return s.details
     finally:
         teardown_distributed()
 

@@ -16,7 +16,7 @@ from prefect import flow
 from bert_core.pretrain_data.build import SPLITS, build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
 from flows._cli import exit_command, run_stage
-from flows._stage import data_check_dir, stage
+from flows._stage import data_check_dir, headline, stage
 from flows.stages import get
 
 STAGE = get("pretrain_data")
@@ -49,8 +49,10 @@ def pretrain_data_flow(
         result = build_pretrain_data(
             params, corpus_dir=corpus_dir, vocab_dir=vocab_dir, output_dir=s[out_dir], report_dir=checks
         )
+        details = result.as_metrics()
         s.done(
-            result.as_metrics(),
+            headline(details, STAGE.headline),
+            details=details,
             reports=result.reports,
             artifacts=[
                 (Path(out_dir) / phase / split / "index.json", f"index/{phase}/{split}")
@@ -59,7 +61,7 @@ def pretrain_data_flow(
             ],
             tags={"pretrain_data.masking": params.masking, "pretrain_data.phases": ",".join(params.phases)},
         )
-    return s.metrics
+    return s.details
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from prefect import flow, task
 from bert_core.sources import data_root
 from bert_core.vocab import VocabParams, train_vocab
 from flows._cli import exit_command, run_stage
-from flows._stage import data_check_dir, stage
+from flows._stage import data_check_dir, headline, stage
 from flows.stages import get
 
 STAGE = get("vocab")
@@ -71,8 +71,14 @@ def vocab_flow(
             params, Path(corpus_dir), s[out_dir], reference_vocab=reference_vocab(params),
             report_dir=checks / "vocab",
         )  # fmt: skip
-        s.done(stats.as_metrics(), reports=[stats.check_report], artifacts=[(Path(out_dir), "vocab")])
-    return s.metrics
+        details = stats.as_metrics()
+        s.done(
+            headline(details, STAGE.headline),
+            details=details,
+            reports=[stats.check_report],
+            artifacts=[(Path(out_dir), "vocab")],
+        )
+    return s.details
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from bert_core.constants import REPO_ROOT as REPO
+from bert_core.params import flatten
 
 
 def _dvc_stages() -> dict:
@@ -51,8 +52,8 @@ def test_corpus_and_vocab_stage_entries():
     assert {k.split(".", 1)[1] for k in vocab["params"][0]["params/vocab.yaml"]} == set(vsection)
     assert (
         "data/corpus" in vocab["deps"]
-        and corpus["outs"] == ["data/corpus"]
-        and vocab["outs"] == ["data/vocab"]
+        and corpus["outs"] == ["data/corpus", {"metrics/details/corpus.json": {"cache": False}}]
+        and vocab["outs"] == ["data/vocab", {"metrics/details/vocab.json": {"cache": False}}]
     )
     assert corpus["metrics"] == [{"metrics/corpus.json": {"cache": False}}]
     assert vocab["metrics"] == [{"metrics/vocab.json": {"cache": False}}]
@@ -112,9 +113,15 @@ def test_flows_run_the_stages_and_record_them(shared_data, tmp_path, monkeypatch
         str(tmp_path / "vocab.yaml"), str(tmp_path / "corpus"), str(tmp_path / "vocab"),
         metrics_path=str(tmp_path / "m" / "vocab.json"),
     )  # fmt: skip
-    assert json.loads((tmp_path / "m" / "corpus.json").read_text()) == json.loads(json.dumps(cm))
-    assert cm["documents"] == 150 and cm["checks_failed"] == 0
-    assert json.loads((tmp_path / "m" / "vocab.json").read_text())["vocab_size"] == vm["vocab_size"] == 1200
+    # the metrics file: the headline figures; the details file beside it: every statistic
+    corpus_headline = json.loads((tmp_path / "m" / "corpus.json").read_text())
+    assert json.loads((tmp_path / "m" / "details" / "corpus.json").read_text()) == json.loads(json.dumps(cm))
+    assert corpus_headline == {k: v for k, v in flatten(cm).items() if k in corpus_headline}
+    assert 5 <= len(corpus_headline) <= 20 and len(flatten(cm)) > len(corpus_headline)
+    assert cm["documents"] == 150 and cm["checks_failed"] == 0 and corpus_headline["documents"] == 150
+    vocab_headline = json.loads((tmp_path / "m" / "vocab.json").read_text())
+    assert vocab_headline["vocab_size"] == vm["vocab_size"] == 1200 and len(vocab_headline) <= 20
+    assert json.loads((tmp_path / "m" / "details" / "vocab.json").read_text()) == json.loads(json.dumps(vm))
     assert "reference_bert_base_uncased" in vm  # the released vocab came from the local root
     # The data-check reports follow the outputs (tmp_path), the repository's reports stay as they were.
     assert (tmp_path / "reports" / "data_checks" / "corpus" / "corpus" / "index.html").is_file()

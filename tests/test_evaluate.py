@@ -335,3 +335,15 @@ def test_scores_not_above_their_best_baseline_are_marked_and_counted(tmp_path):
         and metrics["conll2003.baseline.lexicon.precision"] == 79.4
     )
     assert "wnli.beats_baseline" not in metrics
+
+
+def test_the_evaluate_headline_puts_the_task_scores_first(results_dir, tmp_path):
+    from bert_core.evaluate.report import score_keys
+    from flows._stage import MAX_HEADLINE, headline
+    from flows.stages import get
+
+    metrics, _ = evaluate_results(results_dir, tmp_path / "evaluate.json", tmp_path / "reports")
+    keys = score_keys(metrics)
+    assert {"sst2.accuracy", "mnli_mm.accuracy", "squad_v1.f1", "cola.matthews_corr"} <= set(keys)
+    top = headline(metrics, [*keys, *get("evaluate").headline])
+    assert list(top)[: len(keys)] == keys and "glue.average" in top and len(top) <= MAX_HEADLINE

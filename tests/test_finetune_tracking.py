@@ -122,7 +122,13 @@ def test_finetune_and_evaluate_flows_record_everything(tiny_model, shared_data, 
                                model_out=str(tmp_path / "models" / "sst2"),
                                metrics_path=str(tmp_path / "metrics" / "sst2.json"),
                                plots_dir=str(tmp_path / "plots" / "sst2"))  # fmt: skip
-    assert json.loads((tmp_path / "metrics" / "sst2.json").read_text()) == pytest.approx(metrics)
+    # the DVC metrics file: the headline, task score first; the details file beside it: every statistic
+    headline = json.loads((tmp_path / "metrics" / "sst2.json").read_text())
+    assert next(iter(headline)) == "score" and len(headline) <= 20 and headline["main_metric"] == "accuracy"
+    assert headline["score"] == pytest.approx(metrics["dev.accuracy"])
+    assert headline["gap_random_init"] == pytest.approx(metrics["gap.dev.accuracy"])
+    details = json.loads((tmp_path / "metrics" / "details" / "sst2.json").read_text())
+    assert details == pytest.approx(metrics) and "best_baseline.accuracy" in details
     with open(tmp_path / "plots" / "sst2" / "train.csv", encoding="utf-8") as fh:
         train_curve = list(csv.DictReader(fh))
     with open(tmp_path / "plots" / "sst2" / "dev.csv", encoding="utf-8") as fh:
@@ -163,6 +169,7 @@ def test_finetune_and_evaluate_flows_record_everything(tiny_model, shared_data, 
     )
     assert summary["sst2.accuracy"] == pytest.approx(metrics["dev.accuracy"])
     assert summary["gap.sst2.accuracy"] == pytest.approx(metrics["gap.dev.accuracy"])
+    assert next(iter(json.loads((tmp_path / "metrics" / "evaluate.json").read_text()))) == "sst2.accuracy"
     assert (tmp_path / "reports" / "evaluate.html").is_file() and (
         tmp_path / "reports" / "evaluate" / "scores.png"
     ).is_file()

@@ -342,8 +342,12 @@ def test_flow_tracks_metrics_writes_outputs_and_registers_versions(data, tmp_pat
     kwargs = {k: str(v) for k, v in paths.items()}
     metrics = pretrain_flow_fn(str(params_file), str(data_dir), str(vocab), **kwargs)
     assert metrics["registry"] == {"registered_model": "bert-pretrained", "version": 1, "alias": "newest"}
-    on_disk = json.loads(paths["metrics_path"].read_text())
-    assert on_disk["heldout"]["baseline_mlm_acc"] == metrics["heldout"]["baseline_mlm_acc"]
+    on_disk = json.loads(paths["metrics_path"].read_text())  # the headline figures, flat
+    assert on_disk["heldout.baseline_mlm_acc"] == metrics["heldout"]["baseline_mlm_acc"]
+    assert on_disk["heldout.mlm_acc"] == metrics["heldout"]["mlm_acc"] and on_disk["registry.version"] == 1
+    assert len(on_disk) <= 20 and list(on_disk)[:2] == ["heldout.mlm_loss", "heldout.mlm_acc"]
+    details = json.loads((paths["metrics_path"].parent / "details" / "pretrain.json").read_text())
+    assert details == json.loads(json.dumps(metrics))  # every statistic, nested as the stage reports them
     assert paths["loss_plot"].read_text().startswith("step,phase,loss")
     assert (paths["out_dir"] / "model.safetensors").is_file()
 

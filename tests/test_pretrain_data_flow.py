@@ -16,7 +16,7 @@ def test_dvc_stage_lists_every_output_affecting_param():
     assert stage["cmd"] == "exec python -m flows.pretrain_data"
     # code deps are derived from the stage's imports (tests/test_stages.py checks them all)
     assert {"data/corpus", "data/vocab", "bert_core/pretrain_data/build.py"} <= set(stage["deps"])
-    assert stage["outs"] == ["data/pretrain_data"]
+    assert stage["outs"] == ["data/pretrain_data", {"metrics/details/pretrain_data.json": {"cache": False}}]
     listed = {k.split(".", 1)[1] for k in stage["params"][0]["params/pretrain_data.yaml"]}
     # every field that changes the output bytes is listed; the worker count and check sample are not
     assert listed == set(PretrainDataParams.model_fields) - {"num_workers", "check_sample"}
@@ -43,7 +43,11 @@ def test_flow_builds_checks_and_records_the_stage(tmp_path):
         str(tmp_path / "out"),
         metrics_path=str(metrics_path),
     )
-    assert json.loads(metrics_path.read_text()) == json.loads(json.dumps(m))
+    assert json.loads((metrics_path.parent / "details" / metrics_path.name).read_text()) == json.loads(
+        json.dumps(m)
+    )
+    headline = json.loads(metrics_path.read_text())  # the DVC metrics file: a handful of flat figures
+    assert headline["seq128.train.instances"] == m["seq128"]["train"]["instances"] and len(headline) <= 20
     assert (
         m["seq128"]["train"]["instances"] > 0 and m["seq128"]["train"]["check_sample"]["failed_critical"] == 0
     )

@@ -167,7 +167,8 @@ def test_finetune_on_a_few_rows_logs_progress(tmp_path, shared_data, monkeypatch
     evals = [m for m in lines if m.startswith("sst2-pretrained-lr0.001-seed1 dev eval: batch ")]
     assert evals and "batch 2/2 (100.0%)" in evals[-1]
     assert any(m.startswith("sst2 train: 24 rows -> 24 features in ") for m in lines)
-    assert any(m.startswith("step 3 train: ") for m in lines)  # the metric lines stay
+    # a train window's metrics line is DEBUG (the progress lines report training); evaluations stay INFO
+    assert not any(m.startswith("step 3 train: ") for m in lines)
     done, final_eval = (
         lines.index(train[-1]),
         next(i for i, m in enumerate(lines) if m.startswith("step 3 eval: ")),
@@ -211,3 +212,62 @@ def test_squad_feature_building_reports_examples_and_features(caplog, monkeypatc
     assert lines[-1].startswith(
         f"squad_v1 eval features: done, example 4/4 (100.0%), {len(features)} features"
     )
+
+
+def _window(clock, progress, step, *, steps=25, seconds=5.0, seq_per_s=40.0, loss=6.5):
+    """One Trainer train window of ``steps`` steps in ``seconds``, ending at ``step``."""
+    clock.now += seconds
+    metrics = {"loss": loss, "seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * 128,
+               "step_time_s": seconds / steps, "elapsed_s": clock.now - 1000.0}  # fmt: skip
+    progress.window(step, metrics)
+
+
+def test_pretraining_progress_is_rate_limited_with_phase_and_run_eta(clock, caplog):
+    from bert_core.training.progress import LaterPhase, TrainProgress
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    # a later phase of 100 steps at 4x the tokens per step: 100 x 0.2 s x 4 = 80 s
+    progress = TrainProgress("pretrain phase seq128", 1000, log_every=25, later=[LaterPhase(100, None, 4.0)],
+                             interval_s=20.0, min_fraction=0.05, logger=logging.getLogger(LOGGER), clock=clock)  # fmt: skip
+    for step in range(25, 501, 25):  # a window every 5 s: 100 s, 500 steps
+        _window(clock, progress, step)
+    lines = _lines(caplog)
+    assert 3 <= len(lines) <= 5, lines  # every >= 20 s and >= 5 %, not one per window (20 windows)
+    last = lines[-1]
+    assert last.startswith("pretrain phase seq128: step ") and "/1000 (" in last
+    assert "loss 6.5" in last and "5,120 tokens/s" in last and "40 seq/s" in last
+    # 0.2 s per step: the phase's steps left x 0.2 s, and the run's 80 s more
+    step = int(last.split("step ")[1].split("/")[0])
+    assert f"ETA {format_duration((1000 - step) * 0.2)}" in last
+    assert f"run ETA {format_duration((1000 - step) * 0.2 + 80)}" in last
+
+
+def test_a_time_budget_nearer_than_the_steps_sets_the_phase_eta(clock, caplog):
+    from bert_core.training.progress import TrainProgress
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    progress = TrainProgress("pretrain phase seq128", 10_000, log_every=25, budget_s=300.0, interval_s=0.0,
+                             min_fraction=0.0, logger=logging.getLogger(LOGGER), clock=clock)  # fmt: skip
+    for step in (25, 50):
+        _window(clock, progress, step)
+    # 10 s trained of a 300 s budget: 290 s left, far sooner than 9,950 steps at 0.2 s
+    assert _lines(caplog)[-1].endswith("ETA 4m50s") and "run ETA" not in _lines(caplog)[-1]
+
+
+def test_a_resumed_phase_counts_its_earlier_steps_toward_the_percentage_not_the_rate(clock, caplog):
+    from bert_core.training.progress import TrainProgress
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    progress = TrainProgress("pretrain phase seq128", 1000, log_every=25, interval_s=0.0, min_fraction=0.0,
+                             logger=logging.getLogger(LOGGER), clock=clock)  # fmt: skip
+    _window(clock, progress, 525)  # resumed at step 500: its first window, 25 steps in 5 s
+    line = _lines(caplog)[-1]
+    assert "step 525/1000 (52.5%)" in line and "ETA 1m35s" in line  # 475 steps x 0.2 s
+
+
+def test_pretraining_logs_the_window_line_at_debug_only():
+    import inspect
+
+    from bert_core.training import loop
+
+    assert 'logging.DEBUG if kind == "train"' in inspect.getsource(loop.Trainer._emit)

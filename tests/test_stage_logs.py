@@ -4,10 +4,15 @@ although Prefect's logging configuration leaves the root logger at WARNING (flow
 from __future__ import annotations
 
 import logging
+import os
+import re
+import subprocess
+import sys
 import warnings
 
 import pytest
 
+from bert_core.constants import REPO_ROOT
 from flows._stage import library_logs
 
 
@@ -89,3 +94,50 @@ def test_a_stage_run_under_prefect_sends_bert_core_info_lines_to_its_logs(prefec
         messages = asyncio.run(read())
     assert "bert_core.finetune.run - sst2 train: step 5/10 (50.0%), ETA 3s" in capfd.readouterr().err
     assert any("sst2 train: step 5/10 (50.0%), ETA 3s" in m for m in messages), messages
+
+
+_TIME = re.compile(r"\d{2}:\d{2}:\d{2}[.,]\d{3}")
+
+_STAGE_LOGS = """
+import logging
+import flows  # the stage's environment defaults (PREFECT_LOGGING_EXTRA_LOGGERS)
+from flows._cli import configure_logging
+configure_logging()  # as run_stage(log_to_stderr=True) does, before Prefect configures logging
+from prefect.logging.configuration import setup_logging
+setup_logging()
+from flows._stage import library_logs
+with library_logs():
+    logging.getLogger("bert_core.training.loop").info("step 25/100 train: loss=2.3")
+"""
+
+
+def test_a_stage_prints_a_library_line_once_with_one_time_stamp(tmp_path):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, "-c", _STAGE_LOGS], capture_output=True, text=True, env=env,
+                          cwd=REPO_ROOT, timeout=120, check=True)  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if "step 25/100" in line]
+    assert len(lines) == 1, proc.stderr
+    assert len(_TIME.findall(lines[0])) == 1 and lines[0].count("INFO") == 1, lines[0]
+    assert "bert_core.training.loop" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "21:43:43.399 | INFO    | bert_core.training.loop - step 25 train: loss=2.3",
+        "2026-11-24 21:43:43,399 INFO bert_core.training.loop: step 25 train: loss=2.3",
+    ],
+)
+def test_the_pipeline_relays_a_stage_line_without_its_stamp(line):
+    from flows._driver import relayed
+
+    level, text = relayed(line)
+    assert level == logging.INFO and not _TIME.search(text) and "INFO" not in text
+    assert text.startswith("bert_core.training.loop") and text.endswith("step 25 train: loss=2.3")
+
+
+def test_a_relayed_warning_stays_a_warning_and_an_unstamped_line_is_kept():
+    from flows._driver import relayed
+
+    assert relayed("09:00:01.002 | WARNING | bert_core.x - low disk")[0] == logging.WARNING
+    assert relayed("Running stage 'pretrain':") == (logging.INFO, "Running stage 'pretrain':")

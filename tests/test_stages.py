@@ -47,7 +47,7 @@ def test_the_table_and_dvc_yaml_agree():
         assert not bad, f"{stage.name}: keys outside section {stage.section}: {bad}"
         for file, key in stage.extra_params:
             assert key in params[file], f"{stage.name}: {file} does not list {key}"
-        assert _names(body.get("outs")) == list(stage.outs), f"{stage.name}: outs"
+        assert _names(body.get("outs")) == [*stage.outs, *stage.details], f"{stage.name}: outs"
         assert _names(body.get("metrics")) == list(stage.metrics), f"{stage.name}: metrics"
         assert _names(body.get("plots")) == list(stage.plots), f"{stage.name}: plots"
         deps = _names(body.get("deps"))
@@ -169,7 +169,7 @@ def test_editing_an_imported_file_makes_dvc_report_the_stage(tmp_path):
     for dep in stage.data_deps:
         (repo / dep).mkdir(parents=True)
         (repo / dep / "summary.json").write_text("{}")
-    for out in (*stage.outs, *stage.metrics):
+    for out in (*stage.outs, *stage.details, *stage.metrics):
         path = repo / out
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.suffix:

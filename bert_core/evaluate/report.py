@@ -2,7 +2,9 @@
 
 Reads each task's ``summary.json`` (written by :func:`bert_core.finetune.run.finetune_task`) and writes:
 
-- a flat metrics dict (``metrics/evaluate.json``): ``<row>.<metric>`` for every dev metric of every task
+- a flat metrics dict (``metrics_path``; in the pipeline the stage runner keeps the headline of it in
+  ``metrics/evaluate.json``, the rows' scores first (:func:`score_keys`), and all of it in
+  ``metrics/details/evaluate.json``): ``<row>.<metric>`` for every dev metric of every task
   (rows are task names; MNLI's mismatched dev set is the row ``mnli_mm``), ``<row>.<main>_std`` over
   seeds, ``glue.average`` (the paper's average, WNLI excluded, over the GLUE rows present) with
   ``glue.reference_average`` on the same rows for the same model size, ``random_init.<row>`` /
@@ -40,6 +42,7 @@ from bert_core.evaluate.datanotes import (
     task_label,
 )
 from bert_core.evaluate.plots import plot_learning_curves, plot_scores, plot_trials
+from bert_core.evaluate.references import headline_metric
 from bert_core.evaluate.summary import EvaluationSummary, Row, summarize
 from bert_core.evaluate.value import reference_notes, value_metrics, value_table
 
@@ -198,6 +201,25 @@ def render_report(
         tmp.write_text("\n".join(parts), encoding="utf-8")
     paths["html"] = out_html
     return paths
+
+
+#: Key prefixes of the evaluate metrics that are not a chart row's scores.
+_NOT_ROWS = frozenset({"glue", "gap", "gap_reference", "random_init", "reference_ckpt", "baseline", "tasks"})
+
+
+def score_keys(metrics: dict[str, float]) -> list[str]:
+    """The flat keys of the rows' task scores in :func:`evaluate_results`'s metrics, ``<row>.<metric>``
+    with each row's headline metric (:func:`~bert_core.evaluate.references.headline_metric`), in row order:
+    the first columns of the DVC metrics file."""
+    rows = dict.fromkeys(
+        k.split(".", 1)[0] for k in metrics if "." in k and k.split(".", 1)[0] not in _NOT_ROWS
+    )
+    keys = []
+    for row in rows:
+        key = f"{row}.{headline_metric(row, '')}"
+        if key in metrics:
+            keys.append(key)
+    return keys
 
 
 def evaluate_results(

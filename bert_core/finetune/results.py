@@ -1,8 +1,10 @@
 """What one task's fine-tuning produced: its trials, the selected model and a flat metrics view.
 
 :class:`FinetuneResult` is written as ``summary.json`` next to the task's predictions (the ``evaluate``
-stage reads it) and flattened by :meth:`FinetuneResult.metrics` into the DVC metrics file
-``metrics/finetune/<task>.json``. The flat keys are stable so ``dvc metrics diff`` lines up across runs:
+stage reads it) and flattened by :meth:`FinetuneResult.metrics` into the stage's details file
+``metrics/finetune/details/<task>.json`` and MLflow (the DVC metrics file ``metrics/finetune/<task>.json``
+holds a headline of them under task-independent names, ``flows/stages/__init__.py``). The flat keys are
+stable so that runs compare key by key:
 
 - ``dev.<metric>``: the selected model on the main dev split (best trial on the main metric);
   ``<split>.<metric>`` for further dev splits (``dev_mismatched.accuracy`` for MNLI);

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from bert_core.tracking import MetricsCallback
 from bert_core.tracking.fingerprint import json_fingerprint
 from bert_core.training import FitResult, Trainer
 from bert_core.training.distributed import DistContext, resolve_device
+from bert_core.training.progress import LaterPhase, TrainProgress
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ def pretrain(
         fp = _fingerprint(fp, phase_fields, params.phase_steps(i), params.phase_budget_s(i),
                           phase_data.train_sha256)  # fmt: skip
         fit = _run_phase(params, i, model, objective, phase_data, dist, ckpt_root / f"{phase.name}-{fp}", fp,
-                         on_metrics, step_offset)  # fmt: skip
+                         on_metrics, step_offset, later=_later_phases(params, inputs, i))  # fmt: skip
         fits.append(fit)
         history += [{**h, "step": h["step"] + step_offset, "phase": phase.name} for h in fit.history]
         phase_metrics[phase.name] = _phase_summary(fit)
@@ -171,6 +172,7 @@ def _run_phase(
     fingerprint: str,
     on_metrics: MetricsCallback | None,
     step_offset: int,
+    later: Sequence[LaterPhase] = (),
 ) -> FitResult:
     from bert_core.pretrain_data.loader import PretrainingLoader
 
@@ -200,10 +202,15 @@ def _run_phase(
 
     steps, budget = cfg.max_steps, cfg.time_budget_s
 
+    progress = TrainProgress(f"pretrain phase {phase.name}", steps, log_every=cfg.log_every, budget_s=budget,
+                             later=later, logger=log)  # fmt: skip
+
     def emit(step: int, metrics: dict[str, float]) -> None:
+        heldout_metrics = any(k.startswith("eval_") for k in metrics)
+        if not heldout_metrics:
+            progress.window(step, metrics)
         if on_metrics is None:
             return
-        heldout_metrics = any(k.startswith("eval_") for k in metrics)
         prefix = "heldout/" if heldout_metrics else "train/"
         out = {prefix + k.removeprefix("eval_"): v for k, v in metrics.items()}
         out["phase"] = float(i)
@@ -218,7 +225,19 @@ def _run_phase(
         model, objective, train, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout, on_metrics=emit, dist=dist,
         fingerprint=fingerprint,
     )  # fmt: skip
-    return trainer.fit()
+    fit = trainer.fit()
+    progress.finish(fit.stop_reason, done=fit.step)
+    return fit
+
+
+def _later_phases(params: PretrainParams, inputs: Any, i: int) -> list[LaterPhase]:
+    """The phases after phase ``i``, for the run's ETA: steps, budget, and tokens per step relative to
+    phase ``i``'s (global batch x sequence length)."""
+    tokens = [p.global_batch * d.max_seq_length for p, d in zip(params.phases, inputs.phases, strict=True)]
+    return [
+        LaterPhase(params.phase_steps(j), params.phase_budget_s(j), tokens[j] / tokens[i])
+        for j in range(i + 1, len(params.phases))
+    ]
 
 
 def _phase_summary(fit: FitResult) -> dict[str, Any]:

@@ -412,7 +412,9 @@ class Trainer:
     def _emit(self, kind: str, metrics: dict[str, float]) -> None:
         self.history.append({"step": self.step, "kind": kind, **metrics})
         if self.dist.is_main:
-            log.info("step %d %s: %s", self.step, kind, ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+            # train windows at DEBUG: the callers' rate-limited progress lines (bert_core.progress) report them
+            level, text = logging.DEBUG if kind == "train" else logging.INFO, ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())  # fmt: skip
+            log.log(level, "step %d %s: %s", self.step, kind, text)
             if self.on_metrics is not None:
                 self.on_metrics(self.step, metrics)
 

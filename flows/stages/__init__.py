@@ -61,6 +61,17 @@ class Stage:
     data_deps: tuple[str, ...] = ()  # outputs of upstream stages
     extra_params: tuple[tuple[str, str], ...] = ()  # (params file, dotted key) read besides the section
     foreach: str | None = None  # dotted params key whose entries each get one stage (``finetune@<key>``)
+    # The figures of the DVC metrics file, in order (fnmatch patterns over the flat keys; ``{main}``: the
+    # task's main metric; ``name=pattern``: under that name): what a user compares across runs, so that
+    # ``dvc metrics show/diff`` fit a terminal. Every other statistic goes to the details file (``details``)
+    # and MLflow. (DVC itself sorts the columns by name.)
+    headline: tuple[str, ...] = ()
+
+    @property
+    def details(self) -> tuple[str, ...]:
+        """The details file of each metrics file: ``details/<name>`` beside it (a plain JSON out, not a
+        DVC metric; ``flows._stage.details_file``)."""
+        return tuple(f"{m.rpartition('/')[0]}/details/{m.rpartition('/')[2]}" for m in self.metrics)
 
     @property
     def flow_module(self) -> str:
@@ -106,7 +117,10 @@ def _common(stage: str) -> tuple[Option, ...]:
 
 
 def _metrics_option(path: str) -> Option:
-    return Option("--metrics", "metrics_path", None, help=f"metrics JSON (default {path})")
+    return Option(
+        "--metrics", "metrics_path", None,
+        help=f"metrics JSON, the headline figures (default {path}); every statistic: details/<name> beside it",
+    )  # fmt: skip
 
 
 STAGES: tuple[Stage, ...] = (
@@ -125,6 +139,22 @@ STAGES: tuple[Stage, ...] = (
         ),
         outs=("data/corpus",),
         metrics=("metrics/corpus.json",),
+        headline=(
+            "documents",
+            "documents_train",
+            "documents_heldout",
+            "sentences",
+            "words",
+            "bytes",
+            "documents_dropped_total",
+            "duplicates",
+            "utf8_replacements",
+            "shards_train",
+            "shards_heldout",
+            "checks_failed",
+            "elapsed_s",
+            "input_mb_per_s",
+        ),
     ),
     Stage(
         name="vocab",
@@ -141,6 +171,18 @@ STAGES: tuple[Stage, ...] = (
         ),
         outs=("data/vocab",),
         metrics=("metrics/vocab.json",),
+        headline=(
+            "vocab_size",
+            "heldout.unk_rate",
+            "heldout.subwords_per_word",
+            "heldout.words_with_unk",
+            "reference_bert_base_uncased.unk_rate",
+            "reference_bert_base_uncased.subwords_per_word",
+            "continuation_pieces",
+            "sample_documents",
+            "checks_failed",
+            "train_seconds",
+        ),
         data_deps=("data/corpus",),
     ),
     Stage(
@@ -160,6 +202,15 @@ STAGES: tuple[Stage, ...] = (
         ),
         outs=("data/pretrain_data",),
         metrics=("metrics/pretrain_data.json",),
+        headline=(
+            "*.train.instances",
+            "*.heldout.instances",
+            "*.train.tokens",
+            "elapsed_s",
+            "instances_per_s",
+            "tokens_per_s",
+            "workers",
+        ),
         data_deps=("data/corpus", "data/vocab"),
     ),
     Stage(
@@ -181,6 +232,20 @@ STAGES: tuple[Stage, ...] = (
         ),
         outs=("models/pretrained",),
         metrics=("metrics/pretrain.json",),
+        headline=(
+            "heldout.mlm_loss",
+            "heldout.mlm_acc",
+            "heldout.baseline_mlm_acc",
+            "heldout.nsp_acc",
+            "steps",
+            "train_seconds",
+            "parameters_m",
+            "phases.*.steps",
+            "phases.*.train_seq_per_s",
+            "phases.*.train_tokens_per_s",
+            "phases.*.seconds",
+            "registry.version",
+        ),
         plots=("plots/pretrain_loss.csv", "plots/pretrain_heldout.csv"),
         data_deps=("data/pretrain_data", "data/vocab"),
     ),
@@ -202,6 +267,24 @@ STAGES: tuple[Stage, ...] = (
         ),
         outs=("models/finetuned/${key}", "results/finetune/${key}"),
         metrics=("metrics/finetune/${key}.json",),
+        headline=(
+            # the same columns for every task (name=pattern), whatever its main metric
+            "score=dev.{main}",
+            "score_mean=dev.{main}_mean",
+            "score_std=dev.{main}_std",
+            "seeds",
+            "main_metric",
+            "score_mismatched=dev_mismatched.{main}",
+            "best_baseline=best_baseline.{main}",
+            "random_init=random_init.dev.{main}",
+            "gap_random_init=gap.dev.{main}",
+            "reference=reference.dev.{main}",
+            "selected.learning_rate",
+            "train.examples",
+            "train.examples_per_second",
+            "train.seconds",
+            "trials",
+        ),
         plots=("plots/finetune/${key}/train.csv", "plots/finetune/${key}/dev.csv"),
         # the checkpoint it starts from: models/pretrained (the pretrain stage's output, so DVC runs
         # pretraining first) or, in the released profile, a released checkpoint's directory (no upstream)
@@ -222,6 +305,16 @@ STAGES: tuple[Stage, ...] = (
         ),
         outs=("reports/evaluate.md", "reports/evaluate.html", "reports/evaluate"),
         metrics=("metrics/evaluate.json",),
+        # the rows' task scores come first (bert_core.evaluate.report.headline_metrics), then these
+        headline=(
+            "glue.average",
+            "glue.reference_average",
+            "glue.random_init_average",
+            "gap.glue_average",
+            "gap.mean",
+            "baseline.tasks_beating",
+            "tasks",
+        ),
         data_deps=("results/finetune",),
         extra_params=(("params/finetune.yaml", "finetune.tasks"),),
     ),

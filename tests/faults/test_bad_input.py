@@ -240,7 +240,7 @@ def test_non_utf8_bytes_are_replaced_and_counted(tmp_path, env):
     work = tmp_path / "work"
     res = run_stage("corpus", stage_args("corpus", params), work, {**env, **extra})
     assert res.returncode == 0, res.stderr[-3000:]
-    metrics = json.loads((work / "metrics.json").read_text())
+    metrics = json.loads((work / "details" / "metrics.json").read_text())  # every statistic
     assert metrics["utf8_replacements"] == 2 and metrics["files_with_utf8_errors"] == 1, metrics
     assert metrics["documents"] == 5
 
@@ -252,7 +252,7 @@ def test_a_50_mb_single_line(tmp_path, env):
     work = tmp_path / "work"
     res = run_stage("corpus", stage_args("corpus", params), work, {**env, **extra}, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    metrics = json.loads((work / "metrics.json").read_text())
+    metrics = json.loads((work / "details" / "metrics.json").read_text())  # every statistic
     assert metrics["documents_dropped"] == {"too_long": 1} and metrics["documents"] == 4, metrics
 
 

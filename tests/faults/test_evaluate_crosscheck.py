@@ -84,7 +84,8 @@ def test_another_tasks_summary_in_rte_is_refused_by_name_and_nothing_is_written(
     rte.write_bytes(good)
     res = run_cmd(args, cwd=work, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    metrics = json.loads((work / "metrics.json").read_text())
+    assert "rte.accuracy" in json.loads((work / "metrics.json").read_text())  # the headline
+    metrics = json.loads((work / "details" / "metrics.json").read_text())  # every statistic
     assert metrics["tasks"] == 5 and metrics["glue.tasks"] == 5 and "rte.accuracy" in metrics
     assert "| rte | accuracy |" in re.sub(r" {2,}", " ", (work / "reports" / "evaluate.md").read_text())
 
