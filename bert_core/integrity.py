@@ -56,9 +56,8 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
-def build_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of every regular file under ``directory`` (markers excluded; links are not followed)."""
-    directory = Path(directory)
+def _entries(directory: Path) -> dict[str, dict[str, Any]]:
+    """Size and checksum of every regular file under ``directory`` (markers excluded, links not followed)."""
     mark = _mark()
     files: dict[str, dict[str, Any]] = {}
     for root, dirs, names in os.walk(directory):
@@ -69,16 +68,62 @@ def build_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
                 continue
             rel = path.relative_to(directory).as_posix()
             files[rel] = {"size": path.stat().st_size, HASH_NAME: file_digest(path)}
-    return {"written_by": _WRITTEN_BY, "files": files}
+    return files
+
+
+def _manifest_text(files: dict[str, dict[str, Any]]) -> str:
+    return json.dumps({"written_by": _WRITTEN_BY, "files": files}, sort_keys=True, indent=1) + "\n"
+
+
+def _write_marker(directory: Path, files: dict[str, dict[str, Any]]) -> Path:
+    """Replace ``directory``'s marker atomically (a reader never sees half a manifest)."""
+    mark = directory / _mark()
+    tmp = directory / f"{_mark()}.tmp-{os.getpid()}"
+    tmp.write_text(_manifest_text(files), encoding="utf-8")
+    os.replace(tmp, mark)
+    return mark
+
+
+def build_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of every regular file under ``directory`` (markers excluded; links are not followed)."""
+    return {"written_by": _WRITTEN_BY, "files": _entries(Path(directory))}
 
 
 def write_manifest(directory: str | os.PathLike[str]) -> Path:
-    """Write :func:`build_manifest` of ``directory`` into its marker file and return the marker's path."""
+    """Write the manifest of ``directory`` into its marker file and return the marker's path.
+
+    Markers of nested outputs (a model directory saved inside a stage's output) are rewritten from the
+    same checksums, so no marker below describes an older state of its files.
+    """
     directory = Path(directory)
-    mark = directory / _mark()
-    text = json.dumps(build_manifest(directory), sort_keys=True, indent=1) + "\n"
-    mark.write_text(text, encoding="utf-8")
-    return mark
+    files = _entries(directory)
+    for mark in sorted(directory.rglob(_mark()), key=lambda p: len(p.parts), reverse=True):
+        inner = mark.parent
+        if inner != directory and mark.is_file():
+            prefix = inner.relative_to(directory).as_posix() + "/"
+            _write_marker(inner, {k[len(prefix) :]: v for k, v in files.items() if k.startswith(prefix)})
+    return _write_marker(directory, files)
+
+
+def refresh(path: str | os.PathLike[str]) -> None:
+    """Record the new content of ``path``, just replaced inside an already marked output, in its manifest.
+
+    Called by :func:`bert_core.atomic.atomic_path` after it replaces a file or directory in place, so a
+    later write into a committed output (a model's weights saved again) never leaves a stale checksum. A
+    path with no manifest above it is left alone.
+    """
+    path = Path(path).absolute()
+    found = find_manifest(path.parent)
+    if found is None:
+        return
+    root, manifest = found
+    rel = path.relative_to(root).as_posix()
+    files = {k: v for k, v in manifest["files"].items() if k != rel and not k.startswith(rel + "/")}
+    if path.is_dir() and not path.is_symlink():
+        files |= {f"{rel}/{k}": v for k, v in _entries(path).items()}
+    elif path.is_file() and not path.is_symlink():
+        files[rel] = {"size": path.stat().st_size, HASH_NAME: file_digest(path)}
+    _write_marker(root, dict(sorted(files.items())))
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
