@@ -280,6 +280,25 @@ def test_vocab_whose_size_disagrees_with_the_data_and_model(tmp_path, env, built
     )  # fmt: skip
 
 
+def test_pretraining_shard_damaged_in_place(tmp_path, env, built):
+    """Bytes of a shard changed in place (same size): refused by name before any training step."""
+    import time
+
+    data = tmp_path / "pretrain_data"
+    shutil.copytree(built / "data" / "pretrain_data", data)
+    shard = sorted(data.glob("*/train/shard-*.tokens.bin"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2 : len(raw) // 2 + 4] = b"\xff\xff\xff\xff"
+    shard.write_bytes(bytes(raw))
+    args = ["--params", str(built / "params" / "pretrain.yaml"), "--data", str(data), "--vocab",
+            str(built / "data" / "vocab"), "--out", "out", "--checkpoints", "ck", "--loss-plot", "loss.csv",
+            "--heldout-plot", "h.csv", "--metrics", "metrics.json"]  # fmt: skip
+    start = time.monotonic()
+    res = run_stage("pretrain", args, tmp_path / "work", env)
+    assert_failed_cleanly(res, "pretrain", tmp_path / "work", f"{shard} is damaged", "dvc repro")
+    assert time.monotonic() - start < 120  # the stage's start-up, not a training run
+
+
 def finetune_params(tmp_path: Path, **extra: Any) -> Path:
     return params_file(
         tmp_path,
