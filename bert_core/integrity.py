@@ -1,7 +1,7 @@
 """Content checksums of every directory output, and their check before a later stage reads one.
 
 When a staged directory is committed (:func:`bert_core.owned.mark_output`), its marker file
-:data:`~bert_core.owned.OUTPUT_MARK` receives a manifest of every file in it::
+:data:`OUTPUT_MARK` receives a manifest of every file in it::
 
     {"files": {"sub/name.bin": {"size": 123, "xxh3_128": "9f..."}, ...}, "written_by": "bert-pipeline ..."}
 
@@ -29,6 +29,9 @@ from typing import Any
 
 import xxhash
 
+#: The marker file in every directory output (:mod:`bert_core.owned`), which holds its manifest. Defined here
+#: so that this module imports nothing of the project's; ``bert_core.owned`` re-exports it.
+OUTPUT_MARK = ".bert-output"
 #: Name of the checksum in each manifest entry.
 HASH_NAME = "xxh3_128"
 _WRITTEN_BY = "bert-pipeline (bert_core.owned); a later run of the same output may replace it"
@@ -39,12 +42,6 @@ _verified: set[tuple[str, int, int, int]] = set()
 
 class CorruptOutputError(ValueError):
     """A stored output file differs from the checksum its writer recorded (or is out of range)."""
-
-
-def _mark() -> str:
-    from bert_core.owned import OUTPUT_MARK
-
-    return OUTPUT_MARK
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
@@ -58,7 +55,7 @@ def file_digest(path: str | os.PathLike[str]) -> str:
 
 def _entries(directory: Path) -> dict[str, dict[str, Any]]:
     """Size and checksum of every regular file under ``directory`` (markers excluded, links not followed)."""
-    mark = _mark()
+    mark = OUTPUT_MARK
     files: dict[str, dict[str, Any]] = {}
     for root, dirs, names in os.walk(directory):
         dirs.sort()
@@ -77,8 +74,8 @@ def _manifest_text(files: dict[str, dict[str, Any]]) -> str:
 
 def _write_marker(directory: Path, files: dict[str, dict[str, Any]]) -> Path:
     """Replace ``directory``'s marker atomically (a reader never sees half a manifest)."""
-    mark = directory / _mark()
-    tmp = directory / f"{_mark()}.tmp-{os.getpid()}"
+    mark = directory / OUTPUT_MARK
+    tmp = directory / f"{OUTPUT_MARK}.tmp-{os.getpid()}"
     tmp.write_text(_manifest_text(files), encoding="utf-8")
     os.replace(tmp, mark)
     return mark
@@ -97,7 +94,7 @@ def write_manifest(directory: str | os.PathLike[str]) -> Path:
     """
     directory = Path(directory)
     files = _entries(directory)
-    for mark in sorted(directory.rglob(_mark()), key=lambda p: len(p.parts), reverse=True):
+    for mark in sorted(directory.rglob(OUTPUT_MARK), key=lambda p: len(p.parts), reverse=True):
         inner = mark.parent
         if inner != directory and mark.is_file():
             prefix = inner.relative_to(directory).as_posix() + "/"
@@ -128,7 +125,7 @@ def refresh(path: str | os.PathLike[str]) -> None:
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The manifest in ``directory``'s marker, or None (no marker, or one written before manifests)."""
-    mark = Path(directory) / _mark()
+    mark = Path(directory) / OUTPUT_MARK
     try:
         data = json.loads(mark.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -144,7 +141,7 @@ def find_manifest(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]] |
     path = Path(path).absolute()
     start = path if path.is_dir() else path.parent
     for directory in (start, *start.parents):
-        if (directory / _mark()).is_file():
+        if (directory / OUTPUT_MARK).is_file():
             manifest = read_manifest(directory)
             return (directory, manifest) if manifest is not None else None
     return None
