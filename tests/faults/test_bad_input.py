@@ -18,6 +18,8 @@ import pytest
 import torch
 import yaml
 
+from bert_core.owned import OUTPUT_MARK
+
 from .conftest import PY, REPO_ROOT, run_cmd, stage_env
 
 pytestmark = pytest.mark.faults
@@ -250,6 +252,9 @@ def built(tiny_pipeline):
 def test_vocab_without_mask(tmp_path, env, built):
     vocab = tmp_path / "vocab"
     shutil.copytree(built / "data" / "vocab", vocab)
+    (
+        vocab / OUTPUT_MARK
+    ).unlink()  # edited by hand below: no recorded checksums, the vocab's own check speaks
     lines = (vocab / "vocab.txt").read_text(encoding="utf-8").splitlines()
     (vocab / "vocab.txt").write_text("\n".join(t for t in lines if t != "[MASK]") + "\n", encoding="utf-8")
     params = params_file(tmp_path, "pretrain_data", {"pretrain_data.phases": ["seq128"]})
@@ -331,6 +336,7 @@ def run_finetune(tmp_path: Path, env: dict[str, str], model: Path, params: Path 
 def test_tokenizer_larger_than_the_model_vocab(tmp_path, env, built):
     model = tmp_path / "model"
     shutil.copytree(built / "models" / "pretrained", model)
+    (model / OUTPUT_MARK).unlink()  # edited by hand below: a user's own checkpoint, no recorded checksums
     (model / "tokenizer.json").unlink(missing_ok=True)
     lines = (model / "vocab.txt").read_text(encoding="utf-8").splitlines()
     (model / "vocab.txt").write_text("\n".join([*lines, "zzextra1", "zzextra2"]) + "\n", encoding="utf-8")
@@ -350,6 +356,7 @@ def test_pickled_checkpoint_carrying_code_is_refused_not_run(tmp_path, env, buil
 
     model = tmp_path / "model"
     shutil.copytree(built / "models" / "pretrained", model)
+    (model / OUTPUT_MARK).unlink()  # a user's own checkpoint, no recorded checksums
     (model / "model.safetensors").unlink()
     torch.save(
         {"bert.embeddings.word_embeddings.weight": torch.zeros(2, 2), "x": Payload()},
