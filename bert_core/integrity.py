@@ -56,13 +56,14 @@ def file_digest(path: str | os.PathLike[str]) -> str:
 
 def _entries(directory: Path) -> dict[str, dict[str, Any]]:
     """Size and checksum of every regular file under ``directory`` (markers excluded, links not followed)."""
-    mark = OUTPUT_MARK
     files: dict[str, dict[str, Any]] = {}
     for root, dirs, names in os.walk(directory):
         dirs.sort()
         for name in sorted(names):
             path = Path(root, name)
-            if name == mark or path.is_symlink() or not path.is_file():
+            if (
+                name.startswith(OUTPUT_MARK) or path.is_symlink() or not path.is_file()
+            ):  # markers, their temps
                 continue
             rel = path.relative_to(directory).as_posix()
             files[rel] = {"size": path.stat().st_size, HASH_NAME: file_digest(path)}
