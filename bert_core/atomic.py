@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 
 import psutil
 
+from bert_core.integrity import refresh
 from bert_core.owned import check_replaceable, dir_mode, mark_output
 
 TEMP_MARKER = ".tmp-"
@@ -147,6 +148,7 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
             _remove(old)
     except BaseException as err:
         _discard_and_reraise(err, tmp, final)
+    refresh(final)  # replaced inside an already marked output: its manifest records the new content
 
 
 def _discard_and_reraise(err: BaseException, tmp: Path, final: Path) -> NoReturn:

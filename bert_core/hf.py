@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from bert_core.atomic import atomic_path, write_json_atomic
 from bert_core.config import BertConfig
+from bert_core.integrity import verify_output
 from bert_core.owned import share_like_umask
 
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ def read_config(path: str | os.PathLike[str]) -> BertConfig:
             f"{path} has no {CONFIG_NAME}; a Hugging Face model directory needs {CONFIG_NAME} and "
             f"{SAFETENSORS_NAME} (or pytorch_model.bin). Files present: {_listing(path)}"
         )
+    verify_output(path, [file])
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
@@ -145,18 +147,38 @@ def find_weights(path: str | os.PathLike[str]) -> Path:
     )
 
 
+def check_finite(file: Path, state: dict[str, torch.Tensor]) -> None:
+    """Refuse weights holding NaN or infinity: such a model predicts garbage (every score NaN) silently.
+
+    Raises:
+        CheckpointError: naming the file, the first such tensor and how many of its values are not finite.
+    """
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(
+                f"{file}: tensor {name} holds {bad} NaN or infinite value(s) of {tensor.numel()}; the weights "
+                "are damaged or come from a diverged run. Restore the file (`dvc checkout` / `dvc pull`), "
+                "re-run the stage that wrote it, or use an earlier checkpoint"
+            )
+
+
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    verify_output(file.parent, [file])
     try:
-        return load_file(file, device="cpu")
+        state = load_file(file, device="cpu")
     except (SafetensorError, OSError) as err:
         size = file.stat().st_size if file.exists() else 0
         raise CheckpointError(
             f"{file} ({size} bytes) cannot be read as safetensors ({err}); the file is truncated or corrupt "
             "(an interrupted download or copy?): fetch or save it again"
         ) from err
+    check_finite(file, state)
+    return state
 
 
 def _read_pickle(file: Path) -> dict[str, torch.Tensor]:
+    verify_output(file.parent, [file])
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -181,6 +203,7 @@ def _read_pickle(file: Path) -> dict[str, torch.Tensor]:
             f"{file} does not hold a flat state dict (name -> tensor); got {type(obj).__name__}. A training "
             "checkpoint (model + optimizer) is not a model directory: export the model with save_pretrained"
         )
+    check_finite(file, obj)
     return obj
 
 
@@ -193,6 +216,7 @@ def read_state_dict(path: str | os.PathLike[str]) -> tuple[dict[str, torch.Tenso
     path = Path(path)
     file = path if path.is_file() else find_weights(path)
     if file.name.endswith(".index.json"):
+        verify_output(file.parent, [file])
         try:
             weight_map = json.loads(file.read_text(encoding="utf-8"))["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as err:

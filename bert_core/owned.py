@@ -1,12 +1,13 @@
 """Which existing paths an output may replace: never what the pipeline did not write.
 
-Every directory output carries a small marker file,
-:data:`OUTPUT_MARK`. An existing path at an output location is replaced only when it is the pipeline's own
-earlier output of the same kind: a regular file where a file goes, and, where a directory goes, a directory
-that holds the marker, is empty, or lies in one of the repository's own output folders (outputs written before
-the marker existed). Anything else (a user's folder, a directory where a file goes, a device or a FIFO) is
-refused before any work (:class:`ForeignOutputError`, naming it) and left untouched. Staged directories get the
-umask's modes, like every other output (``mkdtemp`` makes them private).
+Every directory output carries a small marker file, :data:`OUTPUT_MARK` (which also lists the size and
+checksum of each of its files: :mod:`bert_core.integrity`). An existing path at an output location is
+replaced only when it is the pipeline's own earlier output of the same kind: a regular file where a file
+goes, and, where a directory goes, a directory that holds the marker, is empty, or lies in one of the
+repository's own output folders (outputs written before the marker existed). Anything else (a user's
+folder, a directory where a file goes, a device or a FIFO) is refused before any work
+(:class:`ForeignOutputError`, naming it) and left untouched. Staged directories get the umask's modes, like
+every other output (``mkdtemp`` makes them private).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import os
 import stat
 from pathlib import Path
 
-#: The marker file in every directory output: an existing directory is replaced only when it holds one.
-OUTPUT_MARK = ".bert-output"
-_MARK_TEXT = "written by the bert-pipeline (bert_core.owned); a later run of the same output may replace it\n"
+from bert_core.integrity import OUTPUT_MARK, write_manifest
+
 #: Repository folders whose directories are the pipeline's own outputs (written before the marker existed).
 _OWN_ROOTS = ("data", "models", "results", "reports", "metrics", "plots")
 
@@ -87,9 +87,13 @@ def dir_mode() -> int:
 
 def mark_output(directory: str | os.PathLike[str]) -> None:
     """Mark ``directory`` as the pipeline's output (:data:`OUTPUT_MARK`) and give it the umask's mode
-    (a staged temporary from ``mkdtemp`` is private, 0700, unlike every other output)."""
+    (a staged temporary from ``mkdtemp`` is private, 0700, unlike every other output).
+
+    The marker holds the size and checksum of every file in the directory
+    (:func:`bert_core.integrity.write_manifest`), which its readers verify before use.
+    """
     directory = Path(directory)
-    (directory / OUTPUT_MARK).write_text(_MARK_TEXT, encoding="utf-8")
+    write_manifest(directory)
     os.chmod(directory, dir_mode())
 
 

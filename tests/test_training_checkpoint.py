@@ -12,6 +12,7 @@ from training_fakes import tiny_model
 
 from bert_core.config import BertConfig
 from bert_core.model import BertForPreTraining
+from bert_core.owned import OUTPUT_MARK
 from bert_core.training import checkpoint as ckpt
 from bert_core.training.optim import build_optimizer
 
@@ -110,6 +111,7 @@ def test_pickled_code_in_a_checkpoint_is_refused_not_executed(tmp_path, monkeypa
     opt = build_optimizer(model, lr=1e-3)
     path = _save(tmp_path / "ck", 1, model, opt)
     torch.save({"state": _Evil()}, path / "optimizer.pt")  # a pickle that would run a shell command
+    (path / OUTPUT_MARK).unlink()  # no checksums to catch it first: the safe loader must refuse it
     with pytest.raises(ckpt.CheckpointError, match=r"optimizer\.pt cannot be loaded safely"):
         ckpt.load_checkpoint(path, model=model, optimizer=opt)
     assert not (tmp_path / "PWNED").exists()
@@ -121,8 +123,38 @@ def test_truncated_weights_give_a_clear_error(tmp_path):
     path = _save(tmp_path, 1, model, opt)
     weights = path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ckpt.CheckpointError, match=r"model\.safetensors is damaged: expected \d+ bytes"):
+        ckpt.load_checkpoint(path, model=model, optimizer=opt)
+    (path / OUTPUT_MARK).unlink()  # a checkpoint without checksums: safetensors' own error, with the name
     with pytest.raises(ckpt.CheckpointError, match="cannot load model weights"):
         ckpt.load_checkpoint(path, model=model, optimizer=opt)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "state.json"])
+def test_a_file_damaged_in_place_is_refused_by_name_and_resume_falls_back(tmp_path, name):
+    """Same size, other bytes: the checksum written with the checkpoint refuses it; resume takes the older one."""
+    from bert_core.training.distributed import DistContext
+
+    model = tiny_model()
+    opt = build_optimizer(model, lr=1e-3)
+    first = _save(tmp_path, 1, model, opt)
+    second = _save(tmp_path, 2, model, opt)
+    target = second / name
+    data = bytearray(target.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4] = bytes(b ^ 0xFF for b in data[middle : middle + 4])
+    target.write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match=rf"{second / name} is damaged: its content changed"):
+        ckpt.load_checkpoint(second, model=model, optimizer=opt)
+    resumed = ckpt.resume_newest(
+        tmp_path, model=model, optimizer=opt, scaler=None, dist=DistContext(), fingerprint=""
+    )
+    assert resumed is not None and resumed[0] == first
+    ckpt.save_checkpoint(
+        tmp_path, step=2, model=model, optimizer=opt, state={}, rng_states=[ckpt.capture_rng_state()],
+        data_states=[None],
+    )  # fmt: skip
+    ckpt.load_checkpoint(second, model=model, optimizer=opt)  # a re-written checkpoint passes again
 
 
 def test_checkpoint_of_another_model_size_is_refused(tmp_path):

@@ -19,6 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bert_core.integrity import verify_output
+
 SCHEMA = pa.schema(
     [
         pa.field("doc_id", pa.string(), nullable=False),
@@ -107,9 +109,15 @@ def shard_error(path: Path, err: Exception) -> CorpusShardError:
 
 
 def open_shard(path: str | Path) -> pq.ParquetFile:
-    """Open one Parquet shard; an unreadable file raises :class:`CorpusShardError` naming it."""
+    """Open one Parquet shard, first checking it against its output's checksums.
+
+    Raises:
+        CorruptOutputError: the file differs from what the corpus stage wrote (naming it).
+        CorpusShardError: the file cannot be read as Parquet (naming it).
+    """
     path = Path(path)
     try:
+        verify_output(path.parent, [path])
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as err:
         if isinstance(err, FileNotFoundError):
@@ -133,6 +141,7 @@ def read_manifest(corpus_dir: str | Path) -> dict[str, Any]:
     path = Path(corpus_dir) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{corpus_dir} is not a built corpus (no {MANIFEST}); run the corpus stage")
+    verify_output(path.parent, [path])
     return json.loads(path.read_text(encoding="utf-8"))
 
 

@@ -146,7 +146,7 @@ def check_output(data_dir: str | Path, *, sample_size: int, seed: int, report_di
 
     from bert_core.checks import Check, validate
 
-    store = InstanceStore(data_dir)
+    store = InstanceStore(data_dir, verify=False)  # its expectations check the ranges
     index = store.index
     n_all = len(store)
     rng = np.random.default_rng(seed)

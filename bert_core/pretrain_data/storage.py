@@ -17,6 +17,12 @@ One output directory (``<out>/<phase>/<split>/``) holds::
 All arrays are little-endian raw ``.bin`` files (``numpy.memmap``-able); their dtypes and lengths are in
 ``index.json`` so a reader never guesses. Segment ids are not stored: they are 0 up to and including the
 first [SEP] and 1 after it.
+
+:class:`InstanceStore` checks what it opens once, before the first batch: each file's size against
+``index.json``, its checksum against the output's manifest (:func:`bert_core.integrity.verify_output`), and
+the ranges the gather relies on (offsets that start at 0, never decrease and end at the recorded count;
+token ids below ``vocab_size``; prediction positions inside the sequence), so a damaged file, even one with
+no recorded checksum, is refused by name instead of failing later as an index error inside a batch.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from bert_core.constants import IGNORE_INDEX
+from bert_core.integrity import corrupt, verify_output
 
 FORMAT = "bert-pretrain-data"
 FORMAT_VERSION = 1
@@ -136,8 +143,12 @@ def read_index_with_digest(data_dir: str | Path) -> tuple[dict[str, Any], str]:
             f"{path} not found: {data_dir} is not a pretraining data directory (expected e.g. "
             f"data/pretrain_data/seq128/train); build it with `dvc repro pretrain_data`"
         )
+    verify_output(data_dir, [path])
     raw = path.read_bytes()
-    index = json.loads(raw.decode("utf-8"))
+    try:
+        index = json.loads(raw.decode("utf-8"))
+    except ValueError as err:
+        raise corrupt(path, f"it is not valid JSON ({err})") from err
     if index.get("format") != FORMAT:
         raise ValueError(f"{path}: format {index.get('format')!r} is not {FORMAT!r}")
     if index.get("format_version", 0) > FORMAT_VERSION:
@@ -156,6 +167,30 @@ def _ranges(starts: np.ndarray, ends: np.ndarray, width: int) -> tuple[np.ndarra
     return starts[:, None] + np.where(valid, j, 0), valid
 
 
+def _check_offsets(offsets: np.ndarray, total: int, longest: int, path: str) -> None:
+    """Offsets start at 0, end at ``total``, and no step is negative or longer than ``longest``."""
+    if offsets[0] != 0 or offsets[-1] != total:
+        raise corrupt(path, f"offsets run from {offsets[0]} to {offsets[-1]}, expected 0 to {total}")
+    steps = np.diff(offsets)
+    bad = np.flatnonzero((steps < 0) | (steps > longest))
+    if bad.size:
+        raise corrupt(
+            path,
+            f"entry {bad[0]} spans {steps[bad[0]]} items, outside [0, {longest}] (offsets must not decrease)",
+        )
+
+
+def _check_ids(ids: np.ndarray, limit: int, path: str, what: str = "token id") -> None:
+    """Every value lies in ``[0, limit)`` (``limit``: ``vocab_size`` for ids, ``max_seq_length`` for positions)."""
+    if not ids.size:
+        return
+    low, high = (int(ids.min()) if ids.dtype.kind == "i" else 0), int(ids.max())
+    if low < 0 or high >= limit:
+        bad = high if high >= limit else low
+        at = int(np.flatnonzero(ids == bad)[0])
+        raise corrupt(path, f"{what} {bad} at position {at} is outside [0, {limit}) given by index.json")
+
+
 @dataclass
 class _Shard:
     name: str
@@ -169,9 +204,12 @@ class InstanceStore:
     Args:
         data_dir: A directory written by the builder (holds ``index.json``).
         index: Its parsed ``index.json`` when the caller has read it already (:func:`read_index`).
+        verify: Check checksums and ranges on open (:meth:`_verify`). The data checks
+            (:mod:`.checks`) pass False: they test the same ranges row by row and report them as failed
+            expectations.
     """
 
-    def __init__(self, data_dir: str | Path, index: dict[str, Any] | None = None):
+    def __init__(self, data_dir: str | Path, index: dict[str, Any] | None = None, *, verify: bool = True):
         self.data_dir = Path(data_dir)
         self.index = read_index(self.data_dir) if index is None else index
         self.max_seq_length: int = self.index["max_seq_length"]
@@ -210,7 +248,33 @@ class InstanceStore:
             if "docs" in arrays:
                 arrays["docs"] = arrays["docs"].reshape(n, 2)
             self.shards.append(_Shard(name, n, arrays))
+        if verify:
+            self._verify()
         self.cum = np.cumsum([0] + [s.n for s in self.shards], dtype=np.int64)
+
+    def _verify(self) -> None:
+        """Checksums (when the output has a manifest) and ranges of every file, once per open.
+
+        Raises:
+            CorruptOutputError: naming the damaged file and what is wrong with it.
+        """
+        files = [self.data_dir / f"{s.name}.{key}.bin" for s in self.shards for key in s.arrays]
+        if (self.data_dir / "vocab.txt").is_file():
+            files.append(self.data_dir / "vocab.txt")
+        verify_output(self.data_dir, files)
+        for shard in self.shards:
+            a = shard.arrays
+            path = self.data_dir / shard.name
+            _check_offsets(a["offsets"], int(a["tokens"].size), self.max_seq_length, f"{path}.offsets.bin")
+            _check_ids(a["tokens"], self.vocab_size, f"{path}.tokens.bin")
+            if self.static:
+                _check_offsets(
+                    a["mlm_offsets"], int(a["mlm_pos"].size), self.max_seq_length, f"{path}.mlm_offsets.bin"
+                )
+                _check_ids(
+                    a["mlm_pos"], self.max_seq_length, f"{path}.mlm_pos.bin", what="prediction position"
+                )
+                _check_ids(a["mlm_labels"], self.vocab_size, f"{path}.mlm_labels.bin")
 
     def __len__(self) -> int:
         return int(self.cum[-1])

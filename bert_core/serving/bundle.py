@@ -23,6 +23,7 @@ SERVING_MODULES: tuple[str, ...] = (
     "config.py",
     "constants.py",
     "hf.py",
+    "integrity.py",
     "masked_lm.py",
     "model.py",
     "owned.py",

@@ -33,6 +33,10 @@ class ServingSettings:
     max_answer_length: int = 30
 
 
+class NonFiniteOutputError(ValueError):
+    """The model produced NaN or infinite outputs: its weights are damaged; no prediction is returned."""
+
+
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -71,6 +75,7 @@ class Predictor:
         self.outputs = self.component.serving_outputs(self.spec)
         device = device or os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = torch.device(device)
+        self.hf_dir = Path(hf_dir)
         self.model = self.component.model_class.from_pretrained(hf_dir)
         self.model.eval().to(self.device)
         longest = int(getattr(self.model.config, "max_position_embeddings", 512))
@@ -79,12 +84,27 @@ class Predictor:
         self.tokenizer = load_tokenizer(hf_dir, self.model.config.vocab_size)
 
     def _run(self, features: list[dict[str, Any]]) -> list[Any]:
+        """The model's outputs per feature; refused when any is NaN or infinite.
+
+        Raises:
+            NonFiniteOutputError: naming the model directory: a NaN logit would otherwise become a label
+                (argmax of NaN is 0) with a null score.
+        """
+        import numpy as np
         import torch
 
         from bert_core.finetune.inference import predict
 
         with torch.inference_mode():
-            return predict(self.model, features, batch_size=self.batch_size, device=self.device)
+            outputs = predict(self.model, features, batch_size=self.batch_size, device=self.device)
+        bad = next((i for i, out in enumerate(outputs) if not np.isfinite(out).all()), None)
+        if bad is not None:
+            raise NonFiniteOutputError(
+                f"model {self.hf_dir} produced NaN or infinite outputs (first for input feature {bad}); its "
+                "weights are damaged. Check it with `python -m flows.checkpoints check "
+                f"{self.hf_dir}`, then restore it (`dvc checkout` / `dvc pull`) or register it again"
+            )
+        return outputs
 
     # -- input
     def records(self, data: Any) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from bert_core.atomic import atomic_path, clean_stale_temps
+from bert_core.integrity import CorruptOutputError, verify_output
 
 if TYPE_CHECKING:
     from bert_core.training.distributed import DistContext
@@ -175,9 +176,18 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _verify(ckpt: Path, files: list[Path] | None = None) -> None:
+    """Check the checkpoint's files against the checksums written with it (``atomic_path`` records them)."""
+    try:
+        verify_output(ckpt, files)
+    except CorruptOutputError as exc:
+        raise CheckpointError(f"{exc}; or delete {ckpt} to resume from an older checkpoint") from exc
+
+
 def read_state(ckpt: Path) -> dict[str, Any]:
     """The ``state.json`` of a checkpoint."""
     path = Path(ckpt) / "state.json"
+    _verify(Path(ckpt), [path])
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -207,10 +217,11 @@ def load_checkpoint(
         ``(state, rng_states, data_states)``: the trainer state and the per-rank RNG and loader states.
 
     Raises:
-        CheckpointError: a file is missing, truncated, holds pickled code, or the weights do not fit
-            the model (a checkpoint of another model size).
+        CheckpointError: a file is missing, truncated, differs from the checksum written with it, holds
+            pickled code, or the weights do not fit the model (a checkpoint of another model size).
     """
     ckpt = Path(ckpt)
+    _verify(ckpt)  # every file, once, before any is read
     state = read_state(ckpt)
     weights = ckpt / "model.safetensors"
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_core.constants import SPECIAL_TOKENS
+from bert_core.integrity import verify_output
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,14 @@ def read_vocab(path: str | Path) -> VocabInfo:
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: the file is empty, not UTF-8, repeats an entry, or lacks one of :data:`SPECIAL_TOKENS`.
+        CorruptOutputError: the file differs from what its stage wrote (its output's checksum).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"vocabulary file {path} not found; run the vocab stage first (dvc repro vocab)"
         )
+    verify_output(path.parent, [path])
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")

@@ -18,6 +18,8 @@ import pytest
 import torch
 import yaml
 
+from bert_core.owned import OUTPUT_MARK
+
 from .conftest import PY, REPO_ROOT, run_cmd, stage_env
 
 pytestmark = pytest.mark.faults
@@ -282,6 +284,9 @@ def built(tiny_pipeline):
 def test_vocab_without_mask(tmp_path, env, built):
     vocab = tmp_path / "vocab"
     shutil.copytree(built / "data" / "vocab", vocab)
+    (
+        vocab / OUTPUT_MARK
+    ).unlink()  # edited by hand below: no recorded checksums, the vocab's own check speaks
     lines = (vocab / "vocab.txt").read_text(encoding="utf-8").splitlines()
     (vocab / "vocab.txt").write_text("\n".join(t for t in lines if t != "[MASK]") + "\n", encoding="utf-8")
     params = params_file(tmp_path, "pretrain_data", {"pretrain_data.phases": ["seq128"]})
@@ -310,6 +315,25 @@ def test_vocab_whose_size_disagrees_with_the_data_and_model(tmp_path, env, built
         res, "pretrain", tmp_path / "work", f"uses a vocabulary of {len(lines)} tokens",
         f"the model config has vocab_size={len(lines) + 7}",
     )  # fmt: skip
+
+
+def test_pretraining_shard_damaged_in_place(tmp_path, env, built):
+    """Bytes of a shard changed in place (same size): refused by name before any training step."""
+    import time
+
+    data = tmp_path / "pretrain_data"
+    shutil.copytree(built / "data" / "pretrain_data", data)
+    shard = sorted(data.glob("*/train/shard-*.tokens.bin"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2 : len(raw) // 2 + 4] = b"\xff\xff\xff\xff"
+    shard.write_bytes(bytes(raw))
+    args = ["--params", str(built / "params" / "pretrain.yaml"), "--data", str(data), "--vocab",
+            str(built / "data" / "vocab"), "--out", "out", "--checkpoints", "ck", "--loss-plot", "loss.csv",
+            "--heldout-plot", "h.csv", "--metrics", "metrics.json"]  # fmt: skip
+    start = time.monotonic()
+    res = run_stage("pretrain", args, tmp_path / "work", env)
+    assert_failed_cleanly(res, "pretrain", tmp_path / "work", f"{shard} is damaged", "dvc repro")
+    assert time.monotonic() - start < 120  # the stage's start-up, not a training run
 
 
 def finetune_params(tmp_path: Path, **extra: Any) -> Path:
@@ -344,6 +368,7 @@ def run_finetune(tmp_path: Path, env: dict[str, str], model: Path, params: Path 
 def test_tokenizer_larger_than_the_model_vocab(tmp_path, env, built):
     model = tmp_path / "model"
     shutil.copytree(built / "models" / "pretrained", model)
+    (model / OUTPUT_MARK).unlink()  # edited by hand below: a user's own checkpoint, no recorded checksums
     (model / "tokenizer.json").unlink(missing_ok=True)
     lines = (model / "vocab.txt").read_text(encoding="utf-8").splitlines()
     (model / "vocab.txt").write_text("\n".join([*lines, "zzextra1", "zzextra2"]) + "\n", encoding="utf-8")
@@ -363,6 +388,7 @@ def test_pickled_checkpoint_carrying_code_is_refused_not_run(tmp_path, env, buil
 
     model = tmp_path / "model"
     shutil.copytree(built / "models" / "pretrained", model)
+    (model / OUTPUT_MARK).unlink()  # a user's own checkpoint, no recorded checksums
     (model / "model.safetensors").unlink()
     torch.save(
         {"bert.embeddings.word_embeddings.weight": torch.zeros(2, 2), "x": Payload()},
