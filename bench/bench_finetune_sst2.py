@@ -80,8 +80,17 @@ def run_ours(
     model = BertForSequenceClassification.from_pretrained(init_dir)
     model.train()
     steps_per_epoch = -(-len(train_f) // args.batch_size)
-    config = TrainConfig(max_steps=steps_per_epoch * args.epochs, lr=args.lr, warmup_ratio=0.1, weight_decay=0.01,
-                         max_grad_norm=1.0, log_every=steps_per_epoch, seed=seed, device="cpu", precision="fp32")  # fmt: skip
+    config = TrainConfig(
+        max_steps=steps_per_epoch * args.epochs,
+        lr=args.lr,
+        warmup_ratio=0.1,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        log_every=steps_per_epoch,
+        seed=seed,
+        device="cpu",
+        precision="fp32",
+    )
     loader = _EpochLoader(make_loader(train_f, args.batch_size, shuffle=True, seed=seed))
     t0 = time.perf_counter()
     Trainer(model, FinetuneObjective(), loader, config).fit()
@@ -91,8 +100,15 @@ def run_ours(
     return {"seconds": seconds, "examples_per_s": len(train_f) * args.epochs / seconds, "dev_accuracy": acc}
 
 
-def run_hf(init_dir: Path, train_f: list, dev_f: list, dev_labels: list, args: argparse.Namespace, seed: int,
-           mode: str) -> dict:  # fmt: skip
+def run_hf(
+    init_dir: Path,
+    train_f: list,
+    dev_f: list,
+    dev_labels: list,
+    args: argparse.Namespace,
+    seed: int,
+    mode: str,
+) -> dict:
     import transformers
     from transformers import (
         BertForSequenceClassification,
@@ -109,8 +125,14 @@ def run_hf(init_dir: Path, train_f: list, dev_f: list, dev_labels: list, args: a
         for f in features:
             n = len(f["input_ids"])
             pad = (pad_to - n) if pad_to else 0
-            out.append({"input_ids": f["input_ids"] + [0] * pad, "token_type_ids": f["token_type_ids"] + [0] * pad,
-                        "attention_mask": [1] * n + [0] * pad, "labels": f["labels"]})  # fmt: skip
+            out.append(
+                {
+                    "input_ids": f["input_ids"] + [0] * pad,
+                    "token_type_ids": f["token_type_ids"] + [0] * pad,
+                    "attention_mask": [1] * n + [0] * pad,
+                    "labels": f["labels"],
+                }
+            )
         return out
 
     pad_to = args.max_len if mode == "hf-padded" else None
@@ -136,8 +158,12 @@ def run_hf(init_dir: Path, train_f: list, dev_f: list, dev_labels: list, args: a
             train_sampling_strategy="group_by_length" if mode == "hf-grouped" else "random",
             disable_tqdm=True,
         )
-        trainer = Trainer(model=model, args=targs, train_dataset=rows(train_f, pad_to),
-                          data_collator=DataCollatorWithPadding(tokenizer))  # fmt: skip
+        trainer = Trainer(
+            model=model,
+            args=targs,
+            train_dataset=rows(train_f, pad_to),
+            data_collator=DataCollatorWithPadding(tokenizer),
+        )
         t0 = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - t0
@@ -183,29 +209,45 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     res = run_hf(init_dir, train_f, dev_f, dev_labels, args, seed, name)
                 results[name].append(res)
-                print(f"seed {seed} {name}: {res['examples_per_s']:.0f} ex/s, dev acc {res['dev_accuracy']:.1f}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"seed {seed} {name}: {res['examples_per_s']:.0f} ex/s, dev acc {res['dev_accuracy']:.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     ours = results["ours"]
     rows = []
     for name in contenders:
         runs = results[name]
         accs = [r["dev_accuracy"] for r in runs]
         speedup = [o["examples_per_s"] / r["examples_per_s"] for o, r in zip(ours, runs)]
-        rows.append({
-            "contender": name,
-            "examples/s (median)": median([r["examples_per_s"] for r in runs]),
-            "ours / this (median)": median(speedup),
-            "dev acc mean": statistics.fmean(accs),
-            "dev acc std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-        })  # fmt: skip
+        rows.append(
+            {
+                "contender": name,
+                "examples/s (median)": median([r["examples_per_s"] for r in runs]),
+                "ours / this (median)": median(speedup),
+                "dev acc mean": statistics.fmean(accs),
+                "dev acc std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+            }
+        )
     info = machine_info()
-    print(f"# SST-2 fine-tuning, tiny preset: {args.train_rows} train rows x {args.epochs} epochs, batch "
-          f"{args.batch_size}, lr {args.lr:g}, {args.seeds} seeds; dev = 872 rows")  # fmt: skip
+    print(
+        f"# SST-2 fine-tuning, tiny preset: {args.train_rows} train rows x {args.epochs} epochs, batch "
+        f"{args.batch_size}, lr {args.lr:g}, {args.seeds} seeds; dev = 872 rows"
+    )
     print(json.dumps(info))
     print_table(rows)
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "machine": info,
-                                         "results": results, "table": rows}, indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "machine": info,
+                    "results": results,
+                    "table": rows,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

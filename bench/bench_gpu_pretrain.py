@@ -77,11 +77,23 @@ def run(
     objective = PretrainingObjective.for_config(cfg)
     max_pred = 20 if seq_len <= 128 else 80
     logs: list[dict] = []
-    tc = TrainConfig(max_steps=warm + steps, lr=1e-4, warmup_ratio=0.01, precision=precision,
-                     compile=compile_, log_every=warm, device=device)  # fmt: skip
+    tc = TrainConfig(
+        max_steps=warm + steps,
+        lr=1e-4,
+        warmup_ratio=0.01,
+        precision=precision,
+        compile=compile_,
+        log_every=warm,
+        device=device,
+    )
     t0 = time.perf_counter()
-    Trainer(model, objective, SyntheticLoader(batch, seq_len, max_pred), tc,
-            on_metrics=lambda s, m: logs.append(m)).fit()  # fmt: skip
+    Trainer(
+        model,
+        objective,
+        SyntheticLoader(batch, seq_len, max_pred),
+        tc,
+        on_metrics=lambda s, m: logs.append(m),
+    ).fit()
     total = time.perf_counter() - t0
     timed = logs[1:]  # the first window holds compilation and warm-up
     seconds = sum(m["step_time_s"] for m in timed) * warm
@@ -122,8 +134,11 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: this benchmark needs a GPU (--device cpu runs a smoke test)")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    print(f"device: {name}; torch {torch.__version__}; CUDA {torch.version.cuda}; "
-          f"peak bf16 dense {peak_tflops(name, 'bf16')} TFLOP/s (table)", flush=True)  # fmt: skip
+    print(
+        f"device: {name}; torch {torch.__version__}; CUDA {torch.version.cuda}; "
+        f"peak bf16 dense {peak_tflops(name, 'bf16')} TFLOP/s (table)",
+        flush=True,
+    )
     results = []
     for seq_len, batch in ((128, args.batch128), (512, args.batch512)):
         r = run(
@@ -145,9 +160,11 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['preset']} | {r['seq_len']} | {r['batch']} | {r['precision']} | {r['compile']} | "
-              f"{r['tokens_per_s']:,.0f} | {r['seq_per_s']:,.0f} | {100 * r['mfu']:.1f}% | "
-              f"{r['step_time_ms']:.1f} | {r['peak_mem_gib']:.1f} |")  # fmt: skip
+        print(
+            f"| {r['preset']} | {r['seq_len']} | {r['batch']} | {r['precision']} | {r['compile']} | "
+            f"{r['tokens_per_s']:,.0f} | {r['seq_per_s']:,.0f} | {100 * r['mfu']:.1f}% | "
+            f"{r['step_time_ms']:.1f} | {r['peak_mem_gib']:.1f} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

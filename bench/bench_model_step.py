@@ -192,8 +192,24 @@ def main(argv: list[str] | None = None) -> dict:
         "params": ours.num_parameters(),
         **machine_info(),
     }
-    print_table([result], ["preset", "batch", "seq_len", "steps", "threads", "clock", "ours_s", "transformers_s", "speedup",
-                           "ours_positions_s", "positions_speedup", "ours_tok_s", "transformers_tok_s"])  # fmt: skip
+    print_table(
+        [result],
+        [
+            "preset",
+            "batch",
+            "seq_len",
+            "steps",
+            "threads",
+            "clock",
+            "ours_s",
+            "transformers_s",
+            "speedup",
+            "ours_positions_s",
+            "positions_speedup",
+            "ours_tok_s",
+            "transformers_tok_s",
+        ],
+    )
     hidden = ("ours_s", "transformers_s", "ours_positions_s")
     print(json.dumps({k: v for k, v in result.items() if k not in hidden}, default=str))
     if args.json is not None:

@@ -36,8 +36,11 @@ PRESETS = {  # layers, hidden, heads
 
 
 def data_root() -> Path | None:
-    for root in (os.environ.get("BERT_DATA_ROOT"), Path(__file__).resolve().parents[1].parent / "shared" / "data",
-                 "/work/shared/data"):  # fmt: skip
+    for root in (
+        os.environ.get("BERT_DATA_ROOT"),
+        Path(__file__).resolve().parents[1].parent / "shared" / "data",
+        "/work/shared/data",
+    ):
         if root and (Path(root) / "glue" / "SST-2" / "dev.tsv").is_file():
             return Path(root)
     return None
@@ -86,16 +89,22 @@ def build_model(preset: str, out: Path) -> Path:
     from tokenizers.implementations import BertWordPieceTokenizer
 
     layers, hidden, heads = PRESETS[preset]
-    config = BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                        intermediate_size=4 * hidden)  # fmt: skip
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+    )
     spec = get_task("sst2")
     kind = get_kind(spec)
     torch.manual_seed(0)
     kind.model_class(kind.head_config(spec, config)).save_pretrained(out)
     (out / "vocab.txt").write_bytes(vocab.read_bytes())
     BertWordPieceTokenizer(str(vocab), lowercase=True).save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True,
-                                                           "model_max_length": 512}))  # fmt: skip
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512})
+    )
     return out
 
 
@@ -143,32 +152,56 @@ def main(argv: list[str] | None = None) -> int:
 
         # Same answers (probabilities of the first 64 sentences) before timing.
         a = np.array(ours.predict(frame.head(64))["probabilities"].tolist())
-        b = np.array([[d["score"] for d in sorted(o, key=lambda d: d["label"] != "negative")]
-                      for o in theirs(texts[:64], batch_size=args.batch_size, truncation=True)])  # fmt: skip
+        b = np.array(
+            [
+                [d["score"] for d in sorted(o, key=lambda d: d["label"] != "negative")]
+                for o in theirs(texts[:64], batch_size=args.batch_size, truncation=True)
+            ]
+        )
         assert np.allclose(a, b, atol=1e-4), float(np.abs(a - b).max())
 
         bulk = interleaved_timing(
-            {"ours": lambda: ours.predict(frame),
-             "theirs": lambda: theirs(texts, batch_size=args.batch_size, truncation=True)},
-            repeats=args.repeats, warmup=1, clock=CLOCKS[args.clock],
-        )  # fmt: skip
+            {
+                "ours": lambda: ours.predict(frame),
+                "theirs": lambda: theirs(texts, batch_size=args.batch_size, truncation=True),
+            },
+            repeats=args.repeats,
+            warmup=1,
+            clock=CLOCKS[args.clock],
+        )
         one = [{"text": t} for t in texts[: args.latency_calls]]
         calls = iter(range(10**9))
         single = interleaved_timing(
-            {"ours": lambda: ours.predict([one[next(calls) % len(one)]]),
-             "theirs": lambda: theirs([texts[next(calls) % len(one)]], truncation=True)},
-            repeats=args.latency_calls, warmup=3, clock=CLOCKS[args.clock],
-        )  # fmt: skip
+            {
+                "ours": lambda: ours.predict([one[next(calls) % len(one)]]),
+                "theirs": lambda: theirs([texts[next(calls) % len(one)]], truncation=True),
+            },
+            repeats=args.latency_calls,
+            warmup=3,
+            clock=CLOCKS[args.clock],
+        )
     rows = [
-        {"measure": f"throughput, {len(texts)} sentences, batch {args.batch_size} (sentences/s)",
-         "ours": len(texts) / median(bulk["ours"]), "transformers pipeline": len(texts) / median(bulk["theirs"]),
-         "ours / pipeline": median(paired_ratios(bulk["theirs"], bulk["ours"]))},
-        {"measure": "latency, 1 sentence per call (ms, median)", "ours": 1000 * median(single["ours"]),
-         "transformers pipeline": 1000 * median(single["theirs"]),
-         "ours / pipeline": median(paired_ratios(single["theirs"], single["ours"]))},
-    ]  # fmt: skip
-    info = {**machine_info(), "inputs": source, "preset": None if args.model_dir else args.preset,
-            "repeats": args.repeats, "latency_calls": args.latency_calls, "clock": args.clock}  # fmt: skip
+        {
+            "measure": f"throughput, {len(texts)} sentences, batch {args.batch_size} (sentences/s)",
+            "ours": len(texts) / median(bulk["ours"]),
+            "transformers pipeline": len(texts) / median(bulk["theirs"]),
+            "ours / pipeline": median(paired_ratios(bulk["theirs"], bulk["ours"])),
+        },
+        {
+            "measure": "latency, 1 sentence per call (ms, median)",
+            "ours": 1000 * median(single["ours"]),
+            "transformers pipeline": 1000 * median(single["theirs"]),
+            "ours / pipeline": median(paired_ratios(single["theirs"], single["ours"])),
+        },
+    ]
+    info = {
+        **machine_info(),
+        "inputs": source,
+        "preset": None if args.model_dir else args.preset,
+        "repeats": args.repeats,
+        "latency_calls": args.latency_calls,
+        "clock": args.clock,
+    }
     print(json.dumps(info))
     print_table(rows)
     print("(ours / pipeline > 1: ours is faster)")

@@ -50,13 +50,23 @@ def build_real_corpus(data_root: Path, out: Path) -> Path:
         {
             "sources": [{"name": "hub", "kind": "hf", "path": "Salesforce/wikitext"}],
             "local_sources": [
-                {"name": "gutenberg", "kind": "text", "path": "corpus/gutenberg/*.txt", "exclude": ["MANIFEST.tsv"]},
-                {"name": "wikipedia", "kind": "jsonl", "path": "corpus/wikipedia/*.jsonl", "id_field": "id",
-                 "title_field": "title"},
+                {
+                    "name": "gutenberg",
+                    "kind": "text",
+                    "path": "corpus/gutenberg/*.txt",
+                    "exclude": ["MANIFEST.tsv"],
+                },
+                {
+                    "name": "wikipedia",
+                    "kind": "jsonl",
+                    "path": "corpus/wikipedia/*.jsonl",
+                    "id_field": "id",
+                    "title_field": "title",
+                },
             ],
             "heldout": {"fraction": 0.01, "max_documents": 500},
         }
-    )  # fmt: skip
+    )
     build_corpus(params, target, data_root=data_root, workers=2)
     return target
 
@@ -172,9 +182,18 @@ def main() -> None:
         overrides = {"phases": args.phases, "dupe_factor": args.dupe_factor, "num_workers": workers}
         out_dir = args.out / f"out-{name}"
         cmd = [
-            sys.executable, __file__, "--child", "--overrides", json.dumps(overrides),
-            "--corpus", str(replicate(corpus, args.out, copies)), "--vocab", str(vocab), "--out-dir", str(out_dir),
-        ]  # fmt: skip
+            sys.executable,
+            __file__,
+            "--child",
+            "--overrides",
+            json.dumps(overrides),
+            "--corpus",
+            str(replicate(corpus, args.out, copies)),
+            "--vocab",
+            str(vocab),
+            "--out-dir",
+            str(out_dir),
+        ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         load_before = os.getloadavg()[0]
         res = run_monitored(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))

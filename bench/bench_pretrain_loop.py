@@ -61,8 +61,15 @@ def ours_round(
     def on_metrics(step: int, metrics: dict) -> None:
         marks.append((step, time.perf_counter(), time.process_time()))
 
-    cfg = TrainConfig(max_steps=warm + steps, lr=1e-4, warmup_ratio=0.1, log_every=warm, device="cpu",
-                      seed=seed, max_grad_norm=1.0)  # fmt: skip
+    cfg = TrainConfig(
+        max_steps=warm + steps,
+        lr=1e-4,
+        warmup_ratio=0.1,
+        log_every=warm,
+        device="cpu",
+        seed=seed,
+        max_grad_norm=1.0,
+    )
     if steps % warm:
         raise ValueError("--steps must be a multiple of --warm")
     objective = PretrainingObjective.for_config(model.config)
@@ -107,8 +114,10 @@ def bench(
         for name, fn, model in (("ours", ours_round, ours), ("reference", reference_round, theirs)):
             wall, cpu, seqs = fn(model, data_dir, batch, warm, steps, seed=r)
             rows[name].append((seqs / wall, seqs / cpu))
-            print(f"  {preset} round {r} {name:9s}: {seqs / wall:7.1f} seq/s wall, {seqs / cpu:7.1f} seq/s CPU",
-                  flush=True)  # fmt: skip
+            print(
+                f"  {preset} round {r} {name:9s}: {seqs / wall:7.1f} seq/s wall, {seqs / cpu:7.1f} seq/s CPU",
+                flush=True,
+            )
     out = {"preset": preset, "batch": batch, "seq_len": 128, "timed_steps": steps, "rounds": rounds}
     for name, vals in rows.items():
         out[f"{name}_seq_per_s_wall"] = statistics.median(v[0] for v in vals)
@@ -141,8 +150,10 @@ def main() -> None:
     vocab_size = PretrainingLoader(data_dir / "seq128" / "train", 1).vocab_size
     import transformers
 
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} "
-          f"threads, vocab {vocab_size}, data {data_dir}")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} "
+        f"threads, vocab {vocab_size}, data {data_dir}"
+    )
     results = [
         bench(p, data_dir, vocab_size, args.batch, args.warm, args.steps, args.rounds) for p in args.presets
     ]
@@ -151,9 +162,11 @@ def main() -> None:
     )
     print("|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['preset']} | {r['batch']} x 128 | {r['ours_seq_per_s_wall']:.1f} / {r['ours_seq_per_s_cpu']:.1f} | "
-              f"{r['reference_seq_per_s_wall']:.1f} / {r['reference_seq_per_s_cpu']:.1f} | "
-              f"{r['ratio_wall']:.2f}x / {r['ratio_cpu']:.2f}x |")  # fmt: skip
+        print(
+            f"| {r['preset']} | {r['batch']} x 128 | {r['ours_seq_per_s_wall']:.1f} / {r['ours_seq_per_s_cpu']:.1f} | "
+            f"{r['reference_seq_per_s_wall']:.1f} / {r['reference_seq_per_s_cpu']:.1f} | "
+            f"{r['ratio_wall']:.2f}x / {r['ratio_cpu']:.2f}x |"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

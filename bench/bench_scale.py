@@ -123,10 +123,13 @@ def choose_subsets(corpus_dir: Path, sizes_mb: list[float]) -> list[Subset]:
         nb, nw = _prefix(book_sizes, t * MB * share), _prefix(wiki_sizes, t * MB * (1 - share))
         out.append(
             Subset(
-                t, [p.name for p in books[:nb]], [p.name for p in wiki[:nw]], sum(book_sizes[:nb]),
+                t,
+                [p.name for p in books[:nb]],
+                [p.name for p in wiki[:nw]],
+                sum(book_sizes[:nb]),
                 sum(wiki_sizes[:nw]),
             )
-        )  # fmt: skip
+        )
     return out
 
 

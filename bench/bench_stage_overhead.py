@@ -50,8 +50,17 @@ def _children_cpu() -> float:
 def run_once(repo: Path, work: Path, env: dict[str, str], i: int) -> tuple[float, float]:
     """Wall and CPU seconds of one stage command; raises when it fails."""
     out = work / f"run{i}"
-    cmd = [sys.executable, "-m", "flows.corpus", "--params", str(work / "corpus.yaml"),
-           "--out", str(out / "corpus"), "--metrics", str(out / "corpus.json")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.corpus",
+        "--params",
+        str(work / "corpus.yaml"),
+        "--out",
+        str(out / "corpus"),
+        "--metrics",
+        str(out / "corpus.json"),
+    ]
     cpu, wall = _children_cpu(), time.perf_counter()
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     wall, cpu = time.perf_counter() - wall, _children_cpu() - cpu
@@ -99,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         walls.append(wall)
         cpus.append(cpu)
         print(f"run {i}: wall {wall:.2f} s, cpu (user+sys, children included) {cpu:.2f} s", flush=True)
-    print(f"median of {args.repeats} ({args.api}, {args.repo}): wall {statistics.median(walls):.2f} s, "
-          f"cpu {statistics.median(cpus):.2f} s")  # fmt: skip
+    print(
+        f"median of {args.repeats} ({args.api}, {args.repo}): wall {statistics.median(walls):.2f} s, "
+        f"cpu {statistics.median(cpus):.2f} s"
+    )
     return 0
 
 

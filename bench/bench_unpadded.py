@@ -85,8 +85,14 @@ def real_lengths(seq_len: int, n_docs: int = 400, seed: int = 0) -> np.ndarray:
         doc_sents=np.asarray(doc_sents, dtype=np.int64),
         doc_rows=np.arange(len(docs), dtype=np.int64),
     )
-    pairs = create_pairs(window, max_seq_length=seq_len, short_seq_prob=0.1, random_next_prob=0.5,
-                         nsp_balance=True, rng=random.Random(seed))  # fmt: skip
+    pairs = create_pairs(
+        window,
+        max_seq_length=seq_len,
+        short_seq_prob=0.1,
+        random_next_prob=0.5,
+        nsp_balance=True,
+        rng=random.Random(seed),
+    )
     return (pairs.a_len + pairs.b_len + 3).astype(np.int64)
 
 
@@ -111,8 +117,15 @@ def make_batches(lengths: np.ndarray, n: int, batch: int, seq_len: int, vocab: i
             pos = torch.randperm(n_tok - 2, generator=g)[:k] + 1
             labels[i, pos] = ids[i, pos]
             ids[i, pos] = MASK
-        out.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": labels,
-                    "next_sentence_label": torch.randint(0, 2, (batch,), generator=g)})  # fmt: skip
+        out.append(
+            {
+                "input_ids": ids,
+                "attention_mask": mask,
+                "token_type_ids": types,
+                "labels": labels,
+                "next_sentence_label": torch.randint(0, 2, (batch,), generator=g),
+            }
+        )
     return out
 
 
@@ -120,8 +133,12 @@ def useful_flops(config: BertConfig, batch: dict) -> float:
     """The FLOPs formula over the real tokens of each sequence (padding is not useful work)."""
     lens = batch["attention_mask"].sum(1).tolist()
     masked = (batch["labels"] != IGNORE_INDEX).sum(1).tolist()
-    sizes = {"num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-             "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}  # fmt: skip
+    sizes = {
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "vocab_size": config.vocab_size,
+    }
     return sum(
         bert_train_flops(**sizes, seq_len=t, sequences=1, masked_tokens=m) for t, m in zip(lens, masked)
     )
@@ -219,8 +236,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             t0 = time.perf_counter()
             for _ in batches:
                 step()
-            compile_info[name] = {"compile_s": time.perf_counter() - t0,
-                                  "graph_breaks": sum(counters["graph_break"].values())}  # fmt: skip
+            compile_info[name] = {
+                "compile_s": time.perf_counter() - t0,
+                "graph_breaks": sum(counters["graph_break"].values()),
+            }
             state["i"] = 0
         steppers[name] = step
 
@@ -234,22 +253,35 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for name in variants:
         s = median(times[name])
-        rows.append({
-            "variant": name,
-            "s_per_step": s,
-            "real_tok_s": real_tokens / s,
-            "mfu": f"{flops / s / (peak * 1e12):.4f}" if peak else "n/a",
-            "speedup_vs_eager": median(paired_ratios(times["eager"], times[name])),
-            "graph_breaks": compile_info.get(name, {}).get("graph_breaks", ""),
-            "compile_s": compile_info.get(name, {}).get("compile_s", ""),
-        })  # fmt: skip
+        rows.append(
+            {
+                "variant": name,
+                "s_per_step": s,
+                "real_tok_s": real_tokens / s,
+                "mfu": f"{flops / s / (peak * 1e12):.4f}" if peak else "n/a",
+                "speedup_vs_eager": median(paired_ratios(times["eager"], times[name])),
+                "graph_breaks": compile_info.get(name, {}).get("graph_breaks", ""),
+                "compile_s": compile_info.get(name, {}).get("compile_s", ""),
+            }
+        )
     pad_share = 1 - real_tokens / (args.batch_size * args.seq_len)
-    header = {"preset": args.preset, "seq_len": args.seq_len, "batch": args.batch_size, "steps": args.steps,
-              "dtype": args.dtype, "device": str(device), "lengths": args.lengths, "clock": args.clock,
-              "threads": args.threads, "padding_share": round(pad_share, 3),
-              "short_share": {f"<{args.seq_len}": float(np.mean(lengths < args.seq_len)),
-                              f"<{args.seq_len // 2}": float(np.mean(lengths < args.seq_len // 2))},
-              **machine_info()}  # fmt: skip
+    header = {
+        "preset": args.preset,
+        "seq_len": args.seq_len,
+        "batch": args.batch_size,
+        "steps": args.steps,
+        "dtype": args.dtype,
+        "device": str(device),
+        "lengths": args.lengths,
+        "clock": args.clock,
+        "threads": args.threads,
+        "padding_share": round(pad_share, 3),
+        "short_share": {
+            f"<{args.seq_len}": float(np.mean(lengths < args.seq_len)),
+            f"<{args.seq_len // 2}": float(np.mean(lengths < args.seq_len // 2)),
+        },
+        **machine_info(),
+    }
     print(json.dumps(header, default=str))
     print_table(rows)
     if args.json is not None:

@@ -66,9 +66,12 @@ def main() -> None:
         corpus = build_real_corpus(args.data_root, args.out)
         params = load_params(REPO / "params" / "pretrain_data.yaml", "pretrain_data", PretrainDataParams)
         build_pretrain_data(
-            params, corpus_dir=corpus, vocab_dir=vocab_dir(args.data_root, args.out), output_dir=data,
+            params,
+            corpus_dir=corpus,
+            vocab_dir=vocab_dir(args.data_root, args.out),
+            output_dir=data,
             run_checks=False,
-        )  # fmt: skip
+        )
     files = sorted(f for f in data.rglob("*") if f.is_file() and f.name != ".bert-output")
     mb = sum(f.stat().st_size for f in files) / 1e6
     splits = sorted(d.parent for d in data.rglob("index.json"))

@@ -212,10 +212,17 @@ def make_module() -> types.ModuleType:
     tf.app = types.SimpleNamespace(run=_run, flags=FLAGS_MODULE)
     log = logging.getLogger("tensorflow")
     tf.logging = types.SimpleNamespace(
-        info=log.info, warning=log.warning, warn=log.warning, error=log.error, debug=log.debug,
-        set_verbosity=log.setLevel, INFO=logging.INFO, WARN=logging.WARNING, ERROR=logging.ERROR,
+        info=log.info,
+        warning=log.warning,
+        warn=log.warning,
+        error=log.error,
+        debug=log.debug,
+        set_verbosity=log.setLevel,
+        INFO=logging.INFO,
+        WARN=logging.WARNING,
+        ERROR=logging.ERROR,
         DEBUG=logging.DEBUG,
-    )  # fmt: skip
+    )
     tf.gfile = types.SimpleNamespace(GFile=_gfile, Open=_gfile, Glob=lambda p: sorted(_glob.glob(p)))
     tf.train = types.SimpleNamespace(
         Example=Example, Features=Features, Feature=Feature, Int64List=Int64List, FloatList=FloatList

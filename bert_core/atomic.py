@@ -398,10 +398,15 @@ def atomic_outputs(
             with contextlib.suppress(OSError):
                 directory.rmdir()  # only if still empty
         full = next(
-            (f for f in pairs if isinstance(err, Exception) and not isinstance(err, DiskFullError)
-             and _looks_like_disk_full(err, f.parent)),
+            (
+                f
+                for f in pairs
+                if isinstance(err, Exception)
+                and not isinstance(err, DiskFullError)
+                and _looks_like_disk_full(err, f.parent)
+            ),
             None,
-        )  # fmt: skip
+        )
         if full is not None:
             raise DiskFullError(
                 errno.ENOSPC,

@@ -108,8 +108,15 @@ class BertConfig:
     unpad: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "max_position_embeddings", "type_vocab_size", "num_labels"):  # fmt: skip
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+            "type_vocab_size",
+            "num_labels",
+        ):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"BertConfig.{name}={value!r} is invalid: expected an integer >= 1")

@@ -348,8 +348,10 @@ def load_state_dict_into(
     if report.missing_keys or report.mismatched_keys:
         log.warning(
             "%s: newly initialised (not in %s): %s; train the model before using it for predictions",
-            type(model).__name__, where, report.missing_keys + [k for k, _, _ in report.mismatched_keys],
-        )  # fmt: skip
+            type(model).__name__,
+            where,
+            report.missing_keys + [k for k, _, _ in report.mismatched_keys],
+        )
     if report.unexpected_keys:
         log.info("%s: unused tensors of %s: %s", type(model).__name__, where, report.unexpected_keys)
     return report

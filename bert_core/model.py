@@ -377,9 +377,13 @@ class BertPreTrainedModel(nn.Module):
         from bert_core import hf
 
         model, report = hf.load_pretrained(
-            cls, path, config=config, strict=strict, ignore_mismatched_sizes=ignore_mismatched_sizes,
+            cls,
+            path,
+            config=config,
+            strict=strict,
+            ignore_mismatched_sizes=ignore_mismatched_sizes,
             **config_overrides,
-        )  # fmt: skip
+        )
         return (model, report) if output_loading_info else model
 
     def save_pretrained(self, path: str | os.PathLike[str]) -> Path:
@@ -500,9 +504,13 @@ class BertForPreTraining(BertPreTrainedModel):
         """
         out = self.bert(input_ids, attention_mask, token_type_ids)
         mlm_loss, full, masked_logits, masked_labels = mlm_outputs(
-            self.cls.predictions, out.last_hidden_state, labels, masked_lm_positions, masked_lm_ids,
+            self.cls.predictions,
+            out.last_hidden_state,
+            labels,
+            masked_lm_positions,
+            masked_lm_ids,
             masked_lm_weights,
-        )  # fmt: skip
+        )
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         nsp_loss = None
         if next_sentence_label is not None:
@@ -707,7 +715,12 @@ class BertForMultipleChoice(BertPreTrainedModel):
 MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
     cls.__name__: cls
     for cls in (
-        BertModel, BertForPreTraining, BertForMaskedLM, BertForSequenceClassification,
-        BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice,
+        BertModel,
+        BertForPreTraining,
+        BertForMaskedLM,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertForQuestionAnswering,
+        BertForMultipleChoice,
     )
-}  # fmt: skip
+}

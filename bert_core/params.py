@@ -172,8 +172,12 @@ def mlflow_model_name(value: str) -> str:
     """``value`` if MLflow accepts it as a registered model name (no ``/`` or ``:``, no path tricks)."""
     from mlflow.utils.validation import _validate_model_name
 
-    _mlflow_refuses(_validate_model_name, value, "a registered model name",
-                    "Use letters, digits, '-', '_' and '.' (e.g. '-' where it has '/').")  # fmt: skip
+    _mlflow_refuses(
+        _validate_model_name,
+        value,
+        "a registered model name",
+        "Use letters, digits, '-', '_' and '.' (e.g. '-' where it has '/').",
+    )
     return value
 
 

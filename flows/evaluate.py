@@ -53,10 +53,15 @@ def evaluate_flow(
     run_params = {**params.model_dump(mode="json"), "tasks": tasks}
     with stage("evaluate", run_params, *outs, metrics_path=metrics_file, dirs=(outs[2],)) as s:
         metrics, _ = evaluate_results(
-            in_repo(params.results_dir, "evaluate.results_dir"), metrics_file, report_dir, tasks=tasks,
-            reference_size=params.reference_size, dpi=params.dpi, lock_path=REPO_ROOT / "dvc.lock",
+            in_repo(params.results_dir, "evaluate.results_dir"),
+            metrics_file,
+            report_dir,
+            tasks=tasks,
+            reference_size=params.reference_size,
+            dpi=params.dpi,
+            lock_path=REPO_ROOT / "dvc.lock",
             outputs=s.staged,
-        )  # fmt: skip
+        )
         s.done(
             headline(metrics, [*score_keys(metrics), *STAGE.headline]),
             details=metrics,

@@ -97,8 +97,9 @@ def _source(source: str, download: str) -> Any:
     return resolved
 
 
-def _outs(task: str, out_dir: str | None, model_out: str | None, metrics_path: str | None,
-          plots_dir: str | None) -> tuple[Path, Path, Path, list[Path]]:  # fmt: skip
+def _outs(
+    task: str, out_dir: str | None, model_out: str | None, metrics_path: str | None, plots_dir: str | None
+) -> tuple[Path, Path, Path, list[Path]]:
     """The task's outs: results, model, metrics file and learning curves (default: the stage table's)."""
     (model_default, out_default), (metrics_default,) = STAGE.outs, STAGE.metrics
     out = Path(out_dir or REPO_ROOT / STAGE.expand(out_default, task))
@@ -148,25 +149,51 @@ def finetune_flow(
     check_source_built(source)  # before the stage's run opens: nothing to undo
     out, model_dir, metrics_file, curves = _outs(spec.name, out_dir, model_out, metrics_path, plots_dir)
     checks = data_check_dir("finetune", out, STAGE.expand(STAGE.outs[1], spec.name)) / spec.name
-    run_params = {"task": spec.name, "model": params.model.model_dump(mode="json"),
-                  "settings": settings.model_dump(mode="json"), "device": params.device, "precision": params.precision}  # fmt: skip
+    run_params = {
+        "task": spec.name,
+        "model": params.model.model_dump(mode="json"),
+        "settings": settings.model_dump(mode="json"),
+        "device": params.device,
+        "precision": params.precision,
+    }
     tags = {"task": spec.name, "init": params.model.init, "pretrained_source": source}
     with (
-        stage("finetune", run_params, out, model_dir, *curves, metrics_path=metrics_file, dirs=(out,),
-              checks_dir=checks, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}", tags=tags,
-              label=f"finetune-{spec.name}") as s,
+        stage(
+            "finetune",
+            run_params,
+            out,
+            model_dir,
+            *curves,
+            metrics_path=metrics_file,
+            dirs=(out,),
+            checks_dir=checks,
+            experiment=FINETUNE_EXPERIMENT,
+            run_name=f"finetune-{spec.name}",
+            tags=tags,
+            label=f"finetune-{spec.name}",
+        ) as s,
         tempfile.TemporaryDirectory(prefix="finetune-source-") as download,
-    ):  # fmt: skip
+    ):
         resolved = _source(source, download)
         s.run.set_tags({f"pretrained_{k}": v for k, v in resolved.info.items()})
-        trial_tags = {**_standard_tags(s.run.run_id), **tags, **{f"pretrained_{k}": str(v) for k, v in resolved.info.items()}}  # fmt: skip
+        trial_tags = {
+            **_standard_tags(s.run.run_id),
+            **tags,
+            **{f"pretrained_{k}": str(v) for k, v in resolved.info.items()},
+        }
         result = finetune_task(
-            spec.name, params, resolved.path, out, model_out=model_dir, data_root=data_root(),
+            spec.name,
+            params,
+            resolved.path,
+            out,
+            model_out=model_dir,
+            data_root=data_root(),
             tracker=MlflowTrialTracker(s.run.run_id, trial_tags, main_metric=spec.main_metric),
-            source_info=resolved.info, on_data=lambda data: (s.reports.extend(data.check_reports),
-                                                             log_task_data(spec.name, data)),
-            check_report_dir=checks, outputs=s.staged,
-        )  # fmt: skip
+            source_info=resolved.info,
+            on_data=lambda data: (s.reports.extend(data.check_reports), log_task_data(spec.name, data)),
+            check_report_dir=checks,
+            outputs=s.staged,
+        )
         metrics = result.metrics()
         s.run.set_tags(split_tags(result.data_split))  # data_split (+ its label unless official splits)
         log_headline_metric(spec.main_metric, metrics)  # dev.main + tag main_metric: one column across tasks
@@ -178,18 +205,31 @@ def finetune_flow(
 
         def register() -> None:  # on the committed model directory
             registration = register_finetuned(
-                model_dir, spec=spec, settings=settings, registry=params.registry, metrics=metrics,
-                run_id=s.run.run_id, experiment=FINETUNE_EXPERIMENT, card=card,
+                model_dir,
+                spec=spec,
+                settings=settings,
+                registry=params.registry,
+                metrics=metrics,
+                run_id=s.run.run_id,
+                experiment=FINETUNE_EXPERIMENT,
+                card=card,
                 tags={**trial_tags, "selected_trial": result.selected.name},
-            )  # fmt: skip
+            )
             s.run.set_tags(registration.as_tags())
             s.run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
 
         best = best_baseline(result)  # the trivial baselines' best on the main metric, beside the score
-        details = {**metrics, **({f"best_baseline.{spec.main_metric}": best[1]} if best else {}),
-                   "main_metric": spec.main_metric}  # fmt: skip
-        s.done(headline(details, STAGE.headline, main=spec.main_metric), details=details, artifacts=[(out, "results"), *((c, "plots") for c in curves)],
-               then=register if params.registry.enabled else None)  # fmt: skip
+        details = {
+            **metrics,
+            **({f"best_baseline.{spec.main_metric}": best[1]} if best else {}),
+            "main_metric": spec.main_metric,
+        }
+        s.done(
+            headline(details, STAGE.headline, main=spec.main_metric),
+            details=details,
+            artifacts=[(out, "results"), *((c, "plots") for c in curves)],
+            then=register if params.registry.enabled else None,
+        )
     return s.details
 
 

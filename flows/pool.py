@@ -47,10 +47,16 @@ _POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 #: The flows deployed to a pool: (module entrypoint, description). Each entrypoint names a Prefect flow at
 #: module level (``flows.pretrain.pretrain_flow`` is built on first access, see that module).
 POOL_FLOWS = (
-    ("flows.pipeline.pipeline_flow", "The whole pipeline through DVC (dvc exp run), on a worker of pool {pool}."),
+    (
+        "flows.pipeline.pipeline_flow",
+        "The whole pipeline through DVC (dvc exp run), on a worker of pool {pool}.",
+    ),
     ("flows.pretrain.pretrain_flow", "Pretraining on its own (outside DVC), on a worker of pool {pool}."),
-    ("flows.finetune.finetune_flow", "Fine-tuning one task on its own (outside DVC), on a worker of pool {pool}."),
-)  # fmt: skip
+    (
+        "flows.finetune.finetune_flow",
+        "Fine-tuning one task on its own (outside DVC), on a worker of pool {pool}.",
+    ),
+)
 
 #: The pull step every pool deployment runs before its flow is imported.
 PULL_STEP = {"flows.pool.enter_checkout": {}}

@@ -65,9 +65,15 @@ def pretrain_flow_fn(
             sink = mlflow_sink(s.run.run_id, spill_path=Path(checkpoint_root) / "unsent-metrics.jsonl")
             try:
                 result = pretrain(
-                    params, data_dir, vocab_dir, s[out_dir], checkpoint_root=checkpoint_root,
-                    on_metrics=sink, dist=dist, model_card=card,
-                )  # fmt: skip
+                    params,
+                    data_dir,
+                    vocab_dir,
+                    s[out_dir],
+                    checkpoint_root=checkpoint_root,
+                    on_metrics=sink,
+                    dist=dist,
+                    model_card=card,
+                )
             finally:
                 sink.close(timeout_s=60)
             write_curves(result.history, s[loss_plot], s[heldout_plot])

@@ -139,8 +139,11 @@ def stage_flows(table: Iterable[stages.Stage] = stages.STAGES) -> list[Any]:
             log.warning("not serving %s: %s failed (%s: %s)", stage.name, stage.flow, type(err).__name__, err)
             continue
         if not isinstance(built, Flow):
-            log.warning("not serving %s: %s is not a Prefect flow (nor a function returning one)", stage.name,
-                        stage.flow)  # fmt: skip
+            log.warning(
+                "not serving %s: %s is not a Prefect flow (nor a function returning one)",
+                stage.name,
+                stage.flow,
+            )
             continue
         found.append(built)
     return found

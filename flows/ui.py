@@ -99,8 +99,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="UI server processes (default 1: one user)")
     args = parser.parse_args(argv)
     store = args.backend_store_uri or default_store()
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store,
-           "--host", args.host, "--port", str(args.port), "--workers", str(args.workers)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        store,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--workers",
+        str(args.workers),
+    ]
     proc = subprocess.Popen(cmd)
     stopped: list[int] = []
 

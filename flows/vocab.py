@@ -68,9 +68,12 @@ def vocab_flow(
     with stage("vocab", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
         log_corpus_data(corpus_dir)  # the Dataset column and lineage in the MLflow UI
         stats = train_vocab(
-            params, Path(corpus_dir), s[out_dir], reference_vocab=reference_vocab(params),
+            params,
+            Path(corpus_dir),
+            s[out_dir],
+            reference_vocab=reference_vocab(params),
             report_dir=checks / "vocab",
-        )  # fmt: skip
+        )
         details = stats.as_metrics()
         s.done(
             headline(details, STAGE.headline),

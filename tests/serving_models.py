@@ -67,8 +67,13 @@ def write_tokenizer(path: Path) -> int:
     vocab = list(dict.fromkeys(SPECIALS + ["the", "and"] + chars + [f"##{c}" for c in chars]))
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=True).save(str(path / "tokenizer.json"))
-    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                "mask_token": "[MASK]"}  # fmt: skip
+    specials = {
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
     config = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512, **specials}
     (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     (path / "special_tokens_map.json").write_text(json.dumps(specials), encoding="utf-8")
@@ -83,8 +88,14 @@ def build_model(task: str, path: Path, seed: int = 0) -> Path:
 
     path.mkdir(parents=True, exist_ok=True)
     vocab_size = write_tokenizer(path)
-    config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=512)  # fmt: skip
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(seed)
     if task == "fill_mask":
         from bert_core.model import BertForPreTraining
@@ -133,8 +144,15 @@ def register_all(root: Path, names: dict[str, str] | None = None) -> dict[str, P
                 save_model=mlflow_model(task_json(task)),
             )
         else:
-            register(hf_dir, name=name, run_id=run.info.run_id, alias="champion", metric_key="dev.score",
-                     value=1.0, save_model=mlflow_model(task_json(task)))  # fmt: skip
+            register(
+                hf_dir,
+                name=name,
+                run_id=run.info.run_id,
+                alias="champion",
+                metric_key="dev.score",
+                value=1.0,
+                save_model=mlflow_model(task_json(task)),
+            )
         dirs[name] = hf_dir
     return dirs
 

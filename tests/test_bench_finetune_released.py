@@ -76,9 +76,30 @@ def test_bench_runs_on_a_tiny_model(shared_data, tmp_path, capsys):
     BertModel(BertConfig.from_preset("tiny", vocab_size=30522)).save_pretrained(model_dir)
     shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", model_dir / "vocab.txt")
     out = tmp_path / "results.json"
-    argv = ["--data-root", str(shared_data), "--model-dir", str(model_dir), "--seeds", "1", "--threads", "1",
-            "--batch-size", "4", "--sst2-train-rows", "8", "--sst2-dev-rows", "8", "--squad-articles", "2",
-            "--squad-train-questions", "8", "--squad-eval-questions", "8", "--json", str(out)]  # fmt: skip
+    argv = [
+        "--data-root",
+        str(shared_data),
+        "--model-dir",
+        str(model_dir),
+        "--seeds",
+        "1",
+        "--threads",
+        "1",
+        "--batch-size",
+        "4",
+        "--sst2-train-rows",
+        "8",
+        "--sst2-dev-rows",
+        "8",
+        "--squad-articles",
+        "2",
+        "--squad-train-questions",
+        "8",
+        "--squad-eval-questions",
+        "8",
+        "--json",
+        str(out),
+    ]
     assert bench.main(argv) == 0
     table = capsys.readouterr().out
     assert re.search(r"\| sst2 +\| ours / hf +\|", table) and re.search(r"\| squad +\| ours / hf +\|", table)

@@ -38,9 +38,16 @@ def _fresh_dynamo():
 
 def tiny_config(**overrides) -> BertConfig:
     return BertConfig(
-        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **overrides,
-    )  # fmt: skip
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **overrides,
+    )
 
 
 def encoder_inputs(padded: bool, seed: int = 0, shape: tuple[int, ...] = (B, T)) -> dict[str, torch.Tensor]:
@@ -126,15 +133,31 @@ def head_cases() -> dict[str, tuple[torch.nn.Module, dict[str, torch.Tensor]]]:
         enc["attention_mask"] == 0, IGNORE_INDEX
     )
     return {
-        "classification": (BertForSequenceClassification(tiny_config(num_labels=3)),
-                           enc | {"labels": torch.randint(0, 3, (B,), generator=g)}),
-        "regression": (BertForSequenceClassification(tiny_config(num_labels=1)), enc | {"labels": torch.rand(B)}),
-        "span_qa": (BertForQuestionAnswering(tiny_config(num_labels=2)),
-                    enc | {"start_positions": torch.tensor([1, 2, 3, T + 5]), "end_positions": torch.tensor([2, 4, 3, T + 5])}),
-        "multiple_choice": (BertForMultipleChoice(tiny_config()),
-                            encoder_inputs(True, shape=(B, C, T)) | {"labels": torch.randint(0, C, (B,), generator=g)}),
-        "token_classification": (BertForTokenClassification(tiny_config(num_labels=5)), enc | {"labels": token_labels}),
-    }  # fmt: skip
+        "classification": (
+            BertForSequenceClassification(tiny_config(num_labels=3)),
+            enc | {"labels": torch.randint(0, 3, (B,), generator=g)},
+        ),
+        "regression": (
+            BertForSequenceClassification(tiny_config(num_labels=1)),
+            enc | {"labels": torch.rand(B)},
+        ),
+        "span_qa": (
+            BertForQuestionAnswering(tiny_config(num_labels=2)),
+            enc
+            | {
+                "start_positions": torch.tensor([1, 2, 3, T + 5]),
+                "end_positions": torch.tensor([2, 4, 3, T + 5]),
+            },
+        ),
+        "multiple_choice": (
+            BertForMultipleChoice(tiny_config()),
+            encoder_inputs(True, shape=(B, C, T)) | {"labels": torch.randint(0, C, (B,), generator=g)},
+        ),
+        "token_classification": (
+            BertForTokenClassification(tiny_config(num_labels=5)),
+            enc | {"labels": token_labels},
+        ),
+    }
 
 
 @pytest.mark.slow

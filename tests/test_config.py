@@ -139,10 +139,23 @@ def test_hf_dict_round_trip_and_transformers_reads_it():
     assert BertConfig.from_hf_dict(hf_dict) == cfg
 
     theirs = transformers.BertConfig(**hf_dict)
-    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                 "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
-                 "type_vocab_size", "layer_norm_eps", "initializer_range", "pad_token_id", "num_labels",
-                 "classifier_dropout"):  # fmt: skip
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "hidden_act",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "layer_norm_eps",
+        "initializer_range",
+        "pad_token_id",
+        "num_labels",
+        "classifier_dropout",
+    ):
         assert getattr(theirs, name) == getattr(cfg, name), name
     assert theirs.id2label == {0: "neg", 1: "neu", 2: "pos"}
     # ...and back from what transformers writes (its to_dict has many extra keys).
@@ -157,9 +170,19 @@ def test_default_labels_are_not_stored():
 
 
 def test_from_hf_dict_reads_old_configs_without_model_type():
-    old = {"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-           "intermediate_size": 3072, "hidden_act": "gelu", "type_vocab_size": 2, "max_position_embeddings": 512,
-           "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "initializer_range": 0.02}  # fmt: skip
+    old = {
+        "vocab_size": 30522,
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "hidden_act": "gelu",
+        "type_vocab_size": 2,
+        "max_position_embeddings": 512,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+        "initializer_range": 0.02,
+    }
     cfg = BertConfig.from_hf_dict(old)
     assert cfg == BertConfig.from_preset("base", vocab_size=30522)
 

@@ -124,11 +124,16 @@ def test_heldout_membership_is_stable_and_whole_documents(built):
     # Membership is a hash of doc_id: a smaller build puts every document it keeps on the same side.
     params = small_params(
         local_sources=[
-            {"name": "wikipedia", "kind": "jsonl", "path": "corpus/wikipedia/*.jsonl", "id_field": "id",
-             "max_documents": 60}
+            {
+                "name": "wikipedia",
+                "kind": "jsonl",
+                "path": "corpus/wikipedia/*.jsonl",
+                "id_field": "id",
+                "max_documents": 60,
+            }
         ],
         heldout={"fraction": 0.1, "max_documents": 20},
-    )  # fmt: skip
+    )
     build_corpus(params, tmp / "small", data_root=root, workers=1)
     held2 = {d["doc_id"] for d in iter_documents(tmp / "small", "heldout")}
     train2 = {d["doc_id"] for d in iter_documents(tmp / "small", "train")}
@@ -179,8 +184,11 @@ def test_an_interrupt_stops_the_workers_at_once(built, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         build_corpus(small_params(), tmp / "interrupted", data_root=root, workers=2)
     assert exit_codes and set(exit_codes) == {-signal.SIGTERM}, exit_codes  # terminated, not waited for
-    left = [p for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != "zombie" and "resource_tracker" not in " ".join(p.cmdline())]  # fmt: skip
+    left = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != "zombie" and "resource_tracker" not in " ".join(p.cmdline())
+    ]
     assert left == [], left
     assert not (tmp / "interrupted").exists()
 

@@ -139,9 +139,15 @@ def test_blank_line_documents_and_parquet_source(tmp_path):
     pq.write_table(table, tmp_path / "rows.parquet")
     params = params_for(
         {"name": "b", "kind": "text", "path": "docs.txt", "doc_split": "blank_lines"},
-        {"name": "p", "kind": "parquet", "path": "rows.parquet", "text_field": "body", "id_field": "key",
-         "title_field": "name"},
-    )  # fmt: skip
+        {
+            "name": "p",
+            "kind": "parquet",
+            "path": "rows.parquet",
+            "text_field": "body",
+            "id_field": "key",
+            "title_field": "name",
+        },
+    )
     stats = build_corpus(params, tmp_path / "out", data_root=tmp_path, workers=1)
     got = {d["doc_id"]: d for d in docs(tmp_path / "out")}
     assert set(got) == {"b:docs.txt#0", "b:docs.txt#1", "b:docs.txt#2", "p:1", "p:2"}

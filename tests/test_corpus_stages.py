@@ -92,13 +92,19 @@ def test_flows_run_the_stages_and_record_them(shared_data, tmp_path, monkeypatch
         "corpus": {
             "sources": [{"name": "hub", "kind": "hf", "path": "Salesforce/wikitext"}],
             "local_sources": [
-                {"name": "wikipedia", "kind": "jsonl", "path": "corpus/wikipedia/*.jsonl", "id_field": "id",
-                 "title_field": "title", "max_documents": 150}
+                {
+                    "name": "wikipedia",
+                    "kind": "jsonl",
+                    "path": "corpus/wikipedia/*.jsonl",
+                    "id_field": "id",
+                    "title_field": "title",
+                    "max_documents": 150,
+                }
             ],
             "heldout": {"fraction": 0.05, "max_documents": 10},
             "workers": 1,
         }
-    }  # fmt: skip
+    }
     (tmp_path / "corpus.yaml").write_text(yaml.safe_dump(corpus_yaml))
     (tmp_path / "vocab.yaml").write_text(yaml.safe_dump({"vocab": {"vocab_size": 1200}}))
     monkeypatch.setenv("BERT_DATA_ROOT", str(root))
@@ -110,9 +116,11 @@ def test_flows_run_the_stages_and_record_them(shared_data, tmp_path, monkeypatch
         metrics_path=str(tmp_path / "m" / "corpus.json"),
     )
     vm = vocab_flow.fn(
-        str(tmp_path / "vocab.yaml"), str(tmp_path / "corpus"), str(tmp_path / "vocab"),
+        str(tmp_path / "vocab.yaml"),
+        str(tmp_path / "corpus"),
+        str(tmp_path / "vocab"),
         metrics_path=str(tmp_path / "m" / "vocab.json"),
-    )  # fmt: skip
+    )
     # the metrics file: the headline figures; the details file beside it: every statistic
     corpus_headline = json.loads((tmp_path / "m" / "corpus.json").read_text())
     assert json.loads((tmp_path / "m" / "details" / "corpus.json").read_text()) == json.loads(json.dumps(cm))
@@ -155,10 +163,23 @@ def test_stage_command_fails_with_non_zero_exit_and_no_output(tmp_path):
     (tmp_path / "corpus.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "BERT_DATA_ROOT": str(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.corpus", "--params", str(tmp_path / "corpus.yaml"),
-         "--out", str(tmp_path / "out"), "--metrics", str(tmp_path / "corpus.json")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "flows.corpus",
+            "--params",
+            str(tmp_path / "corpus.yaml"),
+            "--out",
+            str(tmp_path / "out"),
+            "--metrics",
+            str(tmp_path / "corpus.json"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "corpus stage failed: SourceNotFoundError: source 'books' (text)" in proc.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "corpus.json").exists()

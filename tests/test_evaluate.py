@@ -21,8 +21,19 @@ TINY = {"source": "models/pretrained", "num_hidden_layers": 2, "hidden_size": 12
 def _trial(init, lr, seed, dev, **kw) -> TrialResult:
     history = [{"step": s, "epoch": s / 10, "loss": 1.0 / s, "learning_rate": lr} for s in range(1, 11)]
     evals = [{"step": 10, "epoch": 1.0, **dev}]
-    return TrialResult(init, lr, seed, dev, history=history, evals=evals, train_examples=320, train_seconds=2.0,
-                       steps=10, epochs=1.0, **kw)  # fmt: skip
+    return TrialResult(
+        init,
+        lr,
+        seed,
+        dev,
+        history=history,
+        evals=evals,
+        train_examples=320,
+        train_seconds=2.0,
+        steps=10,
+        epochs=1.0,
+        **kw,
+    )
 
 
 def _write(results_dir, result: FinetuneResult) -> None:
@@ -34,26 +45,77 @@ def _write(results_dir, result: FinetuneResult) -> None:
 @pytest.fixture
 def results_dir(tmp_path):
     root = tmp_path / "results"
-    _write(root, FinetuneResult("mnli", "classification", "accuracy", TINY, [
-        _trial("pretrained", 1e-4, 1, {"accuracy": 60.0}, other_splits={"dev_mismatched": {"accuracy": 62.0}}),
-    ]))  # fmt: skip
-    _write(root, FinetuneResult("sst2", "classification", "accuracy", TINY, [
-        _trial("pretrained", 1e-4, 1, {"accuracy": 80.0}),
-        _trial("pretrained", 3e-4, 1, {"accuracy": 82.0}),
-        _trial("random", 1e-4, 1, {"accuracy": 70.0}),
-        _trial("random", 3e-4, 1, {"accuracy": 65.0}),
-    ]))  # fmt: skip
-    _write(root, FinetuneResult("cola", "classification", "matthews_corr", TINY, [
-        _trial("pretrained", 1e-4, 1, {"matthews_corr": 10.0}),
-        _trial("pretrained", 1e-4, 2, {"matthews_corr": 20.0}),
-        _trial("pretrained", 3e-4, 1, {"matthews_corr": float("nan")}),  # undefined: never selected
-    ]))  # fmt: skip
-    _write(root, FinetuneResult("wnli", "classification", "accuracy", TINY, [
-        _trial("pretrained", 1e-4, 1, {"accuracy": 0.0}),
-    ]))  # fmt: skip
-    _write(root, FinetuneResult("squad_v1", "span_qa", "f1", TINY, [
-        _trial("pretrained", 1e-4, 1, {"f1": 30.0, "exact_match": 20.0}),
-    ]))  # fmt: skip
+    _write(
+        root,
+        FinetuneResult(
+            "mnli",
+            "classification",
+            "accuracy",
+            TINY,
+            [
+                _trial(
+                    "pretrained",
+                    1e-4,
+                    1,
+                    {"accuracy": 60.0},
+                    other_splits={"dev_mismatched": {"accuracy": 62.0}},
+                ),
+            ],
+        ),
+    )
+    _write(
+        root,
+        FinetuneResult(
+            "sst2",
+            "classification",
+            "accuracy",
+            TINY,
+            [
+                _trial("pretrained", 1e-4, 1, {"accuracy": 80.0}),
+                _trial("pretrained", 3e-4, 1, {"accuracy": 82.0}),
+                _trial("random", 1e-4, 1, {"accuracy": 70.0}),
+                _trial("random", 3e-4, 1, {"accuracy": 65.0}),
+            ],
+        ),
+    )
+    _write(
+        root,
+        FinetuneResult(
+            "cola",
+            "classification",
+            "matthews_corr",
+            TINY,
+            [
+                _trial("pretrained", 1e-4, 1, {"matthews_corr": 10.0}),
+                _trial("pretrained", 1e-4, 2, {"matthews_corr": 20.0}),
+                _trial("pretrained", 3e-4, 1, {"matthews_corr": float("nan")}),  # undefined: never selected
+            ],
+        ),
+    )
+    _write(
+        root,
+        FinetuneResult(
+            "wnli",
+            "classification",
+            "accuracy",
+            TINY,
+            [
+                _trial("pretrained", 1e-4, 1, {"accuracy": 0.0}),
+            ],
+        ),
+    )
+    _write(
+        root,
+        FinetuneResult(
+            "squad_v1",
+            "span_qa",
+            "f1",
+            TINY,
+            [
+                _trial("pretrained", 1e-4, 1, {"f1": 30.0, "exact_match": 20.0}),
+            ],
+        ),
+    )
     return root
 
 
@@ -165,8 +227,11 @@ def test_kind_or_main_metric_that_disagrees_with_the_registry(five_tasks):
     path = five_tasks / "rte" / "summary.json"
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "kind": "span_qa"}))
-    with pytest.raises(SummaryCheckError, match=r"rte/summary\.json records kind 'span_qa' for task 'rte', but "
-                       r"the task registry \(bert_core.tasks\) says 'classification'.*finetune@rte"):  # fmt: skip
+    with pytest.raises(
+        SummaryCheckError,
+        match=r"rte/summary\.json records kind 'span_qa' for task 'rte', but "
+        r"the task registry \(bert_core.tasks\) says 'classification'.*finetune@rte",
+    ):
         summarize(five_tasks)
     path.write_text(json.dumps({**data, "main_metric": "f1"}))
     with pytest.raises(SummaryCheckError, match=r"records main_metric 'f1' for task 'rte'.*'accuracy'"):
@@ -176,14 +241,20 @@ def test_kind_or_main_metric_that_disagrees_with_the_registry(five_tasks):
 def test_unknown_task_directory_and_incomplete_summaries(five_tasks):
     _write(five_tasks, _glue("qqp"))
     (five_tasks / "qqp").rename(five_tasks / "foo")
-    with pytest.raises(SummaryCheckError, match=r"foo/summary\.json lies in a directory named 'foo', which is "
-                       "no task of the registry"):  # fmt: skip
+    with pytest.raises(
+        SummaryCheckError,
+        match=r"foo/summary\.json lies in a directory named 'foo', which is "
+        "no task of the registry",
+    ):
         summarize(five_tasks)
     (five_tasks / "foo" / "summary.json").unlink()
     path = five_tasks / "rte" / "summary.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "trials": []}))
-    with pytest.raises(SummaryCheckError, match=r"rte/summary\.json: not a complete fine-tuning summary \(no "
-                       r"trials\); re-run `dvc repro finetune@rte`"):  # fmt: skip
+    with pytest.raises(
+        SummaryCheckError,
+        match=r"rte/summary\.json: not a complete fine-tuning summary \(no "
+        r"trials\); re-run `dvc repro finetune@rte`",
+    ):
         summarize(five_tasks, tasks=["rte", "sst2"])
 
 
@@ -195,8 +266,10 @@ def test_summaries_from_different_pretrained_models_are_named(five_tasks):
     with pytest.raises(SummaryCheckError) as err:
         summarize(five_tasks)
     msg = str(err.value)
-    assert len(err.value.problems) == 1 and msg.startswith(f"{five_tasks}/rte/summary.json was fine-tuned from "
-                                                            "pretrained model bbbb2222 (models:/bert-pretrained@newest)")  # fmt: skip
+    assert len(err.value.problems) == 1 and msg.startswith(
+        f"{five_tasks}/rte/summary.json was fine-tuned from "
+        "pretrained model bbbb2222 (models:/bert-pretrained@newest)"
+    )
     assert "but cola, mrpc, sst2, stsb from aaaa1111 (models/pretrained)" in msg and "finetune@rte" in msg
     # a tie names every side; summaries without a fingerprint (older runs) are not compared
     with pytest.raises(SummaryCheckError) as err:
@@ -238,9 +311,13 @@ def test_dvc_dir_hash_is_the_one_dvc_records(tmp_path):
 
 
 def _lock(repo, hashes: dict[str, str], algo: str = "md5") -> None:
-    stages = {f"finetune@{t}": {"cmd": f"python -m flows.finetune {t}",
-                                "outs": [{"path": f"results/finetune/{t}", "hash": algo, "md5": h}]}
-              for t, h in hashes.items()}  # fmt: skip
+    stages = {
+        f"finetune@{t}": {
+            "cmd": f"python -m flows.finetune {t}",
+            "outs": [{"path": f"results/finetune/{t}", "hash": algo, "md5": h}],
+        }
+        for t, h in hashes.items()
+    }
     (repo / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": stages}))
 
 
@@ -290,8 +367,12 @@ def test_staged_outputs_give_the_same_bytes_and_commit_together(results_dir, tmp
         _, paths = evaluate_results(results_dir, b / "evaluate.json", b / "reports", outputs=staged)
         assert not any(p.exists() for p in [*outs, b / "evaluate.json"])  # nothing before the commit
     assert paths["markdown"] == outs[0] and paths["metrics"] == b / "evaluate.json"
-    for a_path, b_path in [(direct["markdown"], outs[0]), (direct["html"], outs[1]),
-                           (direct["plot.scores"].parent, outs[2]), (direct["metrics"], b / "evaluate.json")]:  # fmt: skip
+    for a_path, b_path in [
+        (direct["markdown"], outs[0]),
+        (direct["html"], outs[1]),
+        (direct["plot.scores"].parent, outs[2]),
+        (direct["metrics"], b / "evaluate.json"),
+    ]:
         assert tree_digest(a_path) == tree_digest(b_path), b_path
     assert not list(b.rglob(".*.tmp-*"))
 
@@ -299,17 +380,51 @@ def test_staged_outputs_give_the_same_bytes_and_commit_together(results_dir, tmp
 def test_scores_not_above_their_best_baseline_are_marked_and_counted(tmp_path):
     root = tmp_path / "results"
     # sst2 beats its best baseline (82 > 72); cola ties it (0 = 0: not above); conll2003 is below (50 < 68.8)
-    _write(root, FinetuneResult("sst2", "classification", "accuracy", TINY, [
-        _trial("pretrained", 1e-4, 1, {"accuracy": 82.0})],
-        baselines={"majority": {"accuracy": 50.9}, "tfidf_logreg": {"accuracy": 72.0}}))  # fmt: skip
-    _write(root, FinetuneResult("cola", "classification", "matthews_corr", TINY, [
-        _trial("pretrained", 1e-4, 1, {"matthews_corr": 0.0})],
-        baselines={"majority": {"matthews_corr": 0.0}, "tfidf_logreg": {"matthews_corr": 0.0}}))  # fmt: skip
-    _write(root, FinetuneResult("conll2003", "token_classification", "f1", TINY, [
-        _trial("pretrained", 1e-4, 1, {"f1": 50.5, "precision": 55.0, "recall": 46.0})],
-        baselines={"majority": {"f1": 0.0}, "lexicon": {"f1": 68.8, "precision": 79.4}}))  # fmt: skip
-    _write(root, FinetuneResult("wnli", "classification", "accuracy", TINY, [  # no baselines: not counted
-        _trial("pretrained", 1e-4, 1, {"accuracy": 56.3})]))  # fmt: skip
+    _write(
+        root,
+        FinetuneResult(
+            "sst2",
+            "classification",
+            "accuracy",
+            TINY,
+            [_trial("pretrained", 1e-4, 1, {"accuracy": 82.0})],
+            baselines={"majority": {"accuracy": 50.9}, "tfidf_logreg": {"accuracy": 72.0}},
+        ),
+    )
+    _write(
+        root,
+        FinetuneResult(
+            "cola",
+            "classification",
+            "matthews_corr",
+            TINY,
+            [_trial("pretrained", 1e-4, 1, {"matthews_corr": 0.0})],
+            baselines={"majority": {"matthews_corr": 0.0}, "tfidf_logreg": {"matthews_corr": 0.0}},
+        ),
+    )
+    _write(
+        root,
+        FinetuneResult(
+            "conll2003",
+            "token_classification",
+            "f1",
+            TINY,
+            [_trial("pretrained", 1e-4, 1, {"f1": 50.5, "precision": 55.0, "recall": 46.0})],
+            baselines={"majority": {"f1": 0.0}, "lexicon": {"f1": 68.8, "precision": 79.4}},
+        ),
+    )
+    _write(
+        root,
+        FinetuneResult(
+            "wnli",
+            "classification",
+            "accuracy",
+            TINY,
+            [  # no baselines: not counted
+                _trial("pretrained", 1e-4, 1, {"accuracy": 56.3})
+            ],
+        ),
+    )
     metrics, paths = evaluate_results(root, tmp_path / "m.json", tmp_path / "reports")
     md = paths["markdown"].read_text()
     assert "1 of 3 tasks beat their best trivial baseline (not: cola, conll2003, marked ≤ baseline)." in md

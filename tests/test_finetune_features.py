@@ -110,8 +110,13 @@ def test_squad_sliding_windows(tokenizer):
     assert [f["input_ids"] for f in lean] == [f["input_ids"] for f in feats]
     assert [f["start_positions"] for f in lean] == [f["start_positions"] for f in feats]
     assert "offsets" not in lean[0] and "max_context" not in lean[0]
-    impossible = encode_squad([_squad_example(context, "oak", impossible=True)], tokenizer, max_seq_length=40,
-                              doc_stride=10, max_query_length=5)  # fmt: skip
+    impossible = encode_squad(
+        [_squad_example(context, "oak", impossible=True)],
+        tokenizer,
+        max_seq_length=40,
+        doc_stride=10,
+        max_query_length=5,
+    )
     assert all(f["start_positions"] == 0 and f["end_positions"] == 0 for f in impossible)
     with pytest.raises(FeatureError, match="raise max_seq_length"):
         encode_squad([ex], tokenizer, max_seq_length=8, doc_stride=4, max_query_length=5)
@@ -128,16 +133,33 @@ def test_multiple_choice_pairs(tokenizer):
     feats = encode_multiple_choice([ex, {**ex, "id": "s2", "label": None}], tokenizer, max_seq_length=32)
     assert len(feats[0]["input_ids"]) == 4 and feats[0]["labels"] == 2 and "labels" not in feats[1]
     row = tokenizer.convert_ids_to_tokens(feats[0]["input_ids"][2])
-    assert row == ["[CLS]", "someone", "opens", "the", "door", ".", "[SEP]", "then", "he", "eats", "the",
-                   "door", ".", "[SEP]"]  # fmt: skip
+    assert row == [
+        "[CLS]",
+        "someone",
+        "opens",
+        "the",
+        "door",
+        ".",
+        "[SEP]",
+        "then",
+        "he",
+        "eats",
+        "the",
+        "door",
+        ".",
+        "[SEP]",
+    ]
     batch = pad_collate(feats)
     assert batch["input_ids"].shape == (2, 4, 14) and batch["attention_mask"].shape == (2, 4, 14)
     assert "labels" not in batch  # one unlabelled feature: no labels for the batch
 
 
 def test_ner_first_subtoken_alignment(tokenizer):
-    ex = {"id": "n1", "tokens": ["Johanson", "visited", "Washingtonians", "."],
-          "tags": ["B-PER", "O", "B-MISC", "O"]}  # fmt: skip
+    ex = {
+        "id": "n1",
+        "tokens": ["Johanson", "visited", "Washingtonians", "."],
+        "tags": ["B-PER", "O", "B-MISC", "O"],
+    }
     label2id = {t: i for i, t in enumerate(("O", "B-PER", "I-PER", "B-MISC", "I-MISC"))}
     (feat,) = encode_token_classification([ex], tokenizer, max_seq_length=32, label2id=label2id)
     tokens = tokenizer.convert_ids_to_tokens(feat["input_ids"])
@@ -199,8 +221,10 @@ def test_length_grouped_batches():
 
 
 def test_make_loader_returns_every_feature_once():
-    feats = [{"input_ids": [101] + [5] * n + [102], "token_type_ids": [0] * (n + 2), "labels": n % 2}
-             for n in range(37)]  # fmt: skip
+    feats = [
+        {"input_ids": [101] + [5] * n + [102], "token_type_ids": [0] * (n + 2), "labels": n % 2}
+        for n in range(37)
+    ]
     for grouped in (True, False):
         loader = make_loader(feats, 8, shuffle=True, seed=0, group_by_length=grouped)
         seen = []

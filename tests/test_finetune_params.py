@@ -22,8 +22,13 @@ def test_shipped_params_parse_and_run_offline(shared_data):
         task
     ) in params.tasks:  # the default profile must run offline against shared/data, as the stage reads it
         s = params.for_task(task)
-        source = resolve_task_source(get_task(task), dev_split=s.dev_split, train_file=s.train_file,
-                                     dev_file=s.dev_file, data_root=shared_data)  # fmt: skip
+        source = resolve_task_source(
+            get_task(task),
+            dev_split=s.dev_split,
+            train_file=s.train_file,
+            dev_file=s.dev_file,
+            data_root=shared_data,
+        )
         for split in ("train", "dev"):
             assert source.load(split, limit=1)
     assert params.for_task("squad_v1").dev_split, (

@@ -87,8 +87,9 @@ def test_v2_null_score_and_threshold():
     feat_b = _feature(0, range(5))
     start_a, end_a = _logits(9, {0: 2.0, 4: 3.0}), _logits(9, {0: 2.0, 4: 3.0})  # null 4, beta 6
     start_b, end_b = _logits(9, {0: 1.0}), _logits(9, {0: 0.5})  # null 1.5 (the minimum)
-    out = squad_predictions(EX, [feat_a, feat_b], [start_a, start_b], [end_a, end_b], version_2=True,
-                            null_threshold=0.0)  # fmt: skip
+    out = squad_predictions(
+        EX, [feat_a, feat_b], [start_a, start_b], [end_a, end_b], version_2=True, null_threshold=0.0
+    )
     assert out.best_non_null["q1"] == "beta"
     assert out.null_odds["q1"] == pytest.approx(1.5 - 6.0)
     assert out.predictions["q1"] == "beta"  # odds -4.5 <= 0

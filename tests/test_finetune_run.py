@@ -65,8 +65,14 @@ def tiny_model(shared_data, tmp_path_factory) -> Path:
     from bert_core.model import BertForPreTraining
 
     path = tmp_path_factory.mktemp("pretrained") / "model"
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=512)  # fmt: skip
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     BertForPreTraining(config).save_pretrained(path)
     shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
@@ -74,8 +80,17 @@ def tiny_model(shared_data, tmp_path_factory) -> Path:
 
 
 def _params(**defaults) -> FinetuneParams:
-    base = dict(train_limit=24, eval_limit=16, test_limit=8, learning_rates=[1e-3], seeds=[1], epochs=1,
-                batch_size=8, eval_batch_size=16, max_seq_length=64)  # fmt: skip
+    base = dict(
+        train_limit=24,
+        eval_limit=16,
+        test_limit=8,
+        learning_rates=[1e-3],
+        seeds=[1],
+        epochs=1,
+        batch_size=8,
+        eval_batch_size=16,
+        max_seq_length=64,
+    )
     base.update(defaults)
     return FinetuneParams(defaults=base, small_task_seeds=[1], data_checks=False)
 
@@ -259,8 +274,12 @@ def test_data_checks_and_bad_inputs(tiny_model, data_root, tmp_path):
     from bert_core.finetune.run import finetune_task
     from bert_core.tasks import TaskDataError
 
-    params = FinetuneParams(defaults=dict(train_limit=16, eval_limit=8, learning_rates=[1e-3], epochs=1,
-                                          batch_size=8, predict_test=False), data_checks=True)  # fmt: skip
+    params = FinetuneParams(
+        defaults=dict(
+            train_limit=16, eval_limit=8, learning_rates=[1e-3], epochs=1, batch_size=8, predict_test=False
+        ),
+        data_checks=True,
+    )
     seen = []
     finetune_task("sst2", params, tiny_model, tmp_path / "ok", data_root=data_root, on_data=seen.append)
     assert {r.suite for r in seen[0].check_reports} == {"task-sst2-train", "task-sst2-dev"}

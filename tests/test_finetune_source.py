@@ -28,6 +28,10 @@ def test_the_pretrain_output_before_pretraining_names_the_stage(tmp_path, monkey
 def test_other_sources_are_left_to_the_resolver(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models" / "pretrained").mkdir(parents=True)
-    for source in ("models/pretrained", "google-bert/bert-base-uncased", "models:/bert-pretrained@newest",
-                   str(tmp_path / "elsewhere")):  # fmt: skip
+    for source in (
+        "models/pretrained",
+        "google-bert/bert-base-uncased",
+        "models:/bert-pretrained@newest",
+        str(tmp_path / "elsewhere"),
+    ):
         check_source_built(source)

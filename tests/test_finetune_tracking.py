@@ -23,8 +23,9 @@ def tiny_model(shared_data, tmp_path_factory) -> Path:
     from bert_core.model import BertForPreTraining
 
     path = tmp_path_factory.mktemp("pretrained") / "model"
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64)  # fmt: skip
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
     torch.manual_seed(0)
     BertForPreTraining(config).save_pretrained(path)
     shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
@@ -48,8 +49,15 @@ def test_alias_moves_only_on_improvement(tmp_path):
     client = MlflowClient()
     outcomes = []
     for value in (50.0, 40.0, 50.0, 60.0, float("nan")):
-        reg = register(model, name="bert-sst2", run_id=_run_id(), metric_key="dev.accuracy", value=value,
-                                 alias="champion", tags={"task": "sst2"})  # fmt: skip
+        reg = register(
+            model,
+            name="bert-sst2",
+            run_id=_run_id(),
+            metric_key="dev.accuracy",
+            value=value,
+            alias="champion",
+            tags={"task": "sst2"},
+        )
         outcomes.append((reg.version, reg.alias_moved))
         champion = client.get_model_version_by_alias("bert-sst2", "champion")
         assert str(champion.version) == [v for v, moved in outcomes if moved][-1]
@@ -75,11 +83,19 @@ def test_resolve_local_and_registry_sources(tiny_model, tmp_path):
     for _ in range(2):
         with mlflow.start_run() as run:
             mlflow.log_artifacts(str(tiny_model), "model")
-        mv = client.create_model_version("bert-pretrained", source=f"runs:/{run.info.run_id}/model",
-                                         run_id=run.info.run_id, tags={FINGERPRINT_TAG: fingerprint(tiny_model)})  # fmt: skip
+        mv = client.create_model_version(
+            "bert-pretrained",
+            source=f"runs:/{run.info.run_id}/model",
+            run_id=run.info.run_id,
+            tags={FINGERPRINT_TAG: fingerprint(tiny_model)},
+        )
     client.set_registered_model_alias("bert-pretrained", "champion", "1")
-    for uri, version in (("models:/bert-pretrained@champion", "1"), ("models:/bert-pretrained/1", "1"),
-                         ("models:/bert-pretrained@latest", "2"), ("models:/bert-pretrained/latest", "2")):  # fmt: skip
+    for uri, version in (
+        ("models:/bert-pretrained@champion", "1"),
+        ("models:/bert-pretrained/1", "1"),
+        ("models:/bert-pretrained@latest", "2"),
+        ("models:/bert-pretrained/latest", "2"),
+    ):
         resolved = resolve_model_source(uri, tmp_path / f"dl{version}{len(uri)}")
         assert (resolved.path / "config.json").is_file() and (resolved.path / "vocab.txt").is_file()
         assert resolved.info["model"] == "bert-pretrained" and resolved.info["model_version"] == version
@@ -118,10 +134,14 @@ def test_finetune_and_evaluate_flows_record_everything(tiny_model, shared_data, 
     monkeypatch.setenv("BERT_DATA_ROOT", str(shared_data))
     params = _params_file(tmp_path, tiny_model)
     results = tmp_path / "results" / "finetune"
-    metrics = finetune_flow.fn("sst2", str(params), out_dir=str(results / "sst2"),
-                               model_out=str(tmp_path / "models" / "sst2"),
-                               metrics_path=str(tmp_path / "metrics" / "sst2.json"),
-                               plots_dir=str(tmp_path / "plots" / "sst2"))  # fmt: skip
+    metrics = finetune_flow.fn(
+        "sst2",
+        str(params),
+        out_dir=str(results / "sst2"),
+        model_out=str(tmp_path / "models" / "sst2"),
+        metrics_path=str(tmp_path / "metrics" / "sst2.json"),
+        plots_dir=str(tmp_path / "plots" / "sst2"),
+    )
     # the DVC metrics file: the headline, task score first; the details file beside it: every statistic
     headline = json.loads((tmp_path / "metrics" / "sst2.json").read_text())
     assert next(iter(headline)) == "score" and len(headline) <= 20 and headline["main_metric"] == "accuracy"

@@ -49,9 +49,14 @@ def _quiet_and_single_threaded():
 
 def make_config(name: str = "BertModel", **overrides) -> BertConfig:
     values = dict(
-        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-        max_position_embeddings=64, num_labels=2 if name == "BertForQuestionAnswering" else 3,
-    )  # fmt: skip
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        num_labels=2 if name == "BertForQuestionAnswering" else 3,
+    )
     values.update(overrides)
     return BertConfig(**values)
 

@@ -65,8 +65,14 @@ def test_a_file_replaced_inside_a_marked_output_is_recorded_again(tmp_path):
 def pretrain_out(tmp_path_factory) -> tuple[Path, Path, Path]:
     corpus, vocab = make_synthetic_inputs(tmp_path_factory.mktemp("in"), n_train=200, n_heldout=60)
     out = tmp_path_factory.mktemp("pd") / "pretrain_data"
-    params = PretrainDataParams(dupe_factor=1, num_workers=1, window_tokens=5_000, min_window_docs=16,
-                                task_bytes=100_000, check_sample=50_000)  # fmt: skip
+    params = PretrainDataParams(
+        dupe_factor=1,
+        num_workers=1,
+        window_tokens=5_000,
+        min_window_docs=16,
+        task_bytes=100_000,
+        check_sample=50_000,
+    )
     build_pretrain_data(
         params, corpus_dir=corpus, vocab_dir=vocab, output_dir=out, report_dir=out.parent / "r"
     )
@@ -124,8 +130,14 @@ def test_a_rewritten_pretraining_output_passes_again(pretrain_out, tmp_path):
     flip(data / "shard-00000.tokens.bin")
     with pytest.raises(CorruptOutputError):
         InstanceStore(data)
-    params = PretrainDataParams(dupe_factor=1, num_workers=1, window_tokens=5_000, min_window_docs=16,
-                                task_bytes=100_000, check_sample=50_000)  # fmt: skip
+    params = PretrainDataParams(
+        dupe_factor=1,
+        num_workers=1,
+        window_tokens=5_000,
+        min_window_docs=16,
+        task_bytes=100_000,
+        check_sample=50_000,
+    )
     build_pretrain_data(
         params, corpus_dir=corpus, vocab_dir=vocab, output_dir=copy, report_dir=tmp_path / "r"
     )
@@ -167,8 +179,15 @@ def _model_dir(path: Path) -> Path:
     from bert_core.config import BertConfig
     from bert_core.model import BertForSequenceClassification
 
-    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=64, num_labels=2)  # fmt: skip
+    config = BertConfig(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        num_labels=2,
+    )
     torch.manual_seed(0)
     return BertForSequenceClassification(config).save_pretrained(path)
 

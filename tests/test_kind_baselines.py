@@ -56,8 +56,11 @@ def test_sequence_bag_of_words_learns_from_words_and_pairs_use_both_texts():
 def test_stsb_mean_scores_zero_correlation_and_ridge_is_scored_with_pearson_spearman():
     spec = get_task("stsb")
     train = [_sentence(i, "a man", 5.0 * (i % 2), text_b="a man" if i % 2 else "a cat") for i in range(10)]
-    dev = [_sentence(10, "a dog", 0.0, text_b="a cat"), _sentence(11, "a man", 4.0, text_b="a man"),
-           _sentence(12, "a man", 5.0, text_b="a man")]  # fmt: skip
+    dev = [
+        _sentence(10, "a dog", 0.0, text_b="a cat"),
+        _sentence(11, "a man", 4.0, text_b="a man"),
+        _sentence(12, "a man", 5.0, text_b="a man"),
+    ]
     out = get_kind(spec).baselines(spec, dev, train_rows=train)
     assert out["mean"] == {"pearson": 0.0, "spearman": 0.0}
     assert set(out["tfidf_ridge"]) == {"pearson", "spearman"} and out["tfidf_ridge"]["pearson"] > 0
@@ -81,8 +84,16 @@ def test_conll_lexicon_longest_match_first_and_ambiguous_phrases_skipped():
     assert lexicon == {("New", "York", "City"): "LOC", ("New", "York"): "ORG", ("York",): "ORG"}
     tokens = ["New", "York", "City", "and", "New", "York", "and", "Washington", "York"]
     assert lexicon_tags(tokens, lexicon) == [
-        "B-LOC", "I-LOC", "I-LOC", "O", "B-ORG", "I-ORG", "O", "O", "B-ORG",
-    ]  # fmt: skip
+        "B-LOC",
+        "I-LOC",
+        "I-LOC",
+        "O",
+        "B-ORG",
+        "I-ORG",
+        "O",
+        "O",
+        "B-ORG",
+    ]
 
     spec = get_task("conll2003")
     dev = [{"tokens": tokens, "tags": ["B-LOC", "I-LOC", "I-LOC", "O", "B-LOC", "I-LOC", "O", "B-PER", "O"]}]
@@ -125,8 +136,14 @@ def test_baselines_are_deterministic():
 
 def test_squad_baselines_ignore_training_rows():
     spec = get_task("squad_v1")
-    dev = [{"id": "q1", "question": "Where is the cat?", "context": "The cat is on the mat. Dogs run.",
-            "answers": {"text": ["on the mat"], "answer_start": [11]}}]  # fmt: skip
+    dev = [
+        {
+            "id": "q1",
+            "question": "Where is the cat?",
+            "context": "The cat is on the mat. Dogs run.",
+            "answers": {"text": ["on the mat"], "answer_start": [11]},
+        }
+    ]
     assert get_kind(spec).baselines(spec, dev, train_rows=[]) == get_kind(spec).baselines(
         spec, dev, train_rows=dev * 3
     )

@@ -32,9 +32,15 @@ def _one_thread():
 @pytest.fixture
 def config() -> BertConfig:
     return BertConfig(
-        vocab_size=V, hidden_size=H, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-        max_position_embeddings=512, type_vocab_size=16, num_labels=3,
-    )  # fmt: skip
+        vocab_size=V,
+        hidden_size=H,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=512,
+        type_vocab_size=16,
+        num_labels=3,
+    )
 
 
 @pytest.fixture

@@ -39,8 +39,13 @@ class _Model:  # the bits of PretrainParams.model the card reads
     def config(self, vocab_size):
         from bert_core.config import BertConfig
 
-        return BertConfig(vocab_size=vocab_size, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=512)  # fmt: skip
+        return BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=512,
+        )
 
 
 class _Params:
@@ -56,16 +61,31 @@ STATS = {"vocab_size": 30522, "seq128.train": {"instances": 1000, "tokens": 1280
 
 
 def _pretrained(lock, run_ids=None):
-    return modelcard.pretrained_card_for(_Params(), _Model().config(30522), METRICS, STATS, git_commit="abc123", lock_path=lock,
-                                         run_ids=run_ids)  # fmt: skip
+    return modelcard.pretrained_card_for(
+        _Params(),
+        _Model().config(30522),
+        METRICS,
+        STATS,
+        git_commit="abc123",
+        lock_path=lock,
+        run_ids=run_ids,
+    )
 
 
 def _finetuned(lock, run_ids=None, preset="tiny"):
     spec = get_task("sst2")
     metrics = {"dev.accuracy": 82.5, "dev.accuracy_mean": 81.0, "random_init.dev.accuracy": 55.0}
     info = {"preset": preset, "source": "models/pretrained", "model": "bert-pretrained", "model_version": "3"}
-    return modelcard.finetuned_card_for(spec, metrics, info, params={"epochs": 3}, git_commit="abc123",
-                                        lock_path=lock, run_ids=run_ids, reference=reference_for(preset))  # fmt: skip
+    return modelcard.finetuned_card_for(
+        spec,
+        metrics,
+        info,
+        params={"epochs": 3},
+        git_commit="abc123",
+        lock_path=lock,
+        run_ids=run_ids,
+        reference=reference_for(preset),
+    )
 
 
 @pytest.fixture
@@ -177,9 +197,13 @@ def test_pretrain_flow_writes_a_reproducible_card_and_registers_one_with_run_ids
     params_file = tmp_path / "pretrain.yaml"
     params_file.write_text(json.dumps({"pretrain": small_params().model_dump(mode="json")}))
     out = tmp_path / "models" / "pretrained"
-    kwargs = {"out_dir": str(out), "checkpoint_root": str(tmp_path / "ckpt"),
-              "loss_plot": str(tmp_path / "l.csv"), "heldout_plot": str(tmp_path / "h.csv"),
-              "metrics_path": str(tmp_path / "m.json")}  # fmt: skip
+    kwargs = {
+        "out_dir": str(out),
+        "checkpoint_root": str(tmp_path / "ckpt"),
+        "loss_plot": str(tmp_path / "l.csv"),
+        "heldout_plot": str(tmp_path / "h.csv"),
+        "metrics_path": str(tmp_path / "m.json"),
+    }
     pretrain_flow_fn(str(params_file), str(data_dir), str(vocab), **kwargs)
     first = (out / "README.md").read_text()
     assert "pipe-pretrain-card" not in first and ModelCard(first).data.pipeline_tag == "fill-mask"

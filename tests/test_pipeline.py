@@ -111,9 +111,18 @@ def test_every_form_field_maps_to_a_real_params_key():
 
 def test_dvc_command():
     over = {"params/x.yaml": {"x.a": 1}}
-    assert _inputs.dvc_command(as_experiment=True, exp_name="e1", overrides=over, targets=["vocab"], force=True) == [
-        "exp", "run", "--name", "e1", "-S", "params/x.yaml:x.a=1", "--force", "vocab",
-    ]  # fmt: skip
+    assert _inputs.dvc_command(
+        as_experiment=True, exp_name="e1", overrides=over, targets=["vocab"], force=True
+    ) == [
+        "exp",
+        "run",
+        "--name",
+        "e1",
+        "-S",
+        "params/x.yaml:x.a=1",
+        "--force",
+        "vocab",
+    ]
     assert _inputs.dvc_command(
         as_experiment=False, exp_name=None, overrides=over, targets=[], force=False
     ) == ["repro"]

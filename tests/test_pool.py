@@ -114,8 +114,20 @@ def test_the_worker_environment_puts_this_checkout_first_and_checks_its_settings
 
 def test_the_worker_command_is_prefect_worker_start_on_a_process_pool():
     command = pool.worker_command("gpu", 1)
-    assert command[1:] == ["-m", "prefect", "worker", "start", "--pool", "gpu", "--type", "process",
-                           "--limit", "1", "--install-policy", "never"]  # fmt: skip
+    assert command[1:] == [
+        "-m",
+        "prefect",
+        "worker",
+        "start",
+        "--pool",
+        "gpu",
+        "--type",
+        "process",
+        "--limit",
+        "1",
+        "--install-policy",
+        "never",
+    ]
     assert pool.worker_command("gpu", 2, "box-1")[-2:] == ["--name", "box-1"]
 
 

@@ -382,8 +382,18 @@ def test_command_line_bad_row_exits_1_with_one_line(tmp_path, classifier):
     src = tmp_path / "in.jsonl"
     src.write_text('{"id": 1, "text": "good"}\n{"id": 2, "text": ""}\n', encoding="utf-8")
     dst = tmp_path / "out.jsonl"
-    cmd = [sys.executable, "-m", "flows.predict", "--model", classifier, "--input", str(src), "--output", str(dst),
-           "--no-prefect"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.predict",
+        "--model",
+        classifier,
+        "--input",
+        str(src),
+        "--output",
+        str(dst),
+        "--no-prefect",
+    ]
     bad = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1, bad.stderr
     assert bad.stderr.strip().splitlines()[-1] == (

@@ -47,8 +47,13 @@ def models(tmp_path_factory) -> tuple[str, dict[str, Path]]:
         ):
             with mlflow.start_run() as run:
                 pass
-            register(dirs[task], name=name, run_id=run.info.run_id, alias=alias,
-                     save_model=mlflow_model(task_json(task)))  # fmt: skip
+            register(
+                dirs[task],
+                name=name,
+                run_id=run.info.run_id,
+                alias=alias,
+                save_model=mlflow_model(task_json(task)),
+            )
     finally:
         mlflow.set_tracking_uri(previous)
     return uri, dirs
@@ -70,8 +75,9 @@ def _main(monkeypatch, tracking_uri: str, model: str, rows: list[dict], out: Pat
     return [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
 
 
-@pytest.mark.parametrize(("task", "uri"), [("sst2", "models:/bert-sst2@champion"),
-                                           ("fill_mask", "models:/bert-pretrained@newest")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("task", "uri"), [("sst2", "models:/bert-sst2@champion"), ("fill_mask", "models:/bert-pretrained@newest")]
+)
 def test_a_stage_directory_predicts_as_its_registered_version(task, uri, models, tmp_path, monkeypatch):
     tracking, dirs = models
     registered = _main(monkeypatch, tracking, uri, REQUESTS[task], tmp_path / "registered.jsonl")

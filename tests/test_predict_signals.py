@@ -53,8 +53,20 @@ def test_a_signal_mid_run_exits_128_plus_n_and_leaves_nothing(tmp_path, signum, 
     env.update(
         PYTHONPATH=str(REPO_ROOT), MLFLOW_TRACKING_URI=mlflow.get_tracking_uri(), PREDICT_MARKER=str(marker)
     )
-    cmd = [sys.executable, "-m", "flows.predict", "--model", uri, "--input", str(src), "--output", str(dst),
-           "--batch-size", "2", "--no-prefect"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.predict",
+        "--model",
+        uri,
+        "--input",
+        str(src),
+        "--output",
+        str(dst),
+        "--batch-size",
+        "2",
+        "--no-prefect",
+    ]
     proc = subprocess.Popen(
         cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -18,21 +18,40 @@ from bert_core.training import TrainingInterrupted
 
 def small_params(**kw) -> PretrainParams:
     base = {
-        "model": {"preset": "tiny", "overrides": {"hidden_size": 32, "num_attention_heads": 2,
-                                                   "num_hidden_layers": 1, "intermediate_size": 64}},
+        "model": {
+            "preset": "tiny",
+            "overrides": {
+                "hidden_size": 32,
+                "num_attention_heads": 2,
+                "num_hidden_layers": 1,
+                "intermediate_size": 64,
+            },
+        },
         "max_steps": 10,
         "phases": [
-            {"name": "seq128", "share": 0.8, "micro_batch": 4, "global_batch": 8,
-             "lr": 2e-3, "warmup_ratio": 0.1},
-            {"name": "seq512", "share": 0.2, "micro_batch": 2, "global_batch": 4,
-             "lr": 1e-3, "warmup_steps": 0},
+            {
+                "name": "seq128",
+                "share": 0.8,
+                "micro_batch": 4,
+                "global_batch": 8,
+                "lr": 2e-3,
+                "warmup_ratio": 0.1,
+            },
+            {
+                "name": "seq512",
+                "share": 0.2,
+                "micro_batch": 2,
+                "global_batch": 4,
+                "lr": 1e-3,
+                "warmup_steps": 0,
+            },
         ],
         "checkpoint_every": 3,
         "log_every": 2,
         "eval_batches": 2,
         "device": "cpu",
         "deterministic": True,
-    }  # fmt: skip
+    }
     base.update(kw)
     return PretrainParams.model_validate(base)
 
@@ -384,9 +403,22 @@ def test_train_config_of_the_shipped_params():
     from bert_core.training import TrainConfig
 
     params = load_params(REPO / "params/pretrain.yaml", "pretrain", PretrainParams)
-    shared = dict(weight_decay=0.01, optimizer="adamw", betas=(0.9, 0.999), eps=1e-6, max_grad_norm=1.0,
-                  precision="auto", compile=False, checkpoint_every=200, keep_last=2, eval_every=0,
-                  max_eval_batches=10, log_every=25, deterministic=False, device="auto")  # fmt: skip
+    shared = dict(
+        weight_decay=0.01,
+        optimizer="adamw",
+        betas=(0.9, 0.999),
+        eps=1e-6,
+        max_grad_norm=1.0,
+        precision="auto",
+        compile=False,
+        checkpoint_every=200,
+        keep_last=2,
+        eval_every=0,
+        max_eval_batches=10,
+        log_every=25,
+        deterministic=False,
+        device="auto",
+    )
     assert params.train_config(0) == TrainConfig(
         max_steps=3150, time_budget_s=540.0, lr=2e-3, warmup_ratio=0.05, grad_accum=1, seed=0, **shared
     )

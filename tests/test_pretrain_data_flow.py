@@ -31,9 +31,13 @@ def test_flow_builds_checks_and_records_the_stage(tmp_path):
     corpus, vocab = make_synthetic_inputs(tmp_path / "in", n_train=300, n_heldout=60)
     params = {
         "pretrain_data": {
-            "phases": ["seq128"], "dupe_factor": 2, "num_workers": 1, "min_window_docs": 16, "check_sample": 5000,
+            "phases": ["seq128"],
+            "dupe_factor": 2,
+            "num_workers": 1,
+            "min_window_docs": 16,
+            "check_sample": 5000,
         }
-    }  # fmt: skip
+    }
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(params))
     metrics_path = tmp_path / "m" / "pretrain_data.json"
     m = pretrain_data_flow.fn(

@@ -78,8 +78,15 @@ def test_positions_form_holds_the_same_targets_as_labels(data, masking):
     lab_loader = PretrainingLoader(data[masking], 8, seed=5, mlm_format="labels")
     P = pos_loader.max_predictions_per_seq
     for got, ref in zip(pos_loader, lab_loader):
-        assert set(got) == {"input_ids", "token_type_ids", "attention_mask", "next_sentence_label",
-                            "masked_lm_positions", "masked_lm_ids", "masked_lm_weights"}  # fmt: skip
+        assert set(got) == {
+            "input_ids",
+            "token_type_ids",
+            "attention_mask",
+            "next_sentence_label",
+            "masked_lm_positions",
+            "masked_lm_ids",
+            "masked_lm_weights",
+        }
         assert all(
             torch.equal(got[k], ref[k]) for k in ("input_ids", "attention_mask", "next_sentence_label")
         )

@@ -92,8 +92,10 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
     for name, c in (("x1", corpus), ("x4", x4)):
         out = subprocess.run(
             [sys.executable, str(script), str(c), str(vocab), str(tmp_path / f"out-{name}")],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         runs[name] = json.loads(out.stdout.strip().splitlines()[-1])
     assert runs["x4"]["instances"] > 3.5 * runs["x1"]["instances"]
     # holding the x4 instances (int32 rows of 128) would add > 100 MB

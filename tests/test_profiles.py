@@ -45,11 +45,46 @@ def _x(root: Path) -> dict:
     return yaml.safe_load((root / "params" / "x.yaml").read_text())["x"]
 
 
-VALUES = [None, True, False, 0, -3, 1e-4, 5e-05, 2e-3, 0.1, 1e20, "base", "a b", "it's", "x:y", "null",
-          "True", "false", "inf", "7", "", "1e-4", "a,b", "a=b", " padded ", "path/to/x.txt",
-          "models/released/google--bert_uncased", "/abs/path", "-a", "a+b", "$x", "ü", "back\\slash\\", ["sst2", "mrpc"], [1e-4, 5e-5, 2e-3],
-          [[1, 2], [3]], ["a b", None, True], {"a": 1, "b": "c d", "e": {}},
-          {"rte": {"learning_rates": [2e-3], "train_limit": 50}, "mrpc": {}}]  # fmt: skip
+VALUES = [
+    None,
+    True,
+    False,
+    0,
+    -3,
+    1e-4,
+    5e-05,
+    2e-3,
+    0.1,
+    1e20,
+    "base",
+    "a b",
+    "it's",
+    "x:y",
+    "null",
+    "True",
+    "false",
+    "inf",
+    "7",
+    "",
+    "1e-4",
+    "a,b",
+    "a=b",
+    " padded ",
+    "path/to/x.txt",
+    "models/released/google--bert_uncased",
+    "/abs/path",
+    "-a",
+    "a+b",
+    "$x",
+    "ü",
+    "back\\slash\\",
+    ["sst2", "mrpc"],
+    [1e-4, 5e-5, 2e-3],
+    [[1, 2], [3]],
+    ["a b", None, True],
+    {"a": 1, "b": "c d", "e": {}},
+    {"rte": {"learning_rates": [2e-3], "train_limit": 50}, "mrpc": {}},
+]
 
 
 @pytest.mark.parametrize("value", VALUES, ids=repr)

@@ -59,8 +59,10 @@ def test_time_and_share_both_must_pass_whichever_is_rarer(clock, caplog):
         for _ in range(100):  # 100 fast steps: 1 s apart, 10 s pass at step 10, 5 % at step 50
             clock.now += 1
             p.advance(1)
-        assert [line.split(",")[0] for line in _lines(caplog)] == ["sst2 train: step 50/1000 (5.0%)",
-                                                                   "sst2 train: step 100/1000 (10.0%)"]  # fmt: skip
+        assert [line.split(",")[0] for line in _lines(caplog)] == [
+            "sst2 train: step 50/1000 (5.0%)",
+            "sst2 train: step 100/1000 (10.0%)",
+        ]
         caplog.clear()
         for _ in range(100):  # slow steps, 20 s each: the 10 s limit is rarer than 5 %
             clock.now += 20
@@ -144,16 +146,33 @@ def test_finetune_on_a_few_rows_logs_progress(tmp_path, shared_data, monkeypatch
     from bert_core.model import BertForPreTraining
 
     model = tmp_path / "model"
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)  # fmt: skip
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     BertForPreTraining(config).save_pretrained(model)
     shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", model / "vocab.txt")
     params = FinetuneParams(
-        defaults=dict(train_limit=24, eval_limit=16, learning_rates=[1e-3], seeds=[1], epochs=1, batch_size=8,
-                      eval_batch_size=8, max_seq_length=32, predict_test=False),
-        small_task_seeds=[1], data_checks=False, device="cpu",
-    )  # fmt: skip
+        defaults=dict(
+            train_limit=24,
+            eval_limit=16,
+            learning_rates=[1e-3],
+            seeds=[1],
+            epochs=1,
+            batch_size=8,
+            eval_batch_size=8,
+            max_seq_length=32,
+            predict_test=False,
+        ),
+        small_task_seeds=[1],
+        data_checks=False,
+        device="cpu",
+    )
     monkeypatch.setenv("BERT_PROGRESS_INTERVAL_S", "0")  # a line at every update: no timing in the test
     monkeypatch.setenv("BERT_PROGRESS_MIN_PERCENT", "0")
     with caplog.at_level(logging.INFO, logger="bert_core"):
@@ -197,9 +216,16 @@ def test_squad_feature_building_reports_examples_and_features(caplog, monkeypatc
                 out["offset_mapping"] = offsets
             return out
 
-    examples = [{"id": str(i), "question": "who is it", "context": " ".join(["word"] * 40),
-                 "answers": {"text": ["word"], "answer_start": [0]}, "is_impossible": False}
-                for i in range(4)]  # fmt: skip
+    examples = [
+        {
+            "id": str(i),
+            "question": "who is it",
+            "context": " ".join(["word"] * 40),
+            "answers": {"text": ["word"], "answer_start": [0]},
+            "is_impossible": False,
+        }
+        for i in range(4)
+    ]
     monkeypatch.setenv("BERT_PROGRESS_INTERVAL_S", "0")
     monkeypatch.setenv("BERT_PROGRESS_MIN_PERCENT", "0")
     with caplog.at_level(logging.INFO, logger="bert_core"):
@@ -217,8 +243,13 @@ def test_squad_feature_building_reports_examples_and_features(caplog, monkeypatc
 def _window(clock, progress, step, *, steps=25, seconds=5.0, seq_per_s=40.0, loss=6.5):
     """One Trainer train window of ``steps`` steps in ``seconds``, ending at ``step``."""
     clock.now += seconds
-    metrics = {"loss": loss, "seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * 128,
-               "step_time_s": seconds / steps, "elapsed_s": clock.now - 1000.0}  # fmt: skip
+    metrics = {
+        "loss": loss,
+        "seq_per_s": seq_per_s,
+        "tokens_per_s": seq_per_s * 128,
+        "step_time_s": seconds / steps,
+        "elapsed_s": clock.now - 1000.0,
+    }
     progress.window(step, metrics)
 
 
@@ -227,8 +258,16 @@ def test_pretraining_progress_is_rate_limited_with_phase_and_run_eta(clock, capl
 
     caplog.set_level(logging.INFO, logger=LOGGER)
     # a later phase of 100 steps at 4x the tokens per step: 100 x 0.2 s x 4 = 80 s
-    progress = TrainProgress("pretrain phase seq128", 1000, log_every=25, later=[LaterPhase(100, None, 4.0)],
-                             interval_s=20.0, min_fraction=0.05, logger=logging.getLogger(LOGGER), clock=clock)  # fmt: skip
+    progress = TrainProgress(
+        "pretrain phase seq128",
+        1000,
+        log_every=25,
+        later=[LaterPhase(100, None, 4.0)],
+        interval_s=20.0,
+        min_fraction=0.05,
+        logger=logging.getLogger(LOGGER),
+        clock=clock,
+    )
     for step in range(25, 501, 25):  # a window every 5 s: 100 s, 500 steps
         _window(clock, progress, step)
     lines = _lines(caplog)
@@ -246,8 +285,16 @@ def test_a_time_budget_nearer_than_the_steps_sets_the_phase_eta(clock, caplog):
     from bert_core.training.progress import TrainProgress
 
     caplog.set_level(logging.INFO, logger=LOGGER)
-    progress = TrainProgress("pretrain phase seq128", 10_000, log_every=25, budget_s=300.0, interval_s=0.0,
-                             min_fraction=0.0, logger=logging.getLogger(LOGGER), clock=clock)  # fmt: skip
+    progress = TrainProgress(
+        "pretrain phase seq128",
+        10_000,
+        log_every=25,
+        budget_s=300.0,
+        interval_s=0.0,
+        min_fraction=0.0,
+        logger=logging.getLogger(LOGGER),
+        clock=clock,
+    )
     for step in (25, 50):
         _window(clock, progress, step)
     # 10 s trained of a 300 s budget: 290 s left, far sooner than 9,950 steps at 0.2 s
@@ -258,8 +305,15 @@ def test_a_resumed_phase_counts_its_earlier_steps_toward_the_percentage_not_the_
     from bert_core.training.progress import TrainProgress
 
     caplog.set_level(logging.INFO, logger=LOGGER)
-    progress = TrainProgress("pretrain phase seq128", 1000, log_every=25, interval_s=0.0, min_fraction=0.0,
-                             logger=logging.getLogger(LOGGER), clock=clock)  # fmt: skip
+    progress = TrainProgress(
+        "pretrain phase seq128",
+        1000,
+        log_every=25,
+        interval_s=0.0,
+        min_fraction=0.0,
+        logger=logging.getLogger(LOGGER),
+        clock=clock,
+    )
     _window(clock, progress, 525)  # resumed at step 500: its first window, 25 steps in 5 s
     line = _lines(caplog)[-1]
     assert "step 525/1000 (52.5%)" in line and "ETA 1m35s" in line  # 475 steps x 0.2 s

@@ -108,8 +108,9 @@ def test_withdrawing_puts_the_alias_back_only_while_it_points_at_the_withdrawn_v
     def reg(value: float) -> registry.Registration:
         with mlflow.start_run() as run:
             pass
-        return registry.register(model, name="m", run_id=run.info.run_id, alias="champion",
-                                 metric_key="dev.score", value=value)  # fmt: skip
+        return registry.register(
+            model, name="m", run_id=run.info.run_id, alias="champion", metric_key="dev.score", value=value
+        )
 
     client = MlflowClient()
     first, second = reg(50.0), reg(60.0)

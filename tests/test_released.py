@@ -38,8 +38,14 @@ def _checkpoint(
     from bert_core.config import BertConfig
     from bert_core.model import BertModel
 
-    config = BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=128)  # fmt: skip
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     BertModel(config).save_pretrained(path)
     if prefix:  # a head checkpoint's names (bert.*), as a pretraining checkpoint has
@@ -291,8 +297,14 @@ def test_minilm_fine_tunes_sst2_end_to_end_and_registers(minilm, shared_data, tm
 """
     )
     out = tmp_path / "results" / "sst2"
-    metrics = finetune_flow.fn("sst2", str(params), out_dir=str(out), model_out=str(tmp_path / "model"),
-                               metrics_path=str(tmp_path / "sst2.json"), plots_dir=str(tmp_path / "plots"))  # fmt: skip
+    metrics = finetune_flow.fn(
+        "sst2",
+        str(params),
+        out_dir=str(out),
+        model_out=str(tmp_path / "model"),
+        metrics_path=str(tmp_path / "sst2.json"),
+        plots_dir=str(tmp_path / "plots"),
+    )
     assert 0.0 <= metrics["dev.accuracy"] <= 100.0 and metrics["train.examples"] == 32
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"]["hidden_size"] == 384 and summary["model"]["num_hidden_layers"] == 6

@@ -71,8 +71,14 @@ def fresh_predictions(registry, tmp_path_factory) -> dict[str, list]:
     jobs = [(name, f"models:/{name}@{alias(name)}", _requests(task)) for name, task in SERVED.items()]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(MLFLOW_TRACKING_URI=registry[0], HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", FRESH, json.dumps(jobs)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path_factory.mktemp("elsewhere"), timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH, json.dumps(jobs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path_factory.mktemp("elsewhere"),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])

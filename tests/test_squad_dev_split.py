@@ -155,11 +155,21 @@ def test_baselines_overlap_sentence_and_all_empty():
     assert overlap_sentence("What flows through Paris?", context) == "The Seine flows through Paris in 1900."
     assert overlap_sentence("Anything else?", context) == "Paris is in France."  # ties: the earliest
     rows = [
-        {"id": "a", "question": "What flows through Paris?", "context": context,
-         "answers": {"text": ["The Seine"], "answer_start": [20]}, "is_impossible": False},
-        {"id": "b", "question": "Who is king?", "context": context,
-         "answers": {"text": [], "answer_start": []}, "is_impossible": True},
-    ]  # fmt: skip
+        {
+            "id": "a",
+            "question": "What flows through Paris?",
+            "context": context,
+            "answers": {"text": ["The Seine"], "answer_start": [20]},
+            "is_impossible": False,
+        },
+        {
+            "id": "b",
+            "question": "Who is king?",
+            "context": context,
+            "answers": {"text": [], "answer_start": []},
+            "is_impossible": True,
+        },
+    ]
     v2 = squad_baselines(rows, version_2=True, metric_keys=("f1", "exact"))
     assert v2["all_empty"] == {"f1": 50.0, "exact": 50.0}
     assert v2["overlap_sentence"]["exact"] == 0.0 and 0 < v2["overlap_sentence"]["f1"] < 50
@@ -174,9 +184,15 @@ def test_labels_and_baselines_survive_the_summary_and_reach_the_report_pieces():
 
     label = "dev split: articles 18-35 of dev-v2.0, trained on 1-17"
     trial = TrialResult("pretrained", 1e-3, 1, {"f1": 55.0, "exact": 52.0}, extra={"null_threshold": -1.25})
-    result = FinetuneResult("squad_v2", "span_qa", "f1", {"preset": "tiny"}, [trial],
-                            data_split={"origin": "dev_split", "label": label},
-                            baselines={"overlap_sentence": {"f1": 10.0}, "all_empty": {"f1": 49.1}})  # fmt: skip
+    result = FinetuneResult(
+        "squad_v2",
+        "span_qa",
+        "f1",
+        {"preset": "tiny"},
+        [trial],
+        data_split={"origin": "dev_split", "label": label},
+        baselines={"overlap_sentence": {"f1": 10.0}, "all_empty": {"f1": 49.1}},
+    )
     again = FinetuneResult.from_json(json.loads(json.dumps(result.to_json())))
     assert again.data_split == result.data_split and again.baselines == result.baselines
     assert again.metrics()["baseline.all_empty.f1"] == 49.1
@@ -231,8 +247,9 @@ def tiny_model(shared_data, tmp_path_factory) -> Path:
     from bert_core.model import BertForPreTraining
 
     path = tmp_path_factory.mktemp("pretrained") / "model"
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64)  # fmt: skip
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
     torch.manual_seed(0)
     BertForPreTraining(config).save_pretrained(path)
     shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
@@ -258,14 +275,23 @@ def test_squad_v1_dev_split_is_labelled_in_summary_trials_and_report(tiny_model,
     from bert_core.finetune.run import finetune_task
 
     params = FinetuneParams(
-        defaults=dict(train_limit=16, eval_limit=12, learning_rates=[1e-3], epochs=1, batch_size=8,
-                      max_seq_length=128, doc_stride=64),
-        tasks={"squad_v1": {"dev_split": True}}, data_checks=False,
-    )  # fmt: skip
+        defaults=dict(
+            train_limit=16,
+            eval_limit=12,
+            learning_rates=[1e-3],
+            epochs=1,
+            batch_size=8,
+            max_seq_length=128,
+            doc_stride=64,
+        ),
+        tasks={"squad_v1": {"dev_split": True}},
+        data_checks=False,
+    )
     tracker = _Tracker()
     out = tmp_path / "results" / "squad_v1"
-    result = finetune_task("squad_v1", params, tiny_model, out, model_out=tmp_path / "model", data_root=dev_root,
-                           tracker=tracker)  # fmt: skip
+    result = finetune_task(
+        "squad_v1", params, tiny_model, out, model_out=tmp_path / "model", data_root=dev_root, tracker=tracker
+    )
     label = "dev split: articles 25-48 of dev-v1.1 (first 12 of 4874 questions), trained on 1-24 (first 16 of 5696 questions)"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["data_split"]["label"] == label and summary["data_split"]["origin"] == "dev_split"
@@ -309,10 +335,14 @@ def test_squad_v2_dev_split_end_to_end_through_the_flows(tiny_model, dev_root, t
 """
     )
     results = tmp_path / "results" / "finetune"
-    metrics = finetune_flow.fn("squad_v2", str(params), out_dir=str(results / "squad_v2"),
-                               model_out=str(tmp_path / "models" / "squad_v2"),
-                               metrics_path=str(tmp_path / "metrics" / "squad_v2.json"),
-                               plots_dir=str(tmp_path / "plots" / "squad_v2"))  # fmt: skip
+    metrics = finetune_flow.fn(
+        "squad_v2",
+        str(params),
+        out_dir=str(results / "squad_v2"),
+        model_out=str(tmp_path / "models" / "squad_v2"),
+        metrics_path=str(tmp_path / "metrics" / "squad_v2.json"),
+        plots_dir=str(tmp_path / "plots" / "squad_v2"),
+    )
     assert {"dev.f1", "dev.exact", "dev.HasAns_f1", "dev.NoAns_f1", "dev.null_threshold"} <= set(metrics)
     assert {"baseline.all_empty.f1", "baseline.overlap_sentence.f1"} <= set(metrics)
     rows = resolve_task_source(get_task("squad_v2"), dev_split=True, data_root=dev_root).load("dev", limit=40)

@@ -113,8 +113,15 @@ with library_logs():
 
 def test_a_stage_prints_a_library_line_once_with_one_time_stamp(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-c", _STAGE_LOGS], capture_output=True, text=True, env=env,
-                          cwd=REPO_ROOT, timeout=120, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _STAGE_LOGS],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=120,
+        check=True,
+    )
     lines = [line for line in proc.stderr.splitlines() if "step 25/100" in line]
     assert len(lines) == 1, proc.stderr
     assert len(_TIME.findall(lines[0])) == 1 and lines[0].count("INFO") == 1, lines[0]

@@ -14,41 +14,108 @@ from flows._stage import MAX_HEADLINE, details_file, headline, stage
 
 # Statistics shaped like each stage's, with as many phases, sources, baselines and splits as the pipeline
 # has (the corpus, vocab and pretrain_data flows are run for real in their own tests).
-_PHASE_SPLIT = {"instances": 10, "tokens": 900, "mean_length": 90.0, "padding_share": 0.1, "random_next": 5,
-                "check_sample": {"failed_critical": 0, "checked": 100}, "corpus_tokens": 1000}  # fmt: skip
+_PHASE_SPLIT = {
+    "instances": 10,
+    "tokens": 900,
+    "mean_length": 90.0,
+    "padding_share": 0.1,
+    "random_next": 5,
+    "check_sample": {"failed_critical": 0, "checked": 100},
+    "corpus_tokens": 1000,
+}
 STATS = {
     "corpus": {
-        "documents": 150, "documents_train": 140, "documents_heldout": 10, "sentences": 900, "words": 9000,
-        "bytes": 50000, "input_files": 3, "input_bytes": 60000, "records_read": 160, "duplicates": 2,
-        "documents_dropped": {"short": 5, "empty": 3}, "documents_dropped_total": 8, "utf8_replacements": 0,
-        "files_with_utf8_errors": 0, "gutenberg_boilerplate_removed": 1, "capped": 0, "units_stopped_early": 0,
+        "documents": 150,
+        "documents_train": 140,
+        "documents_heldout": 10,
+        "sentences": 900,
+        "words": 9000,
+        "bytes": 50000,
+        "input_files": 3,
+        "input_bytes": 60000,
+        "records_read": 160,
+        "duplicates": 2,
+        "documents_dropped": {"short": 5, "empty": 3},
+        "documents_dropped_total": 8,
+        "utf8_replacements": 0,
+        "files_with_utf8_errors": 0,
+        "gutenberg_boilerplate_removed": 1,
+        "capped": 0,
+        "units_stopped_early": 0,
         "sources": {s: {"documents": 75, "bytes": 25000} for s in ("wikipedia", "bookcorpus")},
-        "shards_train": 4, "shards_heldout": 1, "elapsed_s": 1.2, "input_mb_per_s": 0.05, "checks_failed": 0,
+        "shards_train": 4,
+        "shards_heldout": 1,
+        "elapsed_s": 1.2,
+        "input_mb_per_s": 0.05,
+        "checks_failed": 0,
     },
     "pretrain_data": {
         **{phase: {split: _PHASE_SPLIT for split in ("train", "heldout")} for phase in ("seq128", "seq512")},
-        "elapsed_s": 9.8, "instances_per_s": 4.0, "tokens_per_s": 360.0, "workers": 2,
+        "elapsed_s": 9.8,
+        "instances_per_s": 4.0,
+        "tokens_per_s": 360.0,
+        "workers": 2,
     },
     "pretrain": {
-        "heldout": {"mlm_loss": 3.1, "mlm_acc": 0.42, "nsp_acc": 0.8, "baseline_mlm_acc": 0.05,
-                    "baseline_mlm_ppl": 900.0, "baseline_nsp_acc": 0.5, "loss": 3.6},
-        "phases": {p: {"steps": 100, "seconds": 60.0, "stop_reason": "max_steps", "train_loss": 3.2,
-                       "train_mlm_acc": 0.4, "train_nsp_acc": 0.8, "train_seq_per_s": 50.0,
-                       "train_tokens_per_s": 6400.0, "train_mfu": 0.3, "mlm_loss": 3.1, "mlm_acc": 0.42}
-                   for p in ("seq128", "seq512")},
-        "steps": 200, "parameters_m": 4.4, "train_seconds": 120.0,
+        "heldout": {
+            "mlm_loss": 3.1,
+            "mlm_acc": 0.42,
+            "nsp_acc": 0.8,
+            "baseline_mlm_acc": 0.05,
+            "baseline_mlm_ppl": 900.0,
+            "baseline_nsp_acc": 0.5,
+            "loss": 3.6,
+        },
+        "phases": {
+            p: {
+                "steps": 100,
+                "seconds": 60.0,
+                "stop_reason": "max_steps",
+                "train_loss": 3.2,
+                "train_mlm_acc": 0.4,
+                "train_nsp_acc": 0.8,
+                "train_seq_per_s": 50.0,
+                "train_tokens_per_s": 6400.0,
+                "train_mfu": 0.3,
+                "mlm_loss": 3.1,
+                "mlm_acc": 0.42,
+            }
+            for p in ("seq128", "seq512")
+        },
+        "steps": 200,
+        "parameters_m": 4.4,
+        "train_seconds": 120.0,
         "registry": {"registered_model": "bert-pretrained", "version": 3, "alias": "candidate"},
     },
     "finetune": {
-        "dev.accuracy": 84.0, "dev.f1": 83.0, "dev_mismatched.accuracy": 84.5, "dev_mismatched.f1": 84.0,
-        "dev.accuracy_mean": 83.5, "dev.accuracy_std": 0.4, "seeds": 5.0, "selected.learning_rate": 3e-5,
-        "selected.seed": 2.0, "dev.eval_loss": 0.5, "random_init.dev.accuracy": 61.0, "random_init.dev.f1": 60.0,
-        "gap.dev.accuracy": 23.0, "reference.dev.accuracy": 84.2, "reference.dev.f1": 84.0,
-        "train.examples": 392702.0, "train.examples_per_second": 800.0, "train.seconds": 9000.0, "trials": 20.0,
-        **{f"baseline.{b}.{m}": 35.0 for b in ("majority", "bow", "hypothesis_only") for m in ("accuracy", "f1")},
-        "best_baseline.accuracy": 52.0, "main_metric": "accuracy",
+        "dev.accuracy": 84.0,
+        "dev.f1": 83.0,
+        "dev_mismatched.accuracy": 84.5,
+        "dev_mismatched.f1": 84.0,
+        "dev.accuracy_mean": 83.5,
+        "dev.accuracy_std": 0.4,
+        "seeds": 5.0,
+        "selected.learning_rate": 3e-5,
+        "selected.seed": 2.0,
+        "dev.eval_loss": 0.5,
+        "random_init.dev.accuracy": 61.0,
+        "random_init.dev.f1": 60.0,
+        "gap.dev.accuracy": 23.0,
+        "reference.dev.accuracy": 84.2,
+        "reference.dev.f1": 84.0,
+        "train.examples": 392702.0,
+        "train.examples_per_second": 800.0,
+        "train.seconds": 9000.0,
+        "trials": 20.0,
+        **{
+            f"baseline.{b}.{m}": 35.0
+            for b in ("majority", "bow", "hypothesis_only")
+            for m in ("accuracy", "f1")
+        },
+        "best_baseline.accuracy": 52.0,
+        "main_metric": "accuracy",
     },
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(STATS))

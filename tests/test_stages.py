@@ -135,16 +135,29 @@ def test_the_walk_follows_every_kind_of_import(tmp_path):
     graph = _deps.ImportGraph(tmp_path)
     found = graph.closure("flows.helper")  # flows.s imported, not run: its __main__ block does not count
     assert found == {
-        "flows", "flows.helper", "flows.s", "bert_core", "bert_core.a", "bert_core.b", "bert_core.sub",
-        "bert_core.sub.c", "bert_core.sub.lazy",
-    }  # fmt: skip
+        "flows",
+        "flows.helper",
+        "flows.s",
+        "bert_core",
+        "bert_core.a",
+        "bert_core.b",
+        "bert_core.sub",
+        "bert_core.sub.c",
+        "bert_core.sub.lazy",
+    }
     assert graph.closure("flows.s") == found - {"flows.helper"} | {"bert_core.never"}  # run: it counts
     found -= {"flows.helper"}
     files_found = {_deps.module_file(m, tmp_path) for m in found}
     assert _deps.collapse(files_found, tmp_path) == [
-        "bert_core/__init__.py", "bert_core/a.py", "bert_core/b.py", "bert_core/sub/__init__.py",
-        "bert_core/sub/c.py", "bert_core/sub/lazy.py", "flows/__init__.py", "flows/s.py",
-    ]  # fmt: skip
+        "bert_core/__init__.py",
+        "bert_core/a.py",
+        "bert_core/b.py",
+        "bert_core/sub/__init__.py",
+        "bert_core/sub/c.py",
+        "bert_core/sub/lazy.py",
+        "flows/__init__.py",
+        "flows/s.py",
+    ]
     (pkg / "sub" / "unused.py").unlink()
     assert "bert_core/sub" in _deps.collapse(files_found, tmp_path)
 

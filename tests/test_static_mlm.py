@@ -26,9 +26,15 @@ def _one_thread():
 
 def tiny_config() -> BertConfig:
     return BertConfig(
-        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
 
 
 def labels_batch(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -45,8 +51,13 @@ def labels_batch(seed: int = 0) -> dict[str, torch.Tensor]:
         ids[i, pos] = 4  # [MASK]
     types = (torch.arange(T)[None, :] >= lengths[:, None] // 2).long() * mask
     nsp = torch.randint(0, 2, (B,), generator=g)
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": labels,
-            "next_sentence_label": nsp}  # fmt: skip
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": types,
+        "labels": labels,
+        "next_sentence_label": nsp,
+    }
 
 
 def to_positions(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -122,8 +133,12 @@ def test_bad_position_arguments_are_refused():
     with pytest.raises(
         ValueError, match=r"masked_lm_weights must have the shape of masked_lm_positions \(6, 5\)"
     ):
-        model(ref["input_ids"], masked_lm_positions=torch.zeros(B, P, dtype=torch.long),
-              masked_lm_ids=torch.zeros(B, P, dtype=torch.long), masked_lm_weights=torch.ones(B, 4))  # fmt: skip
+        model(
+            ref["input_ids"],
+            masked_lm_positions=torch.zeros(B, P, dtype=torch.long),
+            masked_lm_ids=torch.zeros(B, P, dtype=torch.long),
+            masked_lm_weights=torch.ones(B, 4),
+        )
     logits_only = model(ref["input_ids"], masked_lm_positions=torch.zeros(B, P, dtype=torch.long))
     assert logits_only.mlm_loss is None and logits_only.masked_lm_logits.shape == (B, P, V)
 

@@ -119,7 +119,12 @@ def test_failed_data_check_points_at_a_report_that_exists(tmp_path):
     )
     reports = tmp_path / "reports" / "data_checks" / "finetune" / "rte"
     with pytest.raises(DataCheckError, match=r"task-rte-train.*failed 1 critical") as e:
-        load_task_data(get_task("rte"), FinetuneParams().for_task("rte"), None, data_root=tmp_path,
-                       check_report_dir=reports)  # fmt: skip
+        load_task_data(
+            get_task("rte"),
+            FinetuneParams().for_task("rte"),
+            None,
+            data_root=tmp_path,
+            check_report_dir=reports,
+        )
     index = reports / "task-rte-train" / "index.html"
     assert f"(report: {index})" in str(e.value) and index.is_file()

@@ -86,8 +86,15 @@ def test_pretrain_policy_always_moves_the_alias(model):
     tags = {"stage": "pretrain", "steps": 10}
     for expected in ("1", "2"):
         run_id = _run_id()
-        reg = register(model, name="bert-pretrained", run_id=run_id, alias="newest", description="pretrained",
-                       tags=tags, version_description=f"run {expected}")  # fmt: skip
+        reg = register(
+            model,
+            name="bert-pretrained",
+            run_id=run_id,
+            alias="newest",
+            description="pretrained",
+            tags=tags,
+            version_description=f"run {expected}",
+        )
         assert reg.as_record() == {
             "registered_model": "bert-pretrained",
             "version": int(expected),

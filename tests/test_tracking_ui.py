@@ -28,8 +28,12 @@ def _inputs(run_id: str) -> dict[str, dict]:
     out = {}
     for inp in run.inputs.dataset_inputs:
         tags = {t.key: t.value for t in inp.tags}
-        out[inp.dataset.name] = {"digest": inp.dataset.digest, "context": tags.get("mlflow.data.context"),
-                                 "tags": tags, "profile": json.loads(inp.dataset.profile or "{}")}  # fmt: skip
+        out[inp.dataset.name] = {
+            "digest": inp.dataset.digest,
+            "context": tags.get("mlflow.data.context"),
+            "tags": tags,
+            "profile": json.loads(inp.dataset.profile or "{}"),
+        }
     return out
 
 
@@ -56,8 +60,10 @@ def test_task_data_become_dataset_inputs(tmp_path):
     from bert_core.finetune.run import SplitData, TrialData
 
     rows = [{"sentence": "good", "label": 1}, {"sentence": "bad", "label": 0}]
-    data = TrialData(train=SplitData(rows, [], str(tmp_path / "train.tsv")),
-                    dev={"dev": SplitData(rows[:1], [], "hf://nyu-mll/glue/sst2:validation")})  # fmt: skip
+    data = TrialData(
+        train=SplitData(rows, [], str(tmp_path / "train.tsv")),
+        dev={"dev": SplitData(rows[:1], [], "hf://nyu-mll/glue/sst2:validation")},
+    )
     with stage_run("finetune", None, experiment=FINETUNE_EXPERIMENT) as run:
         log_task_data("sst2", data)
         assert log_headline_metric("accuracy", {"dev.accuracy": 91.5}) == 91.5
@@ -101,8 +107,9 @@ def tiny_model(shared_data, tmp_path_factory) -> Path:
     from bert_core.model import BertForPreTraining
 
     path = tmp_path_factory.mktemp("pretrained") / "model"
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64)  # fmt: skip
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
     torch.manual_seed(0)
     BertForPreTraining(config).save_pretrained(path)
     shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
@@ -125,8 +132,14 @@ def test_finetune_flow_logs_datasets_headline_and_card(tiny_model, shared_data, 
   data_checks: false
 """)
     model_dir = tmp_path / "models" / "sst2"
-    metrics = finetune_flow.fn("sst2", str(params), out_dir=str(tmp_path / "results"), model_out=str(model_dir),
-                               metrics_path=str(tmp_path / "m.json"), plots_dir=str(tmp_path / "plots"))  # fmt: skip
+    metrics = finetune_flow.fn(
+        "sst2",
+        str(params),
+        out_dir=str(tmp_path / "results"),
+        model_out=str(model_dir),
+        metrics_path=str(tmp_path / "m.json"),
+        plots_dir=str(tmp_path / "plots"),
+    )
     client = MlflowClient()
     exp = client.get_experiment_by_name(FINETUNE_EXPERIMENT)
     assert exp.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND

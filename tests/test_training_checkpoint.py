@@ -28,9 +28,15 @@ def _train_a_bit(model, opt, steps=2):
 
 def _save(root, step, model, opt, keep_last=2, data=None):
     return ckpt.save_checkpoint(
-        root, step=step, model=model, optimizer=opt, state={"elapsed_s": 1.5, "note": "x"},
-        rng_states=[ckpt.capture_rng_state()], data_states=[data], keep_last=keep_last,
-    )  # fmt: skip
+        root,
+        step=step,
+        model=model,
+        optimizer=opt,
+        state={"elapsed_s": 1.5, "note": "x"},
+        rng_states=[ckpt.capture_rng_state()],
+        data_states=[data],
+        keep_last=keep_last,
+    )
 
 
 def test_round_trip_restores_weights_optimizer_rng_and_data_position(tmp_path):
@@ -151,9 +157,14 @@ def test_a_file_damaged_in_place_is_refused_by_name_and_resume_falls_back(tmp_pa
     )
     assert resumed is not None and resumed[0] == first
     ckpt.save_checkpoint(
-        tmp_path, step=2, model=model, optimizer=opt, state={}, rng_states=[ckpt.capture_rng_state()],
+        tmp_path,
+        step=2,
+        model=model,
+        optimizer=opt,
+        state={},
+        rng_states=[ckpt.capture_rng_state()],
         data_states=[None],
-    )  # fmt: skip
+    )
     ckpt.load_checkpoint(second, model=model, optimizer=opt)  # a re-written checkpoint passes again
 
 

@@ -16,11 +16,31 @@ WORKER = Path(__file__).with_name("training_fakes.py")
 
 
 def _train(tmp: Path, name: str, *, nproc: int, accum: int) -> tuple[list[float], dict, dict]:
-    args = [str(WORKER), "--ckpt", str(tmp / f"{name}-ck"), "--out", str(tmp / name), "--micro", "4",
-            "--accum", str(accum), "--dropout", "0.0", "--max-steps", "8"]  # fmt: skip
+    args = [
+        str(WORKER),
+        "--ckpt",
+        str(tmp / f"{name}-ck"),
+        "--out",
+        str(tmp / name),
+        "--micro",
+        "4",
+        "--accum",
+        str(accum),
+        "--dropout",
+        "0.0",
+        "--max-steps",
+        "8",
+    ]
     if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               *args, "--ddp"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            *args,
+            "--ddp",
+        ]
     else:
         cmd = [sys.executable, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -78,8 +78,16 @@ def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, ref
 
 @pytest.mark.faults
 def test_external_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, reference):
-    cmd = [sys.executable, str(WORKER), "--ckpt", str(tmp_path / "ck"), "--out", str(tmp_path / "x"),
-           "--sleep-per-micro", "0.15"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(WORKER),
+        "--ckpt",
+        str(tmp_path / "ck"),
+        "--out",
+        str(tmp_path / "x"),
+        "--sleep-per-micro",
+        "0.15",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not ckpt.list_checkpoints(tmp_path / "ck"):  # training is under way

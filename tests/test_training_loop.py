@@ -43,9 +43,16 @@ def _assert_same(a, b):
 def test_learns_and_reports_metrics_next_to_baselines():
     seen = []
     _, result = run(
-        None, max_steps=300, micro=16, accum=1, dropout=0.0, warmup_steps=20, log_every=50, lr=5e-3,
+        None,
+        max_steps=300,
+        micro=16,
+        accum=1,
+        dropout=0.0,
+        warmup_steps=20,
+        log_every=50,
+        lr=5e-3,
         on_metrics=lambda s, m: seen.append((s, m)),
-    )  # fmt: skip
+    )
     train = [h for h in result.history if h["kind"] == "train"]
     assert [h["step"] for h in train] == [50, 100, 150, 200, 250, 300]
     assert train[-1]["loss"] < train[0]["loss"] - 0.5
@@ -199,9 +206,13 @@ def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
 
     cfg = TrainConfig(max_steps=4, lr=1e-3, device="cpu")
     trainer = Trainer(
-        model, PretrainingObjective.for_config(model.config), FakePretrainLoader(), cfg, checkpoint_dir=tmp_path,
+        model,
+        PretrainingObjective.for_config(model.config),
+        FakePretrainLoader(),
+        cfg,
+        checkpoint_dir=tmp_path,
         fingerprint="other-settings",
-    )  # fmt: skip
+    )
     with pytest.raises(ckpt.CheckpointError, match="other settings"):
         trainer.fit()
 

@@ -110,10 +110,14 @@ def test_with_steps_and_budget_the_schedule_follows_the_limit_that_is_closer():
 
 @pytest.mark.parametrize(
     ("kw", "msg"),
-    [({"max_steps": 10, "warmup": 1.0}, "shorter than the run"), ({"max_steps": 0}, "max_steps must be >= 1"),
-     ({"budget_s": -1.0}, "budget must be > 0"), ({}, "max_steps, a time budget, or both"),
-     ({"max_steps": 10, "warmup": -0.1}, ">= 0")],
-)  # fmt: skip
+    [
+        ({"max_steps": 10, "warmup": 1.0}, "shorter than the run"),
+        ({"max_steps": 0}, "max_steps must be >= 1"),
+        ({"budget_s": -1.0}, "budget must be > 0"),
+        ({}, "max_steps, a time budget, or both"),
+        ({"max_steps": 10, "warmup": -0.1}, ">= 0"),
+    ],
+)
 def test_schedule_rejects_impossible_settings(kw, msg):
     with pytest.raises(ValueError, match=msg):
         LinearWarmupDecay(peak_lr=1e-4, **kw)
@@ -140,9 +144,14 @@ def test_flops_formula_by_hand():
 def test_flops_base_model_close_to_6n():
     # BERT-base at T=128: the encoder dominates, so FLOPs/token ~ 6 * 85M (+ attention).
     f = bert_train_flops(
-        num_layers=12, hidden_size=768, intermediate_size=3072, vocab_size=30522, seq_len=128,
-        sequences=1, masked_tokens=20,
-    )  # fmt: skip
+        num_layers=12,
+        hidden_size=768,
+        intermediate_size=3072,
+        vocab_size=30522,
+        seq_len=128,
+        sequences=1,
+        masked_tokens=20,
+    )
     per_token = f / 128
     assert 6 * 85e6 < per_token < 6 * 100e6
 

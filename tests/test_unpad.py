@@ -34,8 +34,16 @@ def _one_thread():
 def make_config(**kw) -> BertConfig:
     """transformers' tester sizes; no dropout, so train mode is deterministic and comparable."""
     values = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, **kw}
-    return BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=37, type_vocab_size=2, num_labels=3, **values)  # fmt: skip
+    return BertConfig(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        type_vocab_size=2,
+        num_labels=3,
+        **values,
+    )
 
 
 def make_batch(mask_rows: dict[int, slice] | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -119,8 +127,9 @@ def test_no_padding_and_no_mask():
     padded, unpadded = pair(BertModel, make_config())
     ids = make_batch()["input_ids"].clamp(min=1)
     full = torch.ones_like(ids)
-    torch.testing.assert_close(unpadded(ids, full).last_hidden_state, padded(ids, full).last_hidden_state,
-                               atol=TOL, rtol=TOL)  # fmt: skip
+    torch.testing.assert_close(
+        unpadded(ids, full).last_hidden_state, padded(ids, full).last_hidden_state, atol=TOL, rtol=TOL
+    )
     torch.testing.assert_close(
         unpadded(ids).last_hidden_state, padded(ids).last_hidden_state, atol=TOL, rtol=TOL
     )

@@ -36,13 +36,24 @@ def corpus(shared_data, tmp_path_factory) -> Path:
         {
             "sources": [{"name": "hub", "kind": "hf", "path": "x"}],
             "local_sources": [
-                {"name": "gutenberg", "kind": "text", "path": "corpus/gutenberg/pg2*.txt", "max_bytes": 400_000},
-                {"name": "wikipedia", "kind": "jsonl", "path": "corpus/wikipedia/wiki_00.jsonl", "id_field": "id",
-                 "title_field": "title", "max_documents": 250},
+                {
+                    "name": "gutenberg",
+                    "kind": "text",
+                    "path": "corpus/gutenberg/pg2*.txt",
+                    "max_bytes": 400_000,
+                },
+                {
+                    "name": "wikipedia",
+                    "kind": "jsonl",
+                    "path": "corpus/wikipedia/wiki_00.jsonl",
+                    "id_field": "id",
+                    "title_field": "title",
+                    "max_documents": 250,
+                },
             ],
             "heldout": {"fraction": 0.05, "max_documents": 20},
         }
-    )  # fmt: skip
+    )
     build_corpus(params, tmp / "corpus", data_root=shared_data, workers=1)
     return tmp / "corpus"
 
@@ -76,8 +87,12 @@ def test_layout_matches_the_released_vocab(shared_data):
 def test_trained_vocab_files_and_layout(uncased):
     params, out, stats = uncased
     assert sorted(p.name for p in out.iterdir()) == [
-        ".bert-output", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-    ]  # fmt: skip
+        ".bert-output",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+    ]
     tokens = read_vocab(out / "vocab.txt")
     assert len(tokens) == stats.vocab_size == 3000
     n_unused = round(994 * 3000 / 30522)  # 98: all before [UNK], so [UNK] sits at 99
@@ -223,12 +238,17 @@ def synthetic_corpus(tmp_path_factory) -> Path:
         {
             "sources": [{"name": "hub", "kind": "hf", "path": "x"}],
             "local_sources": [
-                {"name": "synthetic", "kind": "jsonl", "path": "corpus/synthetic.jsonl", "id_field": "id",
-                 "title_field": "title"},
+                {
+                    "name": "synthetic",
+                    "kind": "jsonl",
+                    "path": "corpus/synthetic.jsonl",
+                    "id_field": "id",
+                    "title_field": "title",
+                },
             ],
             "heldout": {"fraction": 0.05, "max_documents": 10},
         }
-    )  # fmt: skip
+    )
     build_corpus(params, root / "built", data_root=root, workers=1)
     return root / "built"
 
@@ -251,8 +271,23 @@ def test_merges_break_ties_by_count_then_strings():
     # Specials, the alphabet, the "##" pieces, then merges: a+##b (7); a tie at 4, ab+##x before b+##x
     # ("ab" < "b"); then three at 3: ##c+##d, c+##d, d+##c, and d+##cd once ##cd exists ("#" < "c" < "d").
     assert tokens == [
-        "[UNK]", "a", "b", "c", "d", "x", "##b", "##c", "##d", "##x", "ab", "abx", "bx", "##cd", "cd", "dcd",
-    ]  # fmt: skip
+        "[UNK]",
+        "a",
+        "b",
+        "c",
+        "d",
+        "x",
+        "##b",
+        "##c",
+        "##d",
+        "##x",
+        "ab",
+        "abx",
+        "bx",
+        "##cd",
+        "cd",
+        "dcd",
+    ]
     assert learn_wordpiece(dict(reversed(counts.items())), vocab_size=20, special_tokens=["[UNK]"]) == tokens
     assert learn_wordpiece(counts, vocab_size=12, special_tokens=["[UNK]"]) == tokens[:12]
     assert learn_wordpiece(counts, vocab_size=20, min_frequency=4) == tokens[1:13]

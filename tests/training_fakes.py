@@ -190,9 +190,16 @@ def run(
         **config_kw,
     )
     trainer = Trainer(
-        model, objective, loader, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout(rank=rank, world_size=world),
-        on_metrics=on_metrics, fingerprint="fake-v1", dist=dist,
-    )  # fmt: skip
+        model,
+        objective,
+        loader,
+        cfg,
+        checkpoint_dir=ckpt_dir,
+        eval_data=heldout(rank=rank, world_size=world),
+        on_metrics=on_metrics,
+        fingerprint="fake-v1",
+        dist=dist,
+    )
     return model, trainer.fit()
 
 
@@ -244,9 +251,14 @@ def main(argv: list[str] | None = None) -> int:
         dist = setup_distributed("cpu")
     try:
         model, result = run(
-            args.ckpt, max_steps=args.max_steps, on_micro=on_micro, micro=args.micro, accum=args.accum,
-            dropout=args.dropout, dist=dist,
-        )  # fmt: skip
+            args.ckpt,
+            max_steps=args.max_steps,
+            on_micro=on_micro,
+            micro=args.micro,
+            accum=args.accum,
+            dropout=args.dropout,
+            dist=dist,
+        )
     except TrainingInterrupted as exc:
         print(f"interrupted: {exc}", flush=True)
         return exc.exit_code

@@ -93,9 +93,12 @@ def process_unit(unit: WorkUnit, params: CorpusParams, work_dir: str, root: str 
     max_docs, max_bytes = unit_read_limits(params, src)
     n = n_bytes = 0
     for doc in read_unit(
-        unit, stats, max_doc_chars=clean.max_doc_chars, on_bad_record=params.on_bad_record,
+        unit,
+        stats,
+        max_doc_chars=clean.max_doc_chars,
+        on_bad_record=params.on_bad_record,
         root=Path(root) if root else None,
-    ):  # fmt: skip
+    ):
         stats.records += 1
         text = doc.text
         if clean.strip_gutenberg:

@@ -108,8 +108,17 @@ def baseline_table(results: Mapping[str, FinetuneResult]) -> tuple[str, list[str
             if value is None or ours is None:
                 continue
             mark = "" if ours > value else f" {NOT_ABOVE_BASELINE}"  # this row's baseline, not the best
-            rows.append([task, name, BASELINE_NOTES.get(name, ""), metric, f"{value:.1f}", f"{ours:.1f}{mark}",
-                         f"{ours - value:+.1f}"])  # fmt: skip
+            rows.append(
+                [
+                    task,
+                    name,
+                    BASELINE_NOTES.get(name, ""),
+                    metric,
+                    f"{value:.1f}",
+                    f"{ours:.1f}{mark}",
+                    f"{ours - value:+.1f}",
+                ]
+            )
     if not rows:
         return None
     header = [

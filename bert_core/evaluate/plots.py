@@ -53,14 +53,28 @@ def plot_scores(summary: EvaluationSummary, dpi: int = 110) -> bytes:
     x = list(range(len(rows)))
     width = 0.27
     ours = [r.ours if math.isfinite(r.ours) else 0.0 for r in rows]
-    ax.bar([i - width for i in x], ours, width, yerr=[r.ours_std for r in rows], capsize=3,
-           label="fine-tuned (dev)", color="#1f77b4")  # fmt: skip
+    ax.bar(
+        [i - width for i in x],
+        ours,
+        width,
+        yerr=[r.ours_std for r in rows],
+        capsize=3,
+        label="fine-tuned (dev)",
+        color="#1f77b4",
+    )
     if any(r.random_init is not None for r in rows):
         ax.bar(x, [r.random_init or 0.0 for r in rows], width, label="random init (dev)", color="#ff7f0e")
     if any(r.reference is not None for r in rows):
         ref_label = f"published, {summary.reference.model}" if summary.reference else "published"
-        ax.bar([i + width for i in x], [r.reference or 0.0 for r in rows], width, label=ref_label,
-               color="#bbbbbb", hatch="//", edgecolor="#666666")  # fmt: skip
+        ax.bar(
+            [i + width for i in x],
+            [r.reference or 0.0 for r in rows],
+            width,
+            label=ref_label,
+            color="#bbbbbb",
+            hatch="//",
+            edgecolor="#666666",
+        )
     labels = [
         f"{r.name}\n{r.metric}" + (f"\n(ref {r.reference_split})" if r.reference_split else "") for r in rows
     ]
@@ -79,16 +93,27 @@ def plot_learning_curves(summary: EvaluationSummary, dpi: int = 110) -> bytes:
         for trial, style in ((result.selected, "-"), (result.selected_random, "--")):
             if trial is None or not trial.history:
                 continue
-            ax.plot([h["epoch"] for h in trial.history], [h["loss"] for h in trial.history], style, marker=".",
-                    color="#1f77b4", label=f"train loss ({trial.init})")  # fmt: skip
+            ax.plot(
+                [h["epoch"] for h in trial.history],
+                [h["loss"] for h in trial.history],
+                style,
+                marker=".",
+                color="#1f77b4",
+                label=f"train loss ({trial.init})",
+            )
         ax.set_xlabel("epoch")
         ax.set_ylabel("training loss", color="#1f77b4")
         ax2 = ax.twinx()
         for trial, style in ((result.selected, "o-"), (result.selected_random, "s--")):
             if trial is None or not trial.evals:
                 continue
-            ax2.plot([e["epoch"] for e in trial.evals], [e.get(result.main_metric, math.nan) for e in trial.evals],
-                     style, color="#d62728", label=f"dev {result.main_metric} ({trial.init})")  # fmt: skip
+            ax2.plot(
+                [e["epoch"] for e in trial.evals],
+                [e.get(result.main_metric, math.nan) for e in trial.evals],
+                style,
+                color="#d62728",
+                label=f"dev {result.main_metric} ({trial.init})",
+            )
         ax2.set_ylabel(f"dev {result.main_metric}", color="#d62728")
         ax.set_title(
             f"{result.task}: lr {result.selected.learning_rate:g}, seed {result.selected.seed}", fontsize=9
@@ -110,8 +135,14 @@ def plot_trials(summary: EvaluationSummary, dpi: int = 110) -> bytes:
         ):
             trials = [t for t in result.trials if t.init == init]
             if trials:
-                ax.scatter([t.learning_rate for t in trials], [t.dev.get(result.main_metric, math.nan) for t in trials],
-                           marker=marker, color=color, label=init, alpha=0.8)  # fmt: skip
+                ax.scatter(
+                    [t.learning_rate for t in trials],
+                    [t.dev.get(result.main_metric, math.nan) for t in trials],
+                    marker=marker,
+                    color=color,
+                    label=init,
+                    alpha=0.8,
+                )
         ax.set_xscale("log")
         ax.set_xlabel("learning rate")
         ax.set_ylabel(f"dev {result.main_metric}")

@@ -72,37 +72,69 @@ def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[
     glue = summary.glue()
     ref_name = summary.reference.model if summary.reference else "none for this size"
     main = [
-        [task_label(summary.results, r.task, r.name), r.metric, _ours_cell(summary, r),
-         _fmt(r.random_init), _fmt(r.gap), _fmt(r.reference) + (f" ({r.reference_split})" if r.reference_split else ""),
-         _baseline_cell(summary, r)]
+        [
+            task_label(summary.results, r.task, r.name),
+            r.metric,
+            _ours_cell(summary, r),
+            _fmt(r.random_init),
+            _fmt(r.gap),
+            _fmt(r.reference) + (f" ({r.reference_split})" if r.reference_split else ""),
+            _baseline_cell(summary, r),
+        ]
         for r in summary.rows
-    ]  # fmt: skip
-    header = ["task", "metric", "fine-tuned (dev)", "random init (dev)", "gap", f"published ({ref_name})",
-              "best trivial baseline (dev)"]  # fmt: skip
+    ]
+    header = [
+        "task",
+        "metric",
+        "fine-tuned (dev)",
+        "random init (dev)",
+        "gap",
+        f"published ({ref_name})",
+        "best trivial baseline (dev)",
+    ]
     avg = [
         ["GLUE average (fine-tuned)", _fmt(glue["average"]), ", ".join(glue["rows"]) or "–"],
-        ["GLUE average (published, same rows)", _fmt(glue["reference_average"]), ", ".join(glue["reference_rows"]) or "–"],
-        ["GLUE average (random init)", _fmt(glue["random_init_average"]), ", ".join(glue["random_init_rows"]) or "–"],
-        ["GLUE average (fine-tuned, random-init rows)", _fmt(glue["pretrained_on_random_rows"]),
-         ", ".join(glue["random_init_rows"]) or "–"],
-    ]  # fmt: skip
+        [
+            "GLUE average (published, same rows)",
+            _fmt(glue["reference_average"]),
+            ", ".join(glue["reference_rows"]) or "–",
+        ],
+        [
+            "GLUE average (random init)",
+            _fmt(glue["random_init_average"]),
+            ", ".join(glue["random_init_rows"]) or "–",
+        ],
+        [
+            "GLUE average (fine-tuned, random-init rows)",
+            _fmt(glue["pretrained_on_random_rows"]),
+            ", ".join(glue["random_init_rows"]) or "–",
+        ],
+    ]
     details = []
     for result in summary.results.values():
         best = result.selected
-        details.append([
-            result.task, f"{best.learning_rate:g}", str(best.seed), str(len(result.trials)),
-            ", ".join(f"{k} {_fmt(v, 2)}" for k, v in sorted(best.dev.items())),
-            _fmt(best.examples_per_second, 0),
-        ])  # fmt: skip
+        details.append(
+            [
+                result.task,
+                f"{best.learning_rate:g}",
+                str(best.seed),
+                str(len(result.trials)),
+                ", ".join(f"{k} {_fmt(v, 2)}" for k, v in sorted(best.dev.items())),
+                _fmt(best.examples_per_second, 0),
+            ]
+        )
     baselines = baseline_table(summary.results)
     return [
         ("Per-task dev scores", header, main),
         value_table(summary),
         *([baselines] if baselines else []),
-        ("GLUE average (WNLI excluded, MNLI-m and -mm counted separately, as the BERT paper)",
-         ["", "score", "rows"], avg),
+        (
+            "GLUE average (WNLI excluded, MNLI-m and -mm counted separately, as the BERT paper)",
+            ["", "score", "rows"],
+            avg,
+        ),
         ("Selected trials", ["task", "lr", "seed", "trials", "dev metrics", "train ex/s"], details),
-    ]  # fmt: skip
+    ]
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> str:

@@ -65,9 +65,15 @@ class EvaluationSummary:
         rnd, rnd_rows = glue_average(random_rows)
         # the fine-tuned average on exactly the rows the random-init baseline has: the like-for-like gap
         ours_on_rnd, _ = glue_average({r.name: r.ours for r in self.rows if r.name in rnd_rows})
-        return {"average": ours, "rows": rows, "reference_average": ref, "reference_rows": ref_rows,
-                "random_init_average": rnd, "random_init_rows": rnd_rows,
-                "pretrained_on_random_rows": ours_on_rnd}  # fmt: skip
+        return {
+            "average": ours,
+            "rows": rows,
+            "reference_average": ref,
+            "reference_rows": ref_rows,
+            "random_init_average": rnd,
+            "random_init_rows": rnd_rows,
+            "pretrained_on_random_rows": ours_on_rnd,
+        }
 
     def metrics(self) -> dict[str, float]:
         """The flat DVC metrics (see the module docstring)."""

@@ -58,16 +58,35 @@ def _signed(value: float | None) -> str:
 def value_table(summary: EvaluationSummary) -> tuple[str, list[str], list[list[str]]]:
     """(title, header, rows) of the value-of-pretraining table, one row per task."""
     published = summary.reference.model if summary.reference else "none for this size"
-    header = ["task", "metric", "train examples", "ours (pretrained)", "reference ckpt", "ours − reference", "random init",
-              "ours − random", f"published ({published})"]  # fmt: skip
+    header = [
+        "task",
+        "metric",
+        "train examples",
+        "ours (pretrained)",
+        "reference ckpt",
+        "ours − reference",
+        "random init",
+        "ours − random",
+        f"published ({published})",
+    ]
     rows = []
     for row in summary.rows:
         ref = reference_score(summary, row)
         result = summary.results.get(row.task)
         examples = str(result.selected.train_examples) if result is not None else "–"
-        rows.append([row.name, row.metric, examples, _fmt(row.ours), _fmt(ref),
-                     _signed(row.ours - ref if ref is not None else None), _fmt(row.random_init),
-                     _signed(row.gap), _fmt(row.reference)])  # fmt: skip
+        rows.append(
+            [
+                row.name,
+                row.metric,
+                examples,
+                _fmt(row.ours),
+                _fmt(ref),
+                _signed(row.ours - ref if ref is not None else None),
+                _fmt(row.random_init),
+                _signed(row.gap),
+                _fmt(row.reference),
+            ]
+        )
     title = (
         "Value of pretraining: ours vs. a reference checkpoint vs. random init (dev; same protocol; "
         "train examples: the rows trained on, after the profile's train_limit cap)"

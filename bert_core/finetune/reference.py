@@ -76,8 +76,12 @@ def run_reference_trials(
     for lr in settings.learning_rates:
         for seed in settings.seeds:
             name = f"{spec.name}-{REFERENCE_INIT}-lr{lr:g}-seed{seed}"
-            trial_params = {**settings.model_dump(mode="json"), "learning_rate": lr, "seed": seed,
-                            "init": REFERENCE_INIT}  # fmt: skip
+            trial_params = {
+                **settings.model_dump(mode="json"),
+                "learning_rate": lr,
+                "seed": seed,
+                "init": REFERENCE_INIT,
+            }
             tags = {
                 "task": spec.name,
                 "init": REFERENCE_INIT,
@@ -85,9 +89,18 @@ def run_reference_trials(
                 "reference_source": str(ref_dir),
             }
             with open_trial(name, trial_params, tags) as recorder:
-                outcome, model = run_trial(spec, data, settings, ref_dir, init="pretrained", learning_rate=lr,
-                                           seed=seed, device=params.device, precision=params.precision,
-                                           recorder=recorder)  # fmt: skip
+                outcome, model = run_trial(
+                    spec,
+                    data,
+                    settings,
+                    ref_dir,
+                    init="pretrained",
+                    learning_rate=lr,
+                    seed=seed,
+                    device=params.device,
+                    precision=params.precision,
+                    recorder=recorder,
+                )
             del model
             outcome.result.init = REFERENCE_INIT
             log.info(

@@ -195,9 +195,15 @@ class FinetuneResult:
     def from_json(cls, data: dict[str, Any]) -> FinetuneResult:
         trials = [TrialResult(**t) for t in data["trials"]]
         return cls(
-            data["task"], data["kind"], data["main_metric"], data["model"], trials, data.get("outputs", {}),
-            data.get("data_split", {}), data.get("baselines", {}),
-        )  # fmt: skip
+            data["task"],
+            data["kind"],
+            data["main_metric"],
+            data["model"],
+            trials,
+            data.get("outputs", {}),
+            data.get("data_split", {}),
+            data.get("baselines", {}),
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> FinetuneResult:

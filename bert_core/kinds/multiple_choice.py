@@ -188,9 +188,18 @@ class MultipleChoice(TaskKind):
         return [("choice", "long", True), ("probabilities", "double[]", True)]
 
     def serving_example(self, spec: TaskSpec) -> list[dict[str, Any]]:
-        return [{"context": "Students lower their eyes nervously.", "start": "She",
-                 "endings": ["pats her shoulder, then saunters toward someone.", "turns with two students.",
-                             "walks slowly towards someone.", "wheels around as her dog thunders out."]}]  # fmt: skip
+        return [
+            {
+                "context": "Students lower their eyes nervously.",
+                "start": "She",
+                "endings": [
+                    "pats her shoulder, then saunters toward someone.",
+                    "turns with two students.",
+                    "walks slowly towards someone.",
+                    "wheels around as her dog thunders out.",
+                ],
+            }
+        ]
 
     def serve(
         self,

@@ -144,8 +144,9 @@ class SequenceClassification(TaskKind):
         *,
         training: bool = False,
     ) -> list[Feature]:
-        return encode_sequence_pairs(rows, tokenizer, max_seq_length=max_seq_length(spec, settings),
-                                     label2id=self.label2id(spec))  # fmt: skip
+        return encode_sequence_pairs(
+            rows, tokenizer, max_seq_length=max_seq_length(spec, settings), label2id=self.label2id(spec)
+        )
 
     def predictions(self, stacked: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """(predictions, choice probabilities or None) from the (N, num_labels) outputs."""
@@ -185,8 +186,9 @@ class SequenceClassification(TaskKind):
         from bert_core.kinds.baselines import sequence_baselines
 
         label2id = self.label2id(spec)
-        return sequence_baselines(spec.name, train_rows, rows, label_of=lambda r: _label_id(r, label2id),
-                                  regression=self.regression)  # fmt: skip
+        return sequence_baselines(
+            spec.name, train_rows, rows, label_of=lambda r: _label_id(r, label2id), regression=self.regression
+        )
 
     # -- serving
     def serving_inputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
@@ -231,8 +233,11 @@ class SequenceClassification(TaskKind):
                     continue
                 probs = softmax(logits)
                 best = int(probs.argmax())
-                out[row["id"]] = {"label": str(spec.labels[best]), "score": float(probs[best]),
-                                  "probabilities": [float(p) for p in probs]}  # fmt: skip
+                out[row["id"]] = {
+                    "label": str(spec.labels[best]),
+                    "score": float(probs[best]),
+                    "probabilities": [float(p) for p in probs],
+                }
         return out
 
     def frame_columns(self, spec: TaskSpec, row: Row) -> dict[str, Any]:

@@ -117,16 +117,27 @@ def encode_squad(
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     questions = [str(e["question"]).lstrip() for e in examples]
     contexts = [str(e["context"]) for e in examples]
-    q_enc = tokenizer(questions, add_special_tokens=False, return_attention_mask=False,
-                      return_token_type_ids=False)["input_ids"]  # fmt: skip
+    q_enc = tokenizer(
+        questions, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
+    )["input_ids"]
     # Many questions share a paragraph: tokenise each distinct context once.
     unique = list(dict.fromkeys(contexts))
-    c_enc = tokenizer(unique, add_special_tokens=False, return_offsets_mapping=True,
-                      return_attention_mask=False, return_token_type_ids=False)  # fmt: skip
+    c_enc = tokenizer(
+        unique,
+        add_special_tokens=False,
+        return_offsets_mapping=True,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+    )
     by_context = {c: (ids, offs) for c, ids, offs in zip(unique, c_enc["input_ids"], c_enc["offset_mapping"])}
     features: list[Feature] = []
-    progress = (Progress(label, len(examples), noun="example", logger=log,
-                         detail=lambda _: f"{len(features)} features") if label else None)  # fmt: skip
+    progress = (
+        Progress(
+            label, len(examples), noun="example", logger=log, detail=lambda _: f"{len(features)} features"
+        )
+        if label
+        else None
+    )
     for ei, ex in enumerate(examples):
         q_ids = q_enc[ei][:max_query_length]
         c_ids, c_offs = by_context[contexts[ei]]
@@ -185,8 +196,11 @@ def _answer_token_span(
         if s < char_end:
             last = t
     if first is None or last is None or last < first:
-        log.warning("example %r: answer %r not found in its context tokens; trained as no-answer",
-                    example.get("id"), texts[0])  # fmt: skip
+        log.warning(
+            "example %r: answer %r not found in its context tokens; trained as no-answer",
+            example.get("id"),
+            texts[0],
+        )
         return None
     return first, last
 
@@ -215,10 +229,15 @@ class SpanQA(TaskKind):
         *,
         training: bool = False,
     ) -> list[Feature]:
-        return encode_squad(rows, tokenizer, max_seq_length=max_seq_length(spec, settings),
-                            doc_stride=settings.doc_stride, max_query_length=settings.max_query_length,
-                            with_offsets=not training,
-                            label=f"{spec.name} {'train' if training else 'eval'} features")  # fmt: skip
+        return encode_squad(
+            rows,
+            tokenizer,
+            max_seq_length=max_seq_length(spec, settings),
+            doc_stride=settings.doc_stride,
+            max_query_length=settings.max_query_length,
+            with_offsets=not training,
+            label=f"{spec.name} {'train' if training else 'eval'} features",
+        )
 
     def labelled(self, rows: Sequence[Row]) -> bool:
         return bool(rows)  # every SQuAD split we read is labelled
@@ -255,8 +274,11 @@ class SpanQA(TaskKind):
         extra = {}
         if version_2:
             if null_threshold is None:
-                f1 = {str(r["id"]): answer_f1(squad.best_non_null[str(r["id"])], r["answers"]["text"])
-                      for r in rows if r["answers"]["text"]}  # fmt: skip
+                f1 = {
+                    str(r["id"]): answer_f1(squad.best_non_null[str(r["id"])], r["answers"]["text"])
+                    for r in rows
+                    if r["answers"]["text"]
+                }
                 has = {str(r["id"]): bool(r["answers"]["text"]) for r in rows}
                 null_threshold, _ = tune_null_threshold(squad.null_odds, f1, has)
                 squad = squad.with_threshold(null_threshold)
@@ -291,14 +313,22 @@ class SpanQA(TaskKind):
         return [("question", "string", True), ("context", "string", True)]
 
     def serving_outputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
-        return [("answer", "string", True), ("start", "long", True), ("end", "long", True),
-                ("score", "double", True)]  # fmt: skip
+        return [
+            ("answer", "string", True),
+            ("start", "long", True),
+            ("end", "long", True),
+            ("score", "double", True),
+        ]
 
     def serving_example(self, spec: TaskSpec) -> list[dict[str, Any]]:
-        return [{"question": "Which NFL team represented the AFC at Super Bowl 50?",
-                 "context": "Super Bowl 50 was an American football game. The American Football Conference "
-                            "(AFC) champion Denver Broncos defeated the National Football Conference (NFC) "
-                            "champion Carolina Panthers 24-10 to earn their third Super Bowl title."}]  # fmt: skip
+        return [
+            {
+                "question": "Which NFL team represented the AFC at Super Bowl 50?",
+                "context": "Super Bowl 50 was an American football game. The American Football Conference "
+                "(AFC) champion Denver Broncos defeated the National Football Conference (NFC) "
+                "champion Carolina Panthers 24-10 to earn their third Super Bowl title.",
+            }
+        ]
 
     def serve(
         self,
@@ -313,26 +343,51 @@ class SpanQA(TaskKind):
         (a slice of the context), ``start`` / ``end`` (its character offsets, end exclusive) and ``score``
         (its probability among the n best). SQuAD v2.0 models answer "" (``start`` = ``end`` = -1) when the
         null odds exceed the threshold tuned on dev (``options["null_threshold"]``)."""
-        rows = [{"id": str(i), "question": r["question"], "context": r["context"],
-                 "answers": {"text": [], "answer_start": []}, "is_impossible": False}
-                for i, r in enumerate(records)]  # fmt: skip
+        rows = [
+            {
+                "id": str(i),
+                "question": r["question"],
+                "context": r["context"],
+                "answers": {"text": [], "answer_start": []},
+                "is_impossible": False,
+            }
+            for i, r in enumerate(records)
+        ]
         features = self.encode(spec, rows, tokenizer, settings)
         outputs = run(features)
         threshold = options.get("null_threshold")
-        squad = squad_predictions(rows, features, [o[:, 0] for o in outputs], [o[:, 1] for o in outputs],
-                                  n_best_size=settings.n_best_size, max_answer_length=settings.max_answer_length,
-                                  version_2=self.version_2(spec),
-                                  null_threshold=0.0 if threshold is None else float(threshold))  # fmt: skip
+        squad = squad_predictions(
+            rows,
+            features,
+            [o[:, 0] for o in outputs],
+            [o[:, 1] for o in outputs],
+            n_best_size=settings.n_best_size,
+            max_answer_length=settings.max_answer_length,
+            version_2=self.version_2(spec),
+            null_threshold=0.0 if threshold is None else float(threshold),
+        )
         out = []
         for row in rows:
             answer = squad.predictions[row["id"]]
             best = next((c for c in squad.nbest[row["id"]] if c["text"] == answer), None)
             if best is None or not answer:
-                out.append({"answer": "", "start": -1, "end": -1,
-                            "score": float(best["probability"]) if best else 0.0})  # fmt: skip
+                out.append(
+                    {
+                        "answer": "",
+                        "start": -1,
+                        "end": -1,
+                        "score": float(best["probability"]) if best else 0.0,
+                    }
+                )
             else:
-                out.append({"answer": answer, "start": best["start_char"], "end": best["end_char"],
-                            "score": float(best["probability"])})  # fmt: skip
+                out.append(
+                    {
+                        "answer": answer,
+                        "start": best["start_char"],
+                        "end": best["end_char"],
+                        "score": float(best["probability"]),
+                    }
+                )
         return out
 
     def frame_columns(self, spec: TaskSpec, row: Row) -> dict[str, Any]:

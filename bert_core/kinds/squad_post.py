@@ -104,8 +104,15 @@ def squad_predictions(
                 for e in _top_indices(e_log, n_best_size):
                     if offsets[e] is None or e < s or e - s + 1 > max_answer_length:
                         continue
-                    candidates.append((float(s_log[s] + e_log[e]), float(s_log[s]), float(e_log[e]),
-                                       offsets[s][0], offsets[e][1]))  # fmt: skip
+                    candidates.append(
+                        (
+                            float(s_log[s] + e_log[e]),
+                            float(s_log[s]),
+                            float(e_log[e]),
+                            offsets[s][0],
+                            offsets[e][1],
+                        )
+                    )
         candidates.sort(key=lambda c: -c[0])
         nbest, seen = [], set()
         for _, s_l, e_l, c0, c1 in candidates:
@@ -113,15 +120,29 @@ def squad_predictions(
             if text in seen:
                 continue
             seen.add(text)
-            nbest.append({"text": text, "start_logit": s_l, "end_logit": e_l, "start_char": int(c0),
-                          "end_char": int(c1)})  # fmt: skip
+            nbest.append(
+                {
+                    "text": text,
+                    "start_logit": s_l,
+                    "end_logit": e_l,
+                    "start_char": int(c0),
+                    "end_char": int(c1),
+                }
+            )
             if len(nbest) >= n_best_size:
                 break
         best_text = nbest[0]["text"] if nbest else ""
         best_score = nbest[0]["start_logit"] + nbest[0]["end_logit"] if nbest else -math.inf
         if version_2 and math.isfinite(null_score):
-            nbest.append({"text": "", "start_logit": null_score / 2, "end_logit": null_score / 2,
-                          "start_char": -1, "end_char": -1})  # fmt: skip
+            nbest.append(
+                {
+                    "text": "",
+                    "start_logit": null_score / 2,
+                    "end_logit": null_score / 2,
+                    "start_char": -1,
+                    "end_char": -1,
+                }
+            )
             nbest.sort(key=lambda c: -(c["start_logit"] + c["end_logit"]))
             nbest = nbest[:n_best_size]
             null_odds[qid] = null_score - best_score if nbest and best_text else math.inf

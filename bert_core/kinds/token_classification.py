@@ -171,8 +171,12 @@ class TokenClassification(TaskKind):
         *,
         training: bool = False,
     ) -> list[Feature]:
-        return encode_token_classification(rows, tokenizer, max_seq_length=max_seq_length(spec, settings),
-                                           label2id={lab: i for i, lab in enumerate(spec.labels)})  # fmt: skip
+        return encode_token_classification(
+            rows,
+            tokenizer,
+            max_seq_length=max_seq_length(spec, settings),
+            label2id={lab: i for i, lab in enumerate(spec.labels)},
+        )
 
     def labelled(self, rows: Sequence[Row]) -> bool:
         return bool(rows) and rows[0].get("tags") is not None

@@ -144,8 +144,15 @@ def read_inputs(
                 f"{data_dir / phase.name}: train holds {train_index['max_seq_length']}-token instances but "
                 f"heldout {heldout_index['max_seq_length']}-token ones; rebuild the data (dvc repro pretrain_data)"
             )
-        phases.append(PhaseData(data_dir / phase.name / "train", data_dir / phase.name / "heldout",
-                                train_index, heldout_index, train_sha))  # fmt: skip
+        phases.append(
+            PhaseData(
+                data_dir / phase.name / "train",
+                data_dir / phase.name / "heldout",
+                train_index,
+                heldout_index,
+                train_sha,
+            )
+        )
     assert max_pos is not None  # params have at least one phase
     return PretrainInputs(vocab_size, max_pos, phases, stats)
 

@@ -209,7 +209,14 @@ class PretrainParams(StrictModel):
 
 #: Fields that :class:`TrainConfig` takes under the same name, from the stage, its optimizer and a phase.
 _TRAIN_CONFIG_FIELDS = {
-    "precision", "compile", "checkpoint_every", "keep_last", "eval_every", "log_every", "deterministic", "device"
-}  # fmt: skip
+    "precision",
+    "compile",
+    "checkpoint_every",
+    "keep_last",
+    "eval_every",
+    "log_every",
+    "deterministic",
+    "device",
+}
 _TRAIN_CONFIG_OPTIMIZER_FIELDS = {"weight_decay", "betas", "eps", "max_grad_norm"}
 _TRAIN_CONFIG_PHASE_FIELDS = {"warmup_steps", "warmup_ratio"}

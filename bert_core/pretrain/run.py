@@ -123,8 +123,11 @@ def pretrain(
     objective = PretrainingObjective.for_config(config)
     log.info(
         "pretraining %s (%.1fM parameters) on %s, %d process(es)",
-        params.model.preset, model.num_parameters() / 1e6, dist.device, dist.world_size,
-    )  # fmt: skip
+        params.model.preset,
+        model.num_parameters() / 1e6,
+        dist.device,
+        dist.world_size,
+    )
 
     fp = _fingerprint(
         config.to_dict(), params.optimizer.model_dump(mode="json"), params.seed, params.init_mlm_bias
@@ -137,10 +140,22 @@ def pretrain(
         # The sequence length comes from the data; it stays in the fingerprint as a phase field (the
         # fingerprint of a phase is the same as when the params declared it, so such checkpoints resume).
         phase_fields = {**phase.model_dump(mode="json"), "max_seq_length": phase_data.max_seq_length}
-        fp = _fingerprint(fp, phase_fields, params.phase_steps(i), params.phase_budget_s(i),
-                          phase_data.train_sha256)  # fmt: skip
-        fit = _run_phase(params, i, model, objective, phase_data, dist, ckpt_root / f"{phase.name}-{fp}", fp,
-                         on_metrics, step_offset, later=_later_phases(params, inputs, i))  # fmt: skip
+        fp = _fingerprint(
+            fp, phase_fields, params.phase_steps(i), params.phase_budget_s(i), phase_data.train_sha256
+        )
+        fit = _run_phase(
+            params,
+            i,
+            model,
+            objective,
+            phase_data,
+            dist,
+            ckpt_root / f"{phase.name}-{fp}",
+            fp,
+            on_metrics,
+            step_offset,
+            later=_later_phases(params, inputs, i),
+        )
         fits.append(fit)
         history += [{**h, "step": h["step"] + step_offset, "phase": phase.name} for h in fit.history]
         phase_metrics[phase.name] = _phase_summary(fit)
@@ -183,9 +198,15 @@ def _run_phase(
     # "Static-shape MLM step"). Both give the same loss, gradients and metrics (tests/test_static_mlm.py).
     mlm_format = "positions" if params.compile else "labels"
     train = PretrainingLoader(
-        data.train_dir, phase.micro_batch, rank=dist.rank, world_size=dist.world_size, seed=cfg.seed,
-        expected_vocab_size=model.config.vocab_size, mlm_format=mlm_format, index=data.train_index,
-    )  # fmt: skip
+        data.train_dir,
+        phase.micro_batch,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        seed=cfg.seed,
+        expected_vocab_size=model.config.vocab_size,
+        mlm_format=mlm_format,
+        index=data.train_index,
+    )
     eval_bs = params.eval_batch_size or phase.micro_batch
 
     def heldout() -> PretrainingLoader:
@@ -202,8 +223,14 @@ def _run_phase(
 
     steps, budget = cfg.max_steps, cfg.time_budget_s
 
-    progress = TrainProgress(f"pretrain phase {phase.name}", steps, log_every=cfg.log_every, budget_s=budget,
-                             later=later, logger=log)  # fmt: skip
+    progress = TrainProgress(
+        f"pretrain phase {phase.name}",
+        steps,
+        log_every=cfg.log_every,
+        budget_s=budget,
+        later=later,
+        logger=log,
+    )
 
     def emit(step: int, metrics: dict[str, float]) -> None:
         heldout_metrics = any(k.startswith("eval_") for k in metrics)
@@ -218,13 +245,25 @@ def _run_phase(
 
     log.info(
         "phase %s: %s, global batch %d = %d x %d accumulation x %d process(es), %d train steps/epoch",
-        phase.name, f"{steps} steps" if steps else f"{budget:.0f} s budget", phase.global_batch,
-        phase.micro_batch, cfg.grad_accum, dist.world_size, train.steps_per_epoch // cfg.grad_accum,
-    )  # fmt: skip
+        phase.name,
+        f"{steps} steps" if steps else f"{budget:.0f} s budget",
+        phase.global_batch,
+        phase.micro_batch,
+        cfg.grad_accum,
+        dist.world_size,
+        train.steps_per_epoch // cfg.grad_accum,
+    )
     trainer = Trainer(
-        model, objective, train, cfg, checkpoint_dir=ckpt_dir, eval_data=heldout, on_metrics=emit, dist=dist,
+        model,
+        objective,
+        train,
+        cfg,
+        checkpoint_dir=ckpt_dir,
+        eval_data=heldout,
+        on_metrics=emit,
+        dist=dist,
         fingerprint=fingerprint,
-    )  # fmt: skip
+    )
     fit = trainer.fit()
     progress.finish(fit.stop_reason, done=fit.step)
     return fit
@@ -271,8 +310,16 @@ def save_model(model: torch.nn.Module, vocab_dir: Path, out_dir: Path, readme: s
 def write_curves(history: list[dict[str, Any]], loss_csv: Path, heldout_csv: Path | None = None) -> None:
     """The loss curve (and held-out evaluations) as CSV for ``dvc plots``, written atomically."""
     train_cols = ["step", "phase", "loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr"]
-    eval_cols = ["step", "phase", "eval_mlm_acc", "eval_baseline_mlm_acc", "eval_mlm_ppl",
-                 "eval_baseline_mlm_ppl", "eval_nsp_acc", "eval_baseline_nsp_acc"]  # fmt: skip
+    eval_cols = [
+        "step",
+        "phase",
+        "eval_mlm_acc",
+        "eval_baseline_mlm_acc",
+        "eval_mlm_ppl",
+        "eval_baseline_mlm_ppl",
+        "eval_nsp_acc",
+        "eval_baseline_nsp_acc",
+    ]
     for path, kind, cols in ((loss_csv, "train", train_cols), (heldout_csv, "eval", eval_cols)):
         if path is None:
             continue

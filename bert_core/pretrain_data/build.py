@@ -357,14 +357,23 @@ def _balance_nsp(
                         "NotNext: more than random_next_prob = %s, so nsp_balance cannot reach it; every "
                         "other chunk is IsNext and the NotNext share is %.4f. The corpus has unusually "
                         "short documents or sentences (check the corpus stage's segmentation)",
-                        phase, split, forced, p, stats["random_next"] / n,
-                    )  # fmt: skip
+                        phase,
+                        split,
+                        forced,
+                        p,
+                        stats["random_next"] / n,
+                    )
                 elif abs(residual) > tol:
                     log.warning(
                         "pretrain_data %s/%s: NotNext share %.4f misses random_next_prob = %s by %.0f "
                         "instances after %d NSP balance round(s)",
-                        phase, split, stats["random_next"] / n, p, residual, NSP_MAX_ROUNDS,
-                    )  # fmt: skip
+                        phase,
+                        split,
+                        stats["random_next"] / n,
+                        p,
+                        residual,
+                        NSP_MAX_ROUNDS,
+                    )
             else:
                 expected = forced + p * (1 - forced)  # Google's rule: forced, else a coin
             m["expected_not_next_share"] = expected

@@ -307,9 +307,16 @@ def run_task(job: Job) -> dict[str, Any]:
                     mask_rng = np.random.Generator(np.random.PCG64(seed))
                 for c in range(0, len(pairs), CHUNK_INSTANCES):
                     _write_chunk(
-                        pairs.slice(c, c + CHUNK_INSTANCES), window, t, writers[phase], stats[phase],
-                        specs[phase], mask_rng, vocab.continuation, p.track_docs,
-                    )  # fmt: skip
+                        pairs.slice(c, c + CHUNK_INSTANCES),
+                        window,
+                        t,
+                        writers[phase],
+                        stats[phase],
+                        specs[phase],
+                        mask_rng,
+                        vocab.continuation,
+                        p.track_docs,
+                    )
         del window
         release_memory()
     out = {}

@@ -207,8 +207,13 @@ def parse_row(
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise BadRowError(path, number, None, f"not UTF-8 (byte {raw[err.start : err.start + 1]!r} at "
-                          f"offset {err.start}); save the file as UTF-8") from None  # fmt: skip
+        raise BadRowError(
+            path,
+            number,
+            None,
+            f"not UTF-8 (byte {raw[err.start : err.start + 1]!r} at "
+            f"offset {err.start}); save the file as UTF-8",
+        ) from None
     if number == 1:
         text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark (files saved by some editors)
     if not text.strip():
@@ -435,10 +440,21 @@ def predict_file(
     )
     t_check = time.monotonic()
     total, blanks = check_file(src, fields, id_field)
-    log.info("%s: %d row(s) checked (%d blank line(s) skipped) in %.1fs", src, total, blanks,
-             time.monotonic() - t_check)  # fmt: skip
-    progress = Progress(f"{src.name} -> {dst.name}", total, noun="rows", unit="rows", logger=log,
-                        interval_s=progress_interval_s)  # fmt: skip
+    log.info(
+        "%s: %d row(s) checked (%d blank line(s) skipped) in %.1fs",
+        src,
+        total,
+        blanks,
+        time.monotonic() - t_check,
+    )
+    progress = Progress(
+        f"{src.name} -> {dst.name}",
+        total,
+        noun="rows",
+        unit="rows",
+        logger=log,
+        interval_s=progress_interval_s,
+    )
     done = 0
     with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8") as out:
         for ids, rows, _ in read_chunks(src, fields, batch_size, id_field):

@@ -51,8 +51,14 @@ class FillMask:
         if isinstance(top_k, bool) or not isinstance(top_k, Integral) or not 1 <= top_k <= MAX_TOP_K:
             raise ServingInputError(f"param 'top_k' must be an integer in 1..{MAX_TOP_K}, got {top_k!r}")
         mask_id = tokenizer.mask_token_id
-        enc = tokenizer([r["text"] for r in records], truncation=True, max_length=settings.max_seq_length,
-                        padding=False, return_attention_mask=False, return_token_type_ids=True)  # fmt: skip
+        enc = tokenizer(
+            [r["text"] for r in records],
+            truncation=True,
+            max_length=settings.max_seq_length,
+            padding=False,
+            return_attention_mask=False,
+            return_token_type_ids=True,
+        )
         features = []
         for i, ids in enumerate(enc["input_ids"]):
             if mask_id not in ids:

@@ -28,10 +28,17 @@ def finetuned_card(spec: Any, settings: Any, result: Any, metrics: Mapping[str, 
 
     def card(run_ids: Mapping[str, str] | None = None) -> str:
         return modelcard.finetuned_card_for(
-            spec, metrics, result.model, params=settings.model_dump(mode="json"), git_commit=commit,
-            lock_path=LOCK_PATH, reference=reference_for(result.model.get("preset")), run_ids=run_ids,
-            name=name, data_label=result.data_split.get("label") or None,
-        )  # fmt: skip
+            spec,
+            metrics,
+            result.model,
+            params=settings.model_dump(mode="json"),
+            git_commit=commit,
+            lock_path=LOCK_PATH,
+            reference=reference_for(result.model.get("preset")),
+            run_ids=run_ids,
+            name=name,
+            data_label=result.data_split.get("label") or None,
+        )
 
     return card
 
@@ -51,8 +58,12 @@ def register_finetuned(
     """Register a fine-tuned model as a new version of ``<registry.name_prefix><task>``; the alias
     (``registry.alias``) moves only on a better dev score (the task's headline metric)."""
     name = f"{registry.name_prefix}{spec.name}"
-    run_ids = {"pipeline_run_id": pipeline_run_id(), "mlflow_run_id": run_id, "mlflow_experiment": experiment,
-               "registered_model": name}  # fmt: skip
+    run_ids = {
+        "pipeline_run_id": pipeline_run_id(),
+        "mlflow_run_id": run_id,
+        "mlflow_experiment": experiment,
+        "registered_model": name,
+    }
     with modelcard.staged_with_card(model_dir, card(run_ids)) as staged:
         return register(
             staged,

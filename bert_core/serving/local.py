@@ -122,9 +122,15 @@ def _task_from_card(card: Path) -> dict[str, Any] | None:
             f"{card}: the Params block does not validate as fine-tuning settings ({str(err).splitlines()[0]})"
         ) from None
     task = serving_task(spec, settings)
-    log.warning("%s: no %s; task %r read from the model card (its Params block)%s", card.parent, TASK_FILE,
-                spec.name, "; the SQuAD v2.0 null threshold is not in the card (null_threshold unset)"
-                if spec.kind == "span_qa" else "")  # fmt: skip
+    log.warning(
+        "%s: no %s; task %r read from the model card (its Params block)%s",
+        card.parent,
+        TASK_FILE,
+        spec.name,
+        "; the SQuAD v2.0 null threshold is not in the card (null_threshold unset)"
+        if spec.kind == "span_qa"
+        else "",
+    )
     return task
 
 

@@ -28,8 +28,12 @@ def pretrained_card(params: Any) -> PretrainedCard:
     """The card of a pretrained model: ``card(metrics, data_stats, config, run_ids=None) -> str``."""
     commit = git_commit()
 
-    def card(metrics: Mapping[str, Any], data_stats: Mapping[str, Any], config: Any,
-             run_ids: Mapping[str, str] | None = None) -> str:  # fmt: skip
+    def card(
+        metrics: Mapping[str, Any],
+        data_stats: Mapping[str, Any],
+        config: Any,
+        run_ids: Mapping[str, str] | None = None,
+    ) -> str:
         return modelcard.pretrained_card_for(
             params, config, metrics, data_stats, git_commit=commit, lock_path=LOCK_PATH, run_ids=run_ids
         )
@@ -41,12 +45,20 @@ def register_pretrained(result: Any, params: Any, *, run_id: str, card: Pretrain
     """Register ``result.model_dir`` (a :class:`bert_core.pretrain.PretrainResult`) as a new version of
     ``params.registered_model`` (a fill-mask MLflow Model); ``params.registry_alias`` moves to it."""
     tags, description = version_metadata(result, params)
-    run_ids = {"pipeline_run_id": pipeline_run_id(), "mlflow_run_id": run_id,
-               "registered_model": params.registered_model}  # fmt: skip
+    run_ids = {
+        "pipeline_run_id": pipeline_run_id(),
+        "mlflow_run_id": run_id,
+        "registered_model": params.registered_model,
+    }
     text = card(result.metrics, result.data_stats, result.config, run_ids)
     with modelcard.staged_with_card(result.model_dir, text) as staged:
         return register(
-            staged, name=params.registered_model, run_id=run_id, alias=params.registry_alias,
-            description=REGISTERED_MODEL_DESCRIPTION, tags=tags, version_description=description,
+            staged,
+            name=params.registered_model,
+            run_id=run_id,
+            alias=params.registry_alias,
+            description=REGISTERED_MODEL_DESCRIPTION,
+            tags=tags,
+            version_description=description,
             save_model=mlflow_model(fill_mask_task()),
-        )  # fmt: skip
+        )

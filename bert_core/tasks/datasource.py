@@ -198,8 +198,11 @@ def resolve_task_source(
                 f"{key}.dev_split: the official dev file {path} does not exist; put {dev_rel} under the data root"
             )
         return TaskSource(spec, "dev_split", key, root, dev_file=path)
-    own = {name: _own_file(value, base_dir, f"{key}.{name}") for name, value in
-           (("train_file", train_file), ("dev_file", dev_file)) if value is not None}  # fmt: skip
+    own = {
+        name: _own_file(value, base_dir, f"{key}.{name}")
+        for name, value in (("train_file", train_file), ("dev_file", dev_file))
+        if value is not None
+    }
     if own:
         return TaskSource(spec, "own_files", key, root, own.get("train_file"), own.get("dev_file"))
     return TaskSource(spec, "official", key, root)

@@ -91,9 +91,12 @@ def squad_rows(
     rows: list[dict[str, Any]] = []
     seen: dict[str, str] = {}  # question id -> where it first appeared
     available = sum(
-        len(p["qas"]) for a in indices if isinstance(articles[a], dict)
-        for p in articles[a].get("paragraphs") or [] if isinstance(p, dict) and isinstance(p.get("qas"), list)
-    )  # fmt: skip
+        len(p["qas"])
+        for a in indices
+        if isinstance(articles[a], dict)
+        for p in articles[a].get("paragraphs") or []
+        if isinstance(p, dict) and isinstance(p.get("qas"), list)
+    )
     for a in indices:
         article = articles[a]
         if not isinstance(article, dict):

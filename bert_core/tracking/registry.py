@@ -126,8 +126,13 @@ class Registration:
                     else:
                         retry_tracking(client.delete_registered_model_alias)(self.name, self.alias)
         retry_tracking(client.delete_model_version)(self.name, self.version)
-        log.warning("withdrew %s version %s (alias %s back on %s)", self.name, self.version, self.alias,
-                    self.previous_version or "nothing")  # fmt: skip
+        log.warning(
+            "withdrew %s version %s (alias %s back on %s)",
+            self.name,
+            self.version,
+            self.alias,
+            self.previous_version or "nothing",
+        )
 
     def as_record(self) -> dict[str, Any]:
         """``{"registered_model", "version", "alias"}`` (the pretrain stage's metrics entry)."""
@@ -215,9 +220,12 @@ def register(
     if metric_key is not None:
         version_tags.update({"selection_metric": metric_key, metric_key: repr(float(value))})
     mv = retry_tracking(client.create_model_version)(
-        name, source=f"runs:/{run_id}/{artifact_path}", run_id=run_id, tags=version_tags,
+        name,
+        source=f"runs:/{run_id}/{artifact_path}",
+        run_id=run_id,
+        tags=version_tags,
         description=version_description,
-    )  # fmt: skip
+    )
     if metric_key is None:
         with alias_lock(name):
             previous = _alias_target(client, name, alias)
@@ -225,12 +233,27 @@ def register(
         log.info("registered %s version %s (alias %s)", name, mv.version, alias)
         return Registration(name, str(mv.version), alias, True, previous_version=previous)
 
-    moved, previous_version, previous_value = _move_if_better(client, name, alias, str(mv.version), metric_key,
-                                                              _float(value))  # fmt: skip
-    log.info("registered %s version %s (%s=%.4g); alias %s %s", name, mv.version, metric_key, value, alias,
-             "moved" if moved else f"stays on version {previous_version} ({previous_value:.4g})")  # fmt: skip
-    return Registration(name, str(mv.version), alias, moved, float(value), previous_version,
-                        None if previous_value is None or not math.isfinite(previous_value) else previous_value)  # fmt: skip
+    moved, previous_version, previous_value = _move_if_better(
+        client, name, alias, str(mv.version), metric_key, _float(value)
+    )
+    log.info(
+        "registered %s version %s (%s=%.4g); alias %s %s",
+        name,
+        mv.version,
+        metric_key,
+        value,
+        alias,
+        "moved" if moved else f"stays on version {previous_version} ({previous_value:.4g})",
+    )
+    return Registration(
+        name,
+        str(mv.version),
+        alias,
+        moved,
+        float(value),
+        previous_version,
+        None if previous_value is None or not math.isfinite(previous_value) else previous_value,
+    )
 
 
 def _alias_target(client: Any, name: str, alias: str) -> str | None:

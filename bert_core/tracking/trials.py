@@ -72,8 +72,11 @@ class MlflowTrialTracker:
         }
         run = client.create_run(parent.info.experiment_id, run_name=name, tags=all_tags)
         run_id = run.info.run_id
-        client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
-                         tags=[RunTag(k, str(v)) for k, v in all_tags.items()])  # fmt: skip
+        client.log_batch(
+            run_id,
+            params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+            tags=[RunTag(k, str(v)) for k, v in all_tags.items()],
+        )
         recorder = _TrialRun(run_id, self.main_metric)
         status = "FAILED"
         try:

@@ -94,8 +94,14 @@ def log_task_data(task: str, data: Any) -> None:
     (context ``evaluation``). ``data`` is a :class:`bert_core.finetune.run.TrialData`."""
     splits = [("train", data.train, "training"), *((s, d, "evaluation") for s, d in data.dev.items())]
     for split, part, context in splits:
-        log_dataset(f"{task}-{split}", source=part.source, digest=rows_digest(part.rows), rows=len(part.rows),
-                    context=context, tags={"task": task, "split": split})  # fmt: skip
+        log_dataset(
+            f"{task}-{split}",
+            source=part.source,
+            digest=rows_digest(part.rows),
+            rows=len(part.rows),
+            context=context,
+            tags={"task": task, "split": split},
+        )
 
 
 def log_pretrain_data(data_dir: str | os.PathLike[str], phases: list[str]) -> None:
@@ -113,9 +119,14 @@ def log_pretrain_data(data_dir: str | os.PathLike[str], phases: list[str]) -> No
                 log.warning("no dataset input for %s: %s", index, err)
                 continue
             rows = info.get("num_instances", info.get("instances", 0)) if isinstance(info, dict) else 0
-            log_dataset(f"pretrain-{phase}-{split}", source=str(index.parent), rows=int(rows or 0),
-                        digest=short_hash(raw), context=context,
-                        tags={"phase": phase, "split": split})  # fmt: skip
+            log_dataset(
+                f"pretrain-{phase}-{split}",
+                source=str(index.parent),
+                rows=int(rows or 0),
+                digest=short_hash(raw),
+                context=context,
+                tags={"phase": phase, "split": split},
+            )
 
 
 def log_headline_metric(key: str, metrics: dict[str, Any]) -> float | None:
@@ -162,8 +173,14 @@ def log_corpus_data(corpus_dir: str | os.PathLike[str], splits: tuple[str, ...] 
         return
     for split in splits:
         docs = ((info.get("splits") or {}).get(split) or {}).get("documents", 0)
-        log_dataset(f"corpus-{split}", source=str(Path(corpus_dir)), digest=short_hash(raw),
-                    rows=int(docs or 0), context="training", tags={"split": split, "unit": "documents"})  # fmt: skip
+        log_dataset(
+            f"corpus-{split}",
+            source=str(Path(corpus_dir)),
+            digest=short_hash(raw),
+            rows=int(docs or 0),
+            context="training",
+            tags={"split": split, "unit": "documents"},
+        )
 
 
 def log_corpus_sources(params: Any, stats: Any, data_root: str | os.PathLike[str] | None) -> None:
@@ -181,6 +198,11 @@ def log_corpus_sources(params: Any, stats: Any, data_root: str | os.PathLike[str
             where += f":{src.split}" if getattr(src, "split", None) else ""
         else:
             where = str(Path(data_root) / src.path) if data_root is not None else str(src.path)
-        log_dataset(f"corpus-{src.name}", source=where, rows=int(taken.get("documents", 0)),
-                    digest=json_fingerprint({"spec": src.model_dump(mode="json"), "taken": taken}), context="source",
-                    tags={"stage": "corpus", "kind": src.kind, "bytes": int(taken.get("bytes", 0))})  # fmt: skip
+        log_dataset(
+            f"corpus-{src.name}",
+            source=where,
+            rows=int(taken.get("documents", 0)),
+            digest=json_fingerprint({"spec": src.model_dump(mode="json"), "taken": taken}),
+            context="source",
+            tags={"stage": "corpus", "kind": src.kind, "bytes": int(taken.get("bytes", 0))},
+        )

@@ -71,8 +71,17 @@ class TrainProgress(Progress):
         logger: logging.Logger | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(what, total, noun="step", unit="seq", interval_s=interval_s, min_fraction=min_fraction,
-                         detail=self._detail, logger=logger or log, clock=clock)  # fmt: skip
+        super().__init__(
+            what,
+            total,
+            noun="step",
+            unit="seq",
+            interval_s=interval_s,
+            min_fraction=min_fraction,
+            detail=self._detail,
+            logger=logger or log,
+            clock=clock,
+        )
         self.log_every, self.budget_s, self.later = max(int(log_every), 1), budget_s, tuple(later)
         self.loss, self.tokens_per_s, self.trained_s = math.nan, math.nan, 0.0
         self._last_step: int | None = None

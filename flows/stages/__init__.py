@@ -118,9 +118,11 @@ def _common(stage: str) -> tuple[Option, ...]:
 
 def _metrics_option(path: str) -> Option:
     return Option(
-        "--metrics", "metrics_path", None,
+        "--metrics",
+        "metrics_path",
+        None,
         help=f"metrics JSON, the headline figures (default {path}); every statistic: details/<name> beside it",
-    )  # fmt: skip
+    )
 
 
 STAGES: tuple[Stage, ...] = (

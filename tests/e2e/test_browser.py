@@ -185,20 +185,45 @@ def mlflow_ui(tmp_path):
 
     uri = os.environ["MLFLOW_TRACKING_URI"]  # the test's own store (tests/conftest.py)
     for task, key, value in (("sst2", "accuracy", 91.25), ("cola", "matthews_corr", 47.5)):
-        with stage_run("finetune", {"task": task}, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{task}",
-                       tags={"task": task}) as run:  # fmt: skip
-            log_dataset(f"{task}-train", source=str(tmp_path / f"{task}.tsv"), digest=f"{task}0001", rows=100,
-                        context="training", tags={"task": task, "split": "train"})  # fmt: skip
+        with stage_run(
+            "finetune",
+            {"task": task},
+            experiment=FINETUNE_EXPERIMENT,
+            run_name=f"finetune-{task}",
+            tags={"task": task},
+        ) as run:
+            log_dataset(
+                f"{task}-train",
+                source=str(tmp_path / f"{task}.tsv"),
+                digest=f"{task}0001",
+                rows=100,
+                context="training",
+                tags={"task": task, "split": "train"},
+            )
             run.log_metrics({f"dev.{key}": value})
             log_headline_metric(key, {f"dev.{key}": value})
     experiment_id = mlflow.MlflowClient().get_experiment_by_name(FINETUNE_EXPERIMENT).experiment_id
     port = _free_port()
     log = open(tmp_path / "mlflow-ui.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port",
-         str(port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "ui",
+            "--backend-store-uri",
+            uri,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

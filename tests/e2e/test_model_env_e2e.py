@@ -127,8 +127,12 @@ def model_python(requirements) -> Path:
             (building / "requirements.txt").write_text(requirements, encoding="utf-8")
             proc = subprocess.run(
                 [str(building / "bin" / "python"), "-m", "pip", "install", "-q", "-r", "requirements.txt"],
-                cwd=building, env=_clean_env(), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
-            )  # fmt: skip
+                cwd=building,
+                env=_clean_env(),
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+            )
             assert proc.returncode == 0, proc.stderr[-3000:]
             seconds = round(time.monotonic() - started, 1)
             (building / "built.json").write_text(json.dumps({"seconds": seconds}), encoding="utf-8")
@@ -143,8 +147,14 @@ def model_python(requirements) -> Path:
 
 
 def _run(python: Path, code: str, *args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), "-c", code, *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=LOAD_TIMEOUT_S)  # fmt: skip
+    return subprocess.run(
+        [str(python), "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=LOAD_TIMEOUT_S,
+    )
 
 
 def test_the_environment_has_nothing_of_the_project(model_python, tmp_path, record_property):
@@ -195,10 +205,23 @@ def test_the_generated_dockerfile_installs_only_what_the_model_declares(store, m
     uri, _ = store
     out = tmp_path / "docker"
     proc = subprocess.run(
-        [sys.executable, "-m", "mlflow", "models", "generate-dockerfile", "-m", "models:/bert-sst2@champion",
-         "-d", str(out)],
-        capture_output=True, text=True, cwd=tmp_path, env=_clean_env(MLFLOW_TRACKING_URI=uri), timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "models",
+            "generate-dockerfile",
+            "-m",
+            "models:/bert-sst2@champion",
+            "-d",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(MLFLOW_TRACKING_URI=uri),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     dockerfile = (out / "Dockerfile").read_text(encoding="utf-8")
     copies = [line.split()[1] for line in dockerfile.splitlines() if line.startswith(("COPY", "ADD"))]

@@ -52,8 +52,14 @@ def tiny_model(dest: Path, vocab: Path) -> Path:
     from bert_core.config import BertConfig
     from bert_core.model import BertForPreTraining
 
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=512)  # fmt: skip
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     BertForPreTraining(config).save_pretrained(dest)
     shutil.copy(vocab, dest / "vocab.txt")
@@ -111,8 +117,15 @@ def team(tmp_path_factory, shared_data_root):
         }
         log_path = tmp / "worker.log"
         with run_worker(gpu_repo, worker_env, log_path) as worker:
-            yield {"served": served, "deploy": deploy.stdout, "worker": worker, "worker_log": log_path,
-                   "ui_repo": ui_repo, "gpu_repo": gpu_repo, "model": model}  # fmt: skip
+            yield {
+                "served": served,
+                "deploy": deploy.stdout,
+                "worker": worker,
+                "worker_log": log_path,
+                "ui_repo": ui_repo,
+                "gpu_repo": gpu_repo,
+                "model": model,
+            }
 
 
 def _wait(team, flow_run_id) -> object:

@@ -32,8 +32,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _post(port: int, body: bytes, content_type: str = "application/json") -> tuple[int, dict | str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
-                                     headers={"Content-Type": content_type}, method="POST")  # fmt: skip
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/invocations",
+        data=body,
+        headers={"Content-Type": content_type},
+        method="POST",
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as resp:
             return resp.status, json.loads(resp.read())
@@ -71,17 +75,42 @@ def servers(tmp_path_factory) -> tuple[str, dict[str, int]]:
         register_all(root)
     finally:
         mlflow.set_tracking_uri(previous)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO),
-           "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}  # fmt: skip
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": uri,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(REPO),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "true",
+    }
     procs, ports = {}, {}
     try:
         for name in SERVED:
             ports[name] = free_port()
-            cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{name}@{alias(name)}",
-                   "--env-manager", "local", "-h", "127.0.0.1", "-p", str(ports[name]), "-w", "1"]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "models",
+                "serve",
+                "-m",
+                f"models:/{name}@{alias(name)}",
+                "--env-manager",
+                "local",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(ports[name]),
+                "-w",
+                "1",
+            ]
             log = open(root / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
-            procs[name] = (subprocess.Popen(cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True), log)  # fmt: skip
+            procs[name] = (
+                subprocess.Popen(
+                    cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                ),
+                log,
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         waiting = set(SERVED)
         while waiting and time.monotonic() < deadline:
@@ -154,14 +183,28 @@ def _error(body: dict | str) -> str:
         ("bert-sst2", {"dataframe_records": [{"sentence": "wrong column"}]}, 400, "text"),
         ("bert-sst2", {"dataframe_records": [{"text": "  "}]}, 400, "record 0: field 'text' is empty"),
         ("bert-sst2", {"dataframe_records": [{"text": ""}]}, 400, "record 0: field 'text' is empty"),
-        ("bert-squad_v2", {"dataframe_records": [{"question": "Why?", "context": "word " * 20_000}]}, 400,
-         "more than this model accepts"),
-        ("bert-swag", {"dataframe_records": [{"context": "c", "endings": ["only one"]}]}, 400, "at least 2 endings"),
-        ("bert-conll2003", {"dataframe_records": [{"sentence": "x"}]}, 400, "columns text (string, optional)"),
+        (
+            "bert-squad_v2",
+            {"dataframe_records": [{"question": "Why?", "context": "word " * 20_000}]},
+            400,
+            "more than this model accepts",
+        ),
+        (
+            "bert-swag",
+            {"dataframe_records": [{"context": "c", "endings": ["only one"]}]},
+            400,
+            "at least 2 endings",
+        ),
+        (
+            "bert-conll2003",
+            {"dataframe_records": [{"sentence": "x"}]},
+            400,
+            "columns text (string, optional)",
+        ),
         ("bert-pretrained", {"dataframe_records": [{"text": "no mask"}]}, 400, "has no [MASK]"),
         ("bert-sst2", {"records": [{"text": "unknown payload key"}]}, 400, ""),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_get_a_clear_4xx_and_the_server_stays_up(served, name, body, status, message):
     port = served[name]
     got, answer = _post(port, json.dumps(body).encode())

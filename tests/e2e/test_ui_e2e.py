@@ -32,10 +32,21 @@ def test_make_ui_prints_the_runs_table_links_and_stops_on_ctrl_c(tmp_path):
     experiment_id = MlflowClient().get_experiment_by_name(FINETUNE_EXPERIMENT).experiment_id
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.ui", "--backend-store-uri", os.environ["MLFLOW_TRACKING_URI"],
-         "--port", str(port)],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "flows.ui",
+            "--backend-store-uri",
+            os.environ["MLFLOW_TRACKING_URI"],
+            "--port",
+            str(port),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()  # type: ignore[arg-type]
     try:

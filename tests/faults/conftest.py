@@ -79,9 +79,13 @@ class Processes:
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "ab") as fh:
                 proc = subprocess.Popen(
-                    cmd, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                    start_new_session=True, **kwargs,
-                )  # fmt: skip
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    **kwargs,
+                )
         else:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)
         self.started.append(proc)
@@ -221,9 +225,15 @@ def run_cmd(
 ) -> subprocess.CompletedProcess:
     """Run to completion in its own process group; on timeout the whole group is killed."""
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )  # fmt: skip
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -252,8 +262,12 @@ def copy_project(dest: Path, paths: tuple[str, ...] = PROJECT_PATHS) -> Path:
 
 def git_dvc_init(root: Path) -> None:
     """Make ``root`` a git + DVC repository with everything committed."""
-    env = base_env(GIT_AUTHOR_NAME="faults", GIT_AUTHOR_EMAIL="faults@example.com",
-                   GIT_COMMITTER_NAME="faults", GIT_COMMITTER_EMAIL="faults@example.com")  # fmt: skip
+    env = base_env(
+        GIT_AUTHOR_NAME="faults",
+        GIT_AUTHOR_EMAIL="faults@example.com",
+        GIT_COMMITTER_NAME="faults",
+        GIT_COMMITTER_EMAIL="faults@example.com",
+    )
     (root / ".gitignore").write_text(
         "__pycache__/\n*.pyc\nmlflow.db\nmlruns/\nmlartifacts/\n.prefect/\n/data/\n/models/\n/outputs/\n"
     )
@@ -270,8 +284,12 @@ def git_dvc_init(root: Path) -> None:
 
 
 def git_commit_all(root: Path, message: str) -> None:
-    env = base_env(GIT_AUTHOR_NAME="faults", GIT_AUTHOR_EMAIL="faults@example.com",
-                   GIT_COMMITTER_NAME="faults", GIT_COMMITTER_EMAIL="faults@example.com")  # fmt: skip
+    env = base_env(
+        GIT_AUTHOR_NAME="faults",
+        GIT_AUTHOR_EMAIL="faults@example.com",
+        GIT_COMMITTER_NAME="faults",
+        GIT_COMMITTER_EMAIL="faults@example.com",
+    )
     for cmd in (["git", "add", "-A"], ["git", "commit", "-q", "--allow-empty", "-m", message]):
         res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, f"{cmd}: {res.stderr[-2000:]}"

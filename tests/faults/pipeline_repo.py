@@ -146,9 +146,11 @@ class TinyPipeline:
         cache = self.root / ".dvc" / "cache"
         if cache.is_dir():
             shutil.copytree(
-                cache, dest / ".dvc" / "cache", copy_function=os.link,
+                cache,
+                dest / ".dvc" / "cache",
+                copy_function=os.link,
                 ignore=lambda d, names: {"runs"} & set(names) if Path(d) == cache else set(),
-            )  # fmt: skip
+            )
         return dest
 
     def lock_outs(self, root: Path | None = None) -> dict[str, str]:

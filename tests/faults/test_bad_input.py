@@ -99,35 +99,67 @@ def env(tmp_path, prefect_api) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------- params
 
 PARAMS_CASES = {
-    "unknown key": ("corpus", {"corpus.clean.min_doc_charz": 5},
-                    ["unknown key 'corpus.clean.min_doc_charz' (remove it or check its spelling)"]),
-    "wrong type": ("vocab", {"vocab.vocab_size": "large"},
-                   ["'vocab.vocab_size' = 'large': Input should be a valid integer"]),
-    "negative learning rate": ("pretrain", {"pretrain.optimizer.lr": -1e-4},
-                               ["'pretrain.optimizer.lr' = -0.0001: Input should be greater than 0"]),
-    "negative learning rate in a grid": ("finetune", {"finetune.defaults.learning_rates": [-2e-5]},
-                                         ["'finetune.defaults.learning_rates'", "learning rates must be > 0"]),
-    "masked_lm_prob above 1": ("pretrain_data", {"pretrain_data.masked_lm_prob": 1.5},
-                               ["'pretrain_data.masked_lm_prob' = 1.5: Input should be less than or equal to 1"]),
+    "unknown key": (
+        "corpus",
+        {"corpus.clean.min_doc_charz": 5},
+        ["unknown key 'corpus.clean.min_doc_charz' (remove it or check its spelling)"],
+    ),
+    "wrong type": (
+        "vocab",
+        {"vocab.vocab_size": "large"},
+        ["'vocab.vocab_size' = 'large': Input should be a valid integer"],
+    ),
+    "negative learning rate": (
+        "pretrain",
+        {"pretrain.optimizer.lr": -1e-4},
+        ["'pretrain.optimizer.lr' = -0.0001: Input should be greater than 0"],
+    ),
+    "negative learning rate in a grid": (
+        "finetune",
+        {"finetune.defaults.learning_rates": [-2e-5]},
+        ["'finetune.defaults.learning_rates'", "learning rates must be > 0"],
+    ),
+    "masked_lm_prob above 1": (
+        "pretrain_data",
+        {"pretrain_data.masked_lm_prob": 1.5},
+        ["'pretrain_data.masked_lm_prob' = 1.5: Input should be less than or equal to 1"],
+    ),
     "position table declared twice (pretrain)": (
-        "pretrain", {"pretrain.model.overrides": {"max_position_embeddings": 1024}},
-        ["max_position_embeddings is read from the pretraining data"]),
+        "pretrain",
+        {"pretrain.model.overrides": {"max_position_embeddings": 1024}},
+        ["max_position_embeddings is read from the pretraining data"],
+    ),
     "sequence longer than the position table (pretrain_data)": (
-        "pretrain_data", {"pretrain_data.phase_specs.seq128.max_seq_length": 1024},
-        ["phase_specs.seq128.max_seq_length = 1024 exceeds max_position_embeddings = 512"]),
+        "pretrain_data",
+        {"pretrain_data.phase_specs.seq128.max_seq_length": 1024},
+        ["phase_specs.seq128.max_seq_length = 1024 exceeds max_position_embeddings = 512"],
+    ),
     "sequence longer than BERT's 512 positions (finetune)": (
-        "finetune", {"finetune.defaults.max_seq_length": 1024},
-        ["'finetune.defaults.max_seq_length' = 1024: Input should be less than or equal to 512"]),
-    "Adam beta of 1 or more": ("pretrain", {"pretrain.optimizer.betas": [1.5, 0.999]},
-                               ["'pretrain.optimizer.betas.0' = 1.5: Input should be less than 1"]),
-    "alias MLflow reserves (v<N>)": ("finetune", {"finetune.registry.alias": "v1"},
-                                     ["'finetune.registry.alias' = 'v1': MLflow refuses it", "is reserved"]),
+        "finetune",
+        {"finetune.defaults.max_seq_length": 1024},
+        ["'finetune.defaults.max_seq_length' = 1024: Input should be less than or equal to 512"],
+    ),
+    "Adam beta of 1 or more": (
+        "pretrain",
+        {"pretrain.optimizer.betas": [1.5, 0.999]},
+        ["'pretrain.optimizer.betas.0' = 1.5: Input should be less than 1"],
+    ),
+    "alias MLflow reserves (v<N>)": (
+        "finetune",
+        {"finetune.registry.alias": "v1"},
+        ["'finetune.registry.alias' = 'v1': MLflow refuses it", "is reserved"],
+    ),
     "registered model name with '/'": (
-        "finetune", {"finetune.registry.name_prefix": "team/bert-"},
-        ["'finetune.registry.name_prefix' = 'team/bert-': MLflow refuses it", "cannot contain '/'"]),
-    "pretrain alias 'latest'": ("pretrain", {"pretrain.registry_alias": "latest"},
-                                ["'pretrain.registry_alias' = 'latest': MLflow refuses it"]),
-}  # fmt: skip
+        "finetune",
+        {"finetune.registry.name_prefix": "team/bert-"},
+        ["'finetune.registry.name_prefix' = 'team/bert-': MLflow refuses it", "cannot contain '/'"],
+    ),
+    "pretrain alias 'latest'": (
+        "pretrain",
+        {"pretrain.registry_alias": "latest"},
+        ["'pretrain.registry_alias' = 'latest': MLflow refuses it"],
+    ),
+}
 if not torch.cuda.is_available():  # refused when the stage starts, on this machine only
     PARAMS_CASES["device: cuda without a GPU (pretrain)"] = (
         "pretrain",
@@ -183,10 +215,12 @@ def test_finetune_before_pretraining_names_the_pretrain_stage_not_the_hub(tmp_pa
     params = params_file(tmp_path, "finetune", {"finetune.model.source": "models/pretrained"})
     res = run_stage("finetune", stage_args("finetune", params), tmp_path / "work", env)
     assert_failed_cleanly(
-        res, "finetune", tmp_path / "work",
+        res,
+        "finetune",
+        tmp_path / "work",
         "CheckpointSourceError: finetune.model.source='models/pretrained': models/pretrained does not exist: "
         "the pretrain stage has not run; run `dvc repro pretrain` (or `make pipeline`)",
-    )  # fmt: skip
+    )
     assert "hf download" not in res.stderr and "Hub cannot be reached" not in res.stderr
 
 
@@ -290,8 +324,18 @@ def test_vocab_without_mask(tmp_path, env, built):
     lines = (vocab / "vocab.txt").read_text(encoding="utf-8").splitlines()
     (vocab / "vocab.txt").write_text("\n".join(t for t in lines if t != "[MASK]") + "\n", encoding="utf-8")
     params = params_file(tmp_path, "pretrain_data", {"pretrain_data.phases": ["seq128"]})
-    args = ["--params", str(params), "--corpus", str(built / "data" / "corpus"), "--vocab", str(vocab),
-            "--out", "out", "--metrics", "metrics.json"]  # fmt: skip
+    args = [
+        "--params",
+        str(params),
+        "--corpus",
+        str(built / "data" / "corpus"),
+        "--vocab",
+        str(vocab),
+        "--out",
+        "out",
+        "--metrics",
+        "metrics.json",
+    ]
     res = run_stage("pretrain_data", args, tmp_path / "work", env)
     assert_failed_cleanly(
         res, "pretrain_data", tmp_path / "work", f"{vocab / 'vocab.txt'}: the vocabulary has no [MASK] entry"
@@ -307,14 +351,32 @@ def test_vocab_whose_size_disagrees_with_the_data_and_model(tmp_path, env, built
     )
     params = tmp_path / "pretrain.yaml"
     shutil.copy(built / "params" / "pretrain.yaml", params)
-    args = ["--params", str(params), "--data", str(built / "data" / "pretrain_data"), "--vocab", str(vocab),
-            "--out", "out", "--checkpoints", "ck", "--loss-plot", "loss.csv", "--heldout-plot", "h.csv",
-            "--metrics", "metrics.json"]  # fmt: skip
+    args = [
+        "--params",
+        str(params),
+        "--data",
+        str(built / "data" / "pretrain_data"),
+        "--vocab",
+        str(vocab),
+        "--out",
+        "out",
+        "--checkpoints",
+        "ck",
+        "--loss-plot",
+        "loss.csv",
+        "--heldout-plot",
+        "h.csv",
+        "--metrics",
+        "metrics.json",
+    ]
     res = run_stage("pretrain", args, tmp_path / "work", env)
     assert_failed_cleanly(
-        res, "pretrain", tmp_path / "work", f"uses a vocabulary of {len(lines)} tokens",
+        res,
+        "pretrain",
+        tmp_path / "work",
+        f"uses a vocabulary of {len(lines)} tokens",
         f"the model config has vocab_size={len(lines) + 7}",
-    )  # fmt: skip
+    )
 
 
 def test_pretraining_shard_damaged_in_place(tmp_path, env, built):
@@ -327,9 +389,24 @@ def test_pretraining_shard_damaged_in_place(tmp_path, env, built):
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2 : len(raw) // 2 + 4] = b"\xff\xff\xff\xff"
     shard.write_bytes(bytes(raw))
-    args = ["--params", str(built / "params" / "pretrain.yaml"), "--data", str(data), "--vocab",
-            str(built / "data" / "vocab"), "--out", "out", "--checkpoints", "ck", "--loss-plot", "loss.csv",
-            "--heldout-plot", "h.csv", "--metrics", "metrics.json"]  # fmt: skip
+    args = [
+        "--params",
+        str(built / "params" / "pretrain.yaml"),
+        "--data",
+        str(data),
+        "--vocab",
+        str(built / "data" / "vocab"),
+        "--out",
+        "out",
+        "--checkpoints",
+        "ck",
+        "--loss-plot",
+        "loss.csv",
+        "--heldout-plot",
+        "h.csv",
+        "--metrics",
+        "metrics.json",
+    ]
     start = time.monotonic()
     res = run_stage("pretrain", args, tmp_path / "work", env)
     assert_failed_cleanly(res, "pretrain", tmp_path / "work", f"{shard} is damaged", "dvc repro")
@@ -360,8 +437,19 @@ def finetune_params(tmp_path: Path, **extra: Any) -> Path:
 
 
 def run_finetune(tmp_path: Path, env: dict[str, str], model: Path, params: Path | None = None):
-    args = ["sst2", "--params", str(params or finetune_params(tmp_path)), "--model-source", str(model),
-            "--out", "out", "--model-out", "model-out", "--metrics", "metrics.json"]  # fmt: skip
+    args = [
+        "sst2",
+        "--params",
+        str(params or finetune_params(tmp_path)),
+        "--model-source",
+        str(model),
+        "--out",
+        "out",
+        "--model-out",
+        "model-out",
+        "--metrics",
+        "metrics.json",
+    ]
     return run_stage("finetune", args, tmp_path / "work", env)
 
 
@@ -374,9 +462,11 @@ def test_tokenizer_larger_than_the_model_vocab(tmp_path, env, built):
     (model / "vocab.txt").write_text("\n".join([*lines, "zzextra1", "zzextra2"]) + "\n", encoding="utf-8")
     res = run_finetune(tmp_path, env, model)
     assert_failed_cleanly(
-        res, "finetune", tmp_path / "work",
+        res,
+        "finetune",
+        tmp_path / "work",
         f"the tokenizer has {len(lines) + 2} tokens but the model's embedding table has {len(lines)} rows",
-    )  # fmt: skip
+    )
 
 
 def test_pickled_checkpoint_carrying_code_is_refused_not_run(tmp_path, env, built):
@@ -419,8 +509,14 @@ def test_sequence_length_above_the_models_position_table_is_refused_before_train
 
     model = tmp_path / "model"
     vocab = (built / "data" / "vocab" / "vocab.txt").read_text(encoding="utf-8").splitlines()
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=37, max_position_embeddings=64)  # fmt: skip
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=64,
+    )
     BertForPreTraining(config).save_pretrained(model)
     shutil.copy(built / "data" / "vocab" / "vocab.txt", model / "vocab.txt")
     res = run_finetune(tmp_path, env, model)  # SST-2's default max_seq_length is 128

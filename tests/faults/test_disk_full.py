@@ -58,10 +58,21 @@ def test_corpus_stage_on_a_full_disk_fails_naming_the_output_and_leaves_nothing(
     disk = small_disk(96)  # the Parquet shards of 600 KB of text do not fit
     out, metrics = disk / "corpus", tmp_path / "metrics.json"
     res = run_cmd(
-        [PY, "-m", "flows.corpus", "--params", str(tmp_path / "corpus.yaml"), "--out", str(out),
-         "--metrics", str(metrics)],
-        cwd=tmp_path, env=stage_env(prefect_api, f"sqlite:///{tmp_path}/mlflow.db"), timeout=300,
-    )  # fmt: skip
+        [
+            PY,
+            "-m",
+            "flows.corpus",
+            "--params",
+            str(tmp_path / "corpus.yaml"),
+            "--out",
+            str(out),
+            "--metrics",
+            str(metrics),
+        ],
+        cwd=tmp_path,
+        env=stage_env(prefect_api, f"sqlite:///{tmp_path}/mlflow.db"),
+        timeout=300,
+    )
     assert res.returncode != 0, res.stdout[-2000:]
     assert "corpus stage failed: DiskFullError" in res.stderr, res.stderr[-3000:]
     assert f"no space left on the device while writing {out}" in res.stderr
@@ -112,9 +123,15 @@ def test_model_directory_on_a_full_disk_keeps_the_previous_model(tmp_path, small
 
     def model(vocab: int) -> BertForPreTraining:
         return BertForPreTraining(
-            BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                       intermediate_size=37, max_position_embeddings=64)
-        )  # fmt: skip
+            BertConfig(
+                vocab_size=vocab,
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=37,
+                max_position_embeddings=64,
+            )
+        )
 
     disk = small_disk(256)
     small = model(99)

@@ -24,15 +24,27 @@ from .conftest import PY, REPO_ROOT, run_cmd, stage_env
 pytestmark = pytest.mark.faults
 
 TASKS = ("cola", "mrpc", "rte", "sst2", "stsb")
-MODEL = {"source": "models/pretrained", "uri": "models/pretrained", "sha": "0123456789abcdef",
-         "num_hidden_layers": 2, "hidden_size": 128, "preset": "tiny"}  # fmt: skip
+MODEL = {
+    "source": "models/pretrained",
+    "uri": "models/pretrained",
+    "sha": "0123456789abcdef",
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "preset": "tiny",
+}
 
 
 def _summary(task: str) -> dict:
     spec = get_task(task)
     dev = {spec.main_metric: 60.0 + TASKS.index(task)}
-    trial = TrialResult("pretrained", 1e-4, 1, dev, evals=[{"step": 1, "epoch": 1.0, **dev}],
-                        history=[{"step": 1, "epoch": 1.0, "loss": 0.5, "learning_rate": 1e-4}])  # fmt: skip
+    trial = TrialResult(
+        "pretrained",
+        1e-4,
+        1,
+        dev,
+        evals=[{"step": 1, "epoch": 1.0, **dev}],
+        history=[{"step": 1, "epoch": 1.0, "loss": 0.5, "learning_rate": 1e-4}],
+    )
     return FinetuneResult(task, spec.kind, spec.main_metric, dict(MODEL), [trial]).to_json()
 
 
@@ -46,16 +58,26 @@ def case(tmp_path: Path, prefect_api: str):
     work = tmp_path / "work"
     work.mkdir()
     evaluate = tmp_path / "evaluate.yaml"
-    evaluate.write_text(yaml.safe_dump({"evaluate": {"results_dir": str(results),
-                                                     "report_dir": str(work / "reports")}}))  # fmt: skip
+    evaluate.write_text(
+        yaml.safe_dump({"evaluate": {"results_dir": str(results), "report_dir": str(work / "reports")}})
+    )
     finetune = yaml.safe_load((REPO_ROOT / "params" / "finetune.yaml").read_text())
     finetune["finetune"]["tasks"] = {t: {} for t in TASKS}
     finetune_file = tmp_path / "finetune.yaml"
     finetune_file.write_text(yaml.safe_dump(finetune, sort_keys=False))
     # PYTHONPATH: this checkout's code, not whichever one the venv's editable install points at
     env = stage_env(prefect_api, f"sqlite:///{tmp_path}/mlflow.db", PYTHONPATH=str(REPO_ROOT))
-    args = [PY, "-m", "flows.evaluate", "--params", str(evaluate), "--finetune-params", str(finetune_file),
-            "--metrics", "metrics.json"]  # fmt: skip
+    args = [
+        PY,
+        "-m",
+        "flows.evaluate",
+        "--params",
+        str(evaluate),
+        "--finetune-params",
+        str(finetune_file),
+        "--metrics",
+        "metrics.json",
+    ]
     return results, work, env, args
 
 

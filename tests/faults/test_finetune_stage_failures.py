@@ -33,8 +33,9 @@ def read_only_dir(tmp_path) -> Path:
     """An empty read-only mount (a real EROFS: root may not write there either)."""
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mnt)], capture_output=True,
-                         text=True)  # fmt: skip
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if res.returncode != 0:
         pytest.skip(f"cannot mount a read-only tmpfs here ({res.stderr.strip() or 'not root'})")
     yield mnt
@@ -47,9 +48,21 @@ def test_read_only_model_out_fails_before_training_and_commits_nothing(tmp_path,
     (work / "out" / "summary.json").write_text('{"old": true}')
     (work / "metrics.json").write_text('{"old": true}')
     model_out = read_only_dir / "model"
-    args = ["sst2", "--params", str(finetune_params(tmp_path)), "--model-source",
-            str(built / "models" / "pretrained"), "--out", "out", "--model-out", str(model_out),
-            "--metrics", "metrics.json", "--plots", "plots"]  # fmt: skip
+    args = [
+        "sst2",
+        "--params",
+        str(finetune_params(tmp_path)),
+        "--model-source",
+        str(built / "models" / "pretrained"),
+        "--out",
+        "out",
+        "--model-out",
+        str(model_out),
+        "--metrics",
+        "metrics.json",
+        "--plots",
+        "plots",
+    ]
     res = run_stage("finetune", args, work, env)
     assert res.returncode == 1, res.stderr[-3000:]
     line = next(x for x in res.stderr.splitlines() if "finetune stage failed (sst2)" in x)
@@ -69,9 +82,21 @@ def test_cr_only_tsv_gives_a_short_stage_failed_line(tmp_path, env, built):
     rows = "".join(f"a sentence of review number {i} " + "word " * 40 + "\t1\r" for i in range(20_000))
     (sst2 / "train.tsv").write_bytes(("sentence\tlabel\r" + rows).encode())  # ~4.5 MB on one "line"
     (sst2 / "dev.tsv").write_bytes(b"sentence\tlabel\ngood .\t1\n")
-    args = ["sst2", "--params", str(finetune_params(tmp_path)), "--model-source",
-            str(built / "models" / "pretrained"), "--out", "out", "--model-out", "model-out",
-            "--metrics", "metrics.json", "--plots", "plots"]  # fmt: skip
+    args = [
+        "sst2",
+        "--params",
+        str(finetune_params(tmp_path)),
+        "--model-source",
+        str(built / "models" / "pretrained"),
+        "--out",
+        "out",
+        "--model-out",
+        "model-out",
+        "--metrics",
+        "metrics.json",
+        "--plots",
+        "plots",
+    ]
     res = run_stage("finetune", args, tmp_path / "work", {**env, "BERT_DATA_ROOT": str(root)})
     assert res.returncode == 1, res.stderr[-3000:]
     line = next(x for x in res.stderr.splitlines() if "finetune stage failed (sst2)" in x)

@@ -23,8 +23,18 @@ def _tree(path):
 def _predict(tmp_path, output) -> subprocess.CompletedProcess:
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"text": "a fine film"}) + "\n")
-    cmd = [PY, "-m", "flows.predict", "--no-prefect", "--model", "models:/bert-sst2@champion",
-           "--input", str(src), "--output", str(output)]  # fmt: skip
+    cmd = [
+        PY,
+        "-m",
+        "flows.predict",
+        "--no-prefect",
+        "--model",
+        "models:/bert-sst2@champion",
+        "--input",
+        str(src),
+        "--output",
+        str(output),
+    ]
     env = base_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
     return run_cmd(cmd, cwd=tmp_path, env=env, timeout=120)
 
@@ -54,8 +64,18 @@ def test_predict_output_on_a_fifo_is_refused(tmp_path):
 def test_predict_input_that_is_a_directory_says_so(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
-    cmd = [PY, "-m", "flows.predict", "--no-prefect", "--model", "models:/x@y", "--input", str(src),
-           "--output", str(tmp_path / "out.jsonl")]  # fmt: skip
+    cmd = [
+        PY,
+        "-m",
+        "flows.predict",
+        "--no-prefect",
+        "--model",
+        "models:/x@y",
+        "--input",
+        str(src),
+        "--output",
+        str(tmp_path / "out.jsonl"),
+    ]
     res = run_cmd(cmd, cwd=tmp_path, env=base_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/m.db"))
     assert res.returncode == 1 and "the input is a directory" in res.stderr, res.stderr[-2000:]
 
@@ -70,8 +90,17 @@ def test_a_report_dir_on_a_users_folder_is_refused_before_any_work(tmp_path, pre
     data["evaluate"]["report_dir"] = str(user)
     params = tmp_path / "evaluate.yaml"
     params.write_text(yaml.safe_dump(data))
-    cmd = [PY, "-m", "flows.evaluate", "--params", str(params), "--metrics", str(tmp_path / "m.json"),
-           "--finetune-params", str(REPO_ROOT / "params" / "finetune.yaml")]  # fmt: skip
+    cmd = [
+        PY,
+        "-m",
+        "flows.evaluate",
+        "--params",
+        str(params),
+        "--metrics",
+        str(tmp_path / "m.json"),
+        "--finetune-params",
+        str(REPO_ROOT / "params" / "finetune.yaml"),
+    ]
     env = stage_env(prefect_api, f"sqlite:///{tmp_path}/mlflow.db")
     res = run_cmd(cmd, cwd=tmp_path, env=env, timeout=300)
     assert res.returncode == 1, res.stderr[-3000:]

@@ -76,10 +76,16 @@ def signal_when(
     import psutil
 
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None,
-    )  # fmt: skip
+    )
     lines: list[str] = []
     arrived: list[float] = []
 
@@ -217,8 +223,11 @@ def test_sigterm_to_a_stage_marks_its_prefect_run_crashed(tiny_pipeline, prefect
 
 def _checkpoint_written(root: Path, step: int) -> Callable[[str], bool]:
     def ready(_out: str) -> bool:
-        steps = [int(m.group(1)) for p in (root / CHECKPOINTS).glob("*/step-*/state.json")
-                 if (m := re.match(r"step-(\d+)$", p.parent.name))]  # fmt: skip
+        steps = [
+            int(m.group(1))
+            for p in (root / CHECKPOINTS).glob("*/step-*/state.json")
+            if (m := re.match(r"step-(\d+)$", p.parent.name))
+        ]
         return max(steps, default=0) >= step
 
     return ready
@@ -249,8 +258,11 @@ def test_ctrl_c_to_dvc_during_pretraining_then_a_rerun_gives_the_same_model(
 
     res = signal_when(
         [PY, "-m", "dvc", *command, "--force", "--single-item", "pretrain"],
-        cwd=clone, env=pipe.env(clone), ready=_checkpoint_written(clone, LATE_CHECKPOINT), sig=signal.SIGINT,
-    )  # fmt: skip
+        cwd=clone,
+        env=pipe.env(clone),
+        ready=_checkpoint_written(clone, LATE_CHECKPOINT),
+        sig=signal.SIGINT,
+    )
     # The stage stops within seconds; DVC's own clean-up after a failed stage (`exp run` restores the
     # workspace through git) takes a few more on a loaded machine.
     stage_stopped = res.seconds_to(r"pretrain stage interrupted")
@@ -293,9 +305,14 @@ def test_an_unreachable_prefect_api_is_a_clear_error_within_seconds(module, tiny
     env = stage_env(url, f"sqlite:///{clone / 'mlflow.db'}")
     started = time.monotonic()
     res = subprocess.run(
-        [PY, "-m", module], cwd=clone, env=env, capture_output=True, text=True, timeout=120,
+        [PY, "-m", module],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
         start_new_session=True,
-    )  # fmt: skip
+    )
     seconds = time.monotonic() - started
     assert res.returncode == 1, res.stderr[-4000:]
     assert seconds < 60, f"{seconds:.0f}s"
@@ -312,10 +329,12 @@ def test_an_unreachable_prefect_api_is_a_clear_error_within_seconds(module, tiny
 def test_ctrl_c_to_make_pipeline_stops_dvc_and_the_stage(tiny_pipeline, prefect_api, tmp_path):
     clone = tiny_pipeline.clone(tmp_path / "clone")
     res = signal_when(
-        [PY, "-m", "flows.pipeline", "corpus", "--force"], cwd=clone, env=tiny_pipeline.env(clone),
+        [PY, "-m", "flows.pipeline", "corpus", "--force"],
+        cwd=clone,
+        env=tiny_pipeline.env(clone),
         ready=lambda out: "Running stage 'corpus'" in out and out.count("Beginning flow run") >= 2,
         sig=signal.SIGINT,
-    )  # fmt: skip
+    )
     assert res.returncode == 130, res.output[-4000:]
     assert res.seconds < PIPELINE_STOP_WITHIN_S, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"
     assert_one_line(res, r"pipeline interrupted: stopped by SIGINT; DVC and the running stage were stopped")
@@ -337,9 +356,14 @@ def test_a_signal_to_make_serve_stops_it_and_its_server(sig, prefect_server, tmp
     env = stage_env(None, f"sqlite:///{tmp_path / 'mlflow.db'}")
     env.pop("PREFECT_API_URL", None)
     res = signal_when(
-        [PY, "-m", "flows.serve", "--port", str(port), "--home", str(home)], cwd=Path.cwd(), env=env,
-        ready=lambda out: "being served" in out, sig=sig, ignore_sigint=True, to_group=False,
-    )  # fmt: skip
+        [PY, "-m", "flows.serve", "--port", str(port), "--home", str(home)],
+        cwd=Path.cwd(),
+        env=env,
+        ready=lambda out: "being served" in out,
+        sig=sig,
+        ignore_sigint=True,
+        to_group=False,
+    )
     assert res.returncode == 128 + sig, res.output[-4000:]
     assert res.seconds < STOP_WITHIN_S + 20, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"  # server grace
     assert_one_line(res, rf"serve stopped by {signal.Signals(sig).name}: no longer serving the flows")

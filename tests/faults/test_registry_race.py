@@ -36,8 +36,13 @@ def _register(job: tuple[str, str, str, float, Any]) -> dict[str, Any]:
     name, run_id, model_dir, value, barrier = job
     barrier.wait(timeout=60)
     reg = register(model_dir, name=name, run_id=run_id, alias="champion", metric_key="dev.score", value=value)
-    return {"pid": os.getpid(), "version": reg.version, "value": value, "moved": reg.alias_moved,
-            "previous": reg.previous_version}  # fmt: skip
+    return {
+        "pid": os.getpid(),
+        "version": reg.version,
+        "value": value,
+        "moved": reg.alias_moved,
+        "previous": reg.previous_version,
+    }
 
 
 def test_concurrent_registrations_leave_the_alias_on_the_best_version(tmp_path):

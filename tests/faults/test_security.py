@@ -80,9 +80,10 @@ def test_every_server_command_in_the_makefile_binds_loopback():
     )
     assert dry.returncode == 0, dry.stderr
     commands = [
-        line for line in dry.stdout.splitlines()
+        line
+        for line in dry.stdout.splitlines()
         if re.search(r"flows\.(serve|ui)\b|mlflow (ui|server)|prefect server start", line)
-    ]  # fmt: skip
+    ]
     assert len(commands) >= 2, dry.stdout  # make serve and make ui
     for line in commands:
         assert re.search(r"--host[ =]127\.0\.0\.1\b", line), line

@@ -37,10 +37,19 @@ class MlflowServer:
     def start(self) -> None:
         self.starts += 1
         cmd = [
-            str(VENV_BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
-            "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-            "--artifacts-destination", str(self.root / "artifacts"), "--workers", "1",
-        ]  # fmt: skip
+            str(VENV_BIN / "mlflow"),
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--backend-store-uri",
+            f"sqlite:///{self.root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(self.root / "artifacts"),
+            "--workers",
+            "1",
+        ]
         log = self.root / f"server-{self.starts}.log"
         env = base_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
         self.proc = self.procs.start(cmd, log=log, env=env, cwd=self.root)
@@ -150,12 +159,19 @@ def test_a_stage_killed_while_creating_the_tracking_store_leaves_no_broken_store
     import sys
 
     env = base_env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
-    killed = subprocess.run([sys.executable, "-c", KILLED_DURING_STORE_CREATION], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_DURING_STORE_CREATION],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert not (tmp_path / "store" / "mlflow.db").exists()  # no half-migrated store, on which every later
     # run would fail with "table datasets already exists"
-    again = subprocess.run([sys.executable, "-c", STAGE_RUN], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=300)  # fmt: skip
+    again = subprocess.run(
+        [sys.executable, "-c", STAGE_RUN], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0 and "logged" in again.stdout, again.stderr[-3000:]
     assert [p.name for p in (tmp_path / "store").iterdir()] == ["mlflow.db"]  # the killed one's temp removed
