@@ -5,7 +5,11 @@
 
 - ``PREFECT_API_URL`` set (environment or Prefect profile): a pre-flight ``<url>/health`` check with a
   few bounded attempts (about 10 s in all). A URL that does not answer is a :class:`PrefectApiUnreachable`
-  naming the URL and what to do, instead of minutes of the Prefect client's silent retries.
+  naming the URL and what to do, instead of minutes of the Prefect client's silent retries. The check
+  sends what Prefect's own client sends (``PREFECT_API_AUTH_STRING`` as basic auth, else
+  ``PREFECT_API_KEY`` as a bearer token, credentials in the URL, the TLS settings), so a server behind an
+  authenticating proxy passes it; credentials it refuses (401/403) are named as such. No message shows
+  a password, an auth string or a key.
 - else the server of ``make serve`` when one serves this repository (``.prefect/serve.lock``);
 - else a temporary local server, started here **in its own session** (process group), so that a Ctrl-C in
   the terminal (SIGINT to the foreground process group) reaches the stage but not the server: the flow
@@ -17,14 +21,15 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,20 +45,78 @@ ADVICE = (
 
 
 class PrefectApiUnreachable(RuntimeError):
-    """``PREFECT_API_URL`` does not answer; the message names the URL and what to do."""
+    """``PREFECT_API_URL`` does not answer, or refuses the credentials; the message names the URL (its
+    password masked) and what to do."""
 
 
-def _health(url: str, timeout_s: float) -> str | None:
-    """``None`` when ``<url>/health`` answers 200, else a short reason."""
+def mask_url(url: str) -> str:
+    """``url`` with the password of its userinfo masked (``http://user:secret@host`` -> ``http://user:***@host``)."""
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s) as resp:
-            return None if resp.status == 200 else f"HTTP {resp.status}"
-    except urllib.error.HTTPError as err:
-        return f"HTTP {err.code}"
-    except urllib.error.URLError as err:
-        return str(err.reason)[:200]
-    except (OSError, ValueError) as err:
-        return f"{type(err).__name__}: {str(err)[:200]}"
+        parts = urllib.parse.urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def _secrets(url: str) -> list[str]:
+    """The secrets a message about ``url`` must never show: its password, the auth string, the key."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_KEY
+
+    found = [PREFECT_API_AUTH_STRING.value(), PREFECT_API_KEY.value()]
+    with contextlib.suppress(ValueError):
+        parts = urllib.parse.urlsplit(url)
+        found += [parts.password, urllib.parse.unquote(parts.password or "")]
+    return sorted({s for s in found if s}, key=len, reverse=True)  # longest first: no partial leftovers
+
+
+def _masked(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+def _client_settings() -> dict[str, Any]:
+    """Headers and TLS verification as Prefect's client builds them (``PrefectClient.__init__``).
+
+    ``PREFECT_API_AUTH_STRING`` wins over ``PREFECT_API_KEY``, as there. Credentials in the URL need
+    nothing here: httpx sends them as basic auth, for this probe as for Prefect's client.
+    """
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_KEY,
+        PREFECT_API_SSL_CERT_FILE,
+        PREFECT_API_TLS_INSECURE_SKIP_VERIFY,
+    )
+
+    headers = {}
+    if auth_string := PREFECT_API_AUTH_STRING.value():
+        headers["Authorization"] = "Basic " + base64.b64encode(auth_string.encode("utf-8")).decode("ascii")
+    elif api_key := PREFECT_API_KEY.value():
+        headers["Authorization"] = f"Bearer {api_key}"
+    if PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value():
+        verify: ssl.SSLContext | bool = False
+    else:
+        import certifi
+
+        verify = ssl.create_default_context(cafile=PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
+    return {"headers": headers, "verify": verify}
+
+
+def _health(url: str, timeout_s: float) -> tuple[str | None, int | None]:
+    """``(None, None)`` when ``<url>/health`` answers 200, else a short reason and the HTTP status."""
+    import httpx
+
+    try:
+        resp = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s, **_client_settings())
+    except httpx.HTTPError as err:
+        return (str(err) or type(err).__name__)[:200], None
+    except (OSError, ValueError, ssl.SSLError) as err:
+        return f"{type(err).__name__}: {str(err)[:200]}", None
+    return (None, None) if resp.status_code == 200 else (f"HTTP {resp.status_code}", resp.status_code)
 
 
 def check_api(
@@ -65,17 +128,27 @@ def check_api(
     advice: str = ADVICE,
 ) -> None:
     """Raise :class:`PrefectApiUnreachable` unless ``<url>/health`` answers within ``attempts`` tries;
-    its message ends with ``advice`` (what to do)."""
+    its message ends with ``advice`` (what to do). Refused credentials (HTTP 401/403) fail at once: a
+    retry would send the same ones."""
     started = time.monotonic()
+    secrets = _secrets(url)
+    shown = _masked(mask_url(url), secrets)
     reason = "no answer"
     for attempt in range(attempts):
-        reason = _health(url, timeout_s) or ""
-        if not reason:
+        why, status = _health(url, timeout_s)
+        if why is None:
             return
+        reason = _masked(why, secrets)
+        if status in (401, 403):
+            raise PrefectApiUnreachable(
+                f"the Prefect server at {shown} refused the credentials (HTTP {status}): set "
+                "PREFECT_API_AUTH_STRING (basic auth, 'user:password') / PREFECT_API_KEY (bearer token), "
+                "or put them in PREFECT_API_URL (http://user:password@host/api)"
+            )
         if attempt + 1 < attempts:
             time.sleep(pause_s)
     raise PrefectApiUnreachable(
-        f"the Prefect API at PREFECT_API_URL={url} does not answer ({url.rstrip('/')}/health: {reason}; "
+        f"the Prefect API at PREFECT_API_URL={shown} does not answer ({shown.rstrip('/')}/health: {reason}; "
         f"{attempts} attempts in {time.monotonic() - started:.0f}s). {advice}"
     )
 
