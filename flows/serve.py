@@ -12,8 +12,13 @@ repository) unless a Prefect server already answers there, then serves these dep
 * ``predict/local``: batch prediction of a JSON Lines file with a registered model (:mod:`flows.predict`).
 
 Their typed parameters are the UI's run form ("Run" -> "Custom run"). Stop with Ctrl-C or SIGTERM (exit
-130 / 143): the server this command started stops with it. Only one ``flows.serve`` may serve a repository at a time (a second
-runner would defeat ``limit=1``).
+130 / 143), to this process or to its whole process group (a terminal, systemd): the runner pauses the
+deployments, then the server this command started stops. That server runs in its own session, so a
+signal to the group reaches this process only and the pausing talks to a live server; it still gets
+SIGTERM if this process dies. The pausing is bounded (:data:`PAUSE_TIMEOUT_S`) and skipped when the
+server is already gone (one the user started and stopped), instead of the Prefect client's minute of
+retries. Only one ``flows.serve`` may serve a repository at a time (a second runner would defeat
+``limit=1``).
 
     python -m flows.serve [--host 127.0.0.1] [--port 4200] [--home .prefect]
 """
@@ -21,6 +26,7 @@ runner would defeat ``limit=1``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
@@ -34,11 +40,14 @@ from typing import Any
 
 from bert_core.constants import REPO_ROOT
 from flows import TELEMETRY_OFF, stages
+from flows._prefect_api import _set_parent_death_signal
 from flows._served import ServeError, is_healthy, serve_lock
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
 DEPLOYMENT_NAME = "local"
+#: How long the runner may take to pause the deployments when it stops.
+PAUSE_TIMEOUT_S = 5.0
 
 log = logging.getLogger("flows.serve")
 
@@ -96,6 +105,10 @@ def start_server(env: dict[str, str], log_path: Path, *, timeout_s: float = 180.
         stdin=subprocess.DEVNULL,
         stdout=logfile,
         stderr=subprocess.STDOUT,
+        # Its own session: a Ctrl-C or SIGTERM to the terminal's process group stops the runner first,
+        # which then pauses its deployments on a live server; the server still dies with this process.
+        start_new_session=True,
+        preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
     )
     logfile.close()
     deadline = time.monotonic() + timeout_s
@@ -202,6 +215,22 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def bounded_pause(pause: Any, api: str, timeout_s: float = PAUSE_TIMEOUT_S) -> Any:
+    """Prefect's ``Runner._pause_schedules``, skipped when the server at ``api`` is gone and bounded by
+    ``timeout_s``: against a dead server the client retries for about a minute, logging tracebacks."""
+
+    async def paused(runner: Any) -> None:
+        if not await asyncio.to_thread(is_healthy, api):
+            log.warning("the Prefect server at %s is gone: the deployments were not paused", api)
+            return
+        try:
+            await asyncio.wait_for(pause(runner), timeout_s)
+        except Exception as err:  # the timeout (TimeoutError) or the client: stopping anyway, say so
+            log.warning("the deployments were not paused (%s: %s)", type(err).__name__, str(err)[:200])
+
+    return paused
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default=os.environ.get("PREFECT_SERVE_HOST", DEFAULT_HOST))
@@ -239,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             # Prefect's runner replaces the SIGTERM handler with its own, which hangs in Prefect 3.8
             # ("coroutine 'Runner.astop' was never awaited"): SIGTERM stops it the way Ctrl-C does.
             Runner.handle_sigterm = lambda self, *a, **k: _raise_interrupt(signal.SIGTERM, None)  # type: ignore[method-assign]
+            Runner._pause_schedules = bounded_pause(Runner._pause_schedules, env["PREFECT_API_URL"])  # type: ignore[method-assign]
             serve(*deployments, limit=1)
     except ServeError as err:
         log.error("%s", err)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import PY, free_port, kill_group, migrated_prefect_home, stage_env
+from .conftest import PY, PrefectServer, free_port, kill_group, migrated_prefect_home, stage_env
 from .pipeline_repo import CHECKPOINTS, EXTRA, TinyPipeline, tree_digest
 
 # Every test is marked `faults` (`make test-faults`) but the dvc repro variant, which is `slow` only.
@@ -36,6 +36,8 @@ STOP_WITHIN_S = 10.0
 #: stage under DVC once took 15-18 s to go (its worker pool waited for running units; it now terminates
 #: them: 3-4 s here), so this case keeps 30 s until CI confirms, not the 10 s of a stage (docs/reliability.md).
 PIPELINE_STOP_WITHIN_S = 30.0
+#: How long `flows.serve` serves before a test signals it: its runner has started and polled.
+RUNNER_STARTED_S = 8.0
 FLOW_RUN_RE = re.compile(r"Beginning flow run '(?P<name>[^']+)' for flow '(?P<flow>[^']+)'")
 
 
@@ -371,3 +373,83 @@ def test_a_signal_to_make_serve_stops_it_and_its_server(sig, prefect_server, tmp
     from flows._served import is_healthy
 
     assert not is_healthy(api_url("127.0.0.1", port))
+
+
+def served_for(seconds: float) -> Callable[[str], bool]:
+    """A ``ready`` for ``flows.serve``: ``seconds`` after Prefect printed "being served". Prefect prints it
+    before its runner starts; a signal that early stops a runner that has not yet started its loops."""
+    seen: list[float] = []
+
+    def ready(out: str) -> bool:
+        if "being served" not in out:
+            return False
+        seen.append(time.monotonic())
+        return time.monotonic() - seen[0] >= seconds
+
+    return ready
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_a_signal_to_make_serves_process_group_stops_it_within_seconds(sig, prefect_server, tmp_path):
+    """SIGINT / SIGTERM to the whole process group, as a terminal or systemd sends it, once the flows are
+    served: the server `flows.serve` started sits in its own session, so the runner pauses its deployments
+    on a live server and the command exits within seconds, with one line and no traceback."""
+    from flows._served import is_healthy
+    from flows.serve import api_url
+
+    home = migrated_prefect_home(prefect_server, tmp_path / "home")
+    port = free_port()
+    env = stage_env(None, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    env.pop("PREFECT_API_URL", None)
+    res = signal_when(
+        [PY, "-m", "flows.serve", "--port", str(port), "--home", str(home)],
+        cwd=Path.cwd(),
+        env=env,
+        ready=served_for(RUNNER_STARTED_S),
+        sig=sig,
+        to_group=True,
+    )
+    assert res.returncode == 128 + sig, res.output[-4000:]
+    assert res.seconds < 15, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"
+    assert_one_line(res, rf"serve stopped by {signal.Signals(sig).name}: no longer serving the flows")
+    assert "not paused" not in res.output, res.output[-4000:]  # paused on the live server
+    assert not wait_gone(res.children), f"processes left behind: {alive(res.children)}"
+    assert not is_healthy(api_url("127.0.0.1", port))
+
+
+@pytest.mark.faults
+def test_make_serve_stops_within_seconds_when_its_server_is_already_gone(prefect_server, tmp_path):
+    """A server the user started (``flows.serve`` uses it), gone before the SIGTERM: the runner does not
+    spend a minute of client retries pausing deployments on it; one warning, the one line, no traceback."""
+    from flows.serve import api_url
+
+    server = PrefectServer(migrated_prefect_home(prefect_server, tmp_path / "home"))
+    server.start()
+    env = stage_env(None, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    env.pop("PREFECT_API_URL", None)
+
+    served = served_for(RUNNER_STARTED_S)
+
+    def served_then_server_killed(out: str) -> bool:
+        if not served(out):
+            return False
+        server.stop()
+        return True
+
+    try:
+        res = signal_when(
+            [PY, "-m", "flows.serve", "--port", str(server.port), "--home", str(server.home)],
+            cwd=Path.cwd(),
+            env=env,
+            ready=served_then_server_killed,
+            sig=signal.SIGTERM,
+            to_group=True,
+        )
+    finally:
+        server.stop()
+    assert "using the Prefect server already running" in res.output, res.output[-4000:]
+    assert res.returncode == 143, res.output[-4000:]
+    assert res.seconds < 15, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"
+    assert_one_line(res, r"serve stopped by SIGTERM: no longer serving the flows")
+    assert f"the Prefect server at {api_url('127.0.0.1', server.port)} is gone" in res.output, res.output
