@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bert_core.owned import OUTPUT_MARK, mark_output
+
 from .conftest import REPO_ROOT, stage_env
 from .test_bad_input import finetune_params, run_stage
 
@@ -46,6 +48,7 @@ def test_read_only_model_out_fails_before_training_and_commits_nothing(tmp_path,
     work = tmp_path / "work"
     (work / "out").mkdir(parents=True)  # the previous run's outputs
     (work / "out" / "summary.json").write_text('{"old": true}')
+    mark_output(work / "out")  # written by the pipeline: replaceable, unlike a folder of the user's
     (work / "metrics.json").write_text('{"old": true}')
     model_out = read_only_dir / "model"
     args = [
@@ -72,7 +75,7 @@ def test_read_only_model_out_fails_before_training_and_commits_nothing(tmp_path,
     assert (work / "out" / "summary.json").read_text() == '{"old": true}'
     assert (work / "metrics.json").read_text() == '{"old": true}'
     assert sorted(p.name for p in work.iterdir()) == ["metrics.json", "out"]
-    assert sorted(p.name for p in (work / "out").iterdir()) == ["summary.json"]
+    assert sorted(p.name for p in (work / "out").iterdir()) == [OUTPUT_MARK, "summary.json"]
 
 
 def test_cr_only_tsv_gives_a_short_stage_failed_line(tmp_path, env, built):
