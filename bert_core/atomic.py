@@ -31,8 +31,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-import psutil
-
 from bert_core.integrity import refresh
 from bert_core.owned import check_replaceable, dir_mode, mark_output
 
@@ -86,6 +84,8 @@ def _remove_dead_writers_temps(directory: Path, prefix: str) -> None:
 
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` exists on this host (one we may not signal counts as alive)."""
+    import psutil  # here, not at import: a served model carries this module without psutil
+
     return psutil.pid_exists(pid)
 
 

@@ -78,7 +78,7 @@ def signature(component: Any, spec: Any, task: dict[str, Any]) -> Any:
 
 
 #: The distributions the carried code imports (directly, or through transformers' fast tokenizer).
-REQUIREMENTS = ("mlflow", "torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas")
+REQUIREMENTS = ("mlflow", "torch", "transformers", "tokenizers", "safetensors", "numpy", "pandas", "xxhash")
 
 
 def requirements() -> list[str]:
