@@ -10,6 +10,9 @@ from pathlib import Path
 #: The repository root (an editable install runs the code in place; outputs and ``mlflow.db`` live here).
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+#: DVC's lock file: the content hashes of every stage's outputs (model cards and the report quote them).
+DVC_LOCK = REPO_ROOT / "dvc.lock"
+
 #: BERT's special tokens, in the order the vocab stage writes them (``[PAD]`` is id 0).
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from bert_core.constants import REPO_ROOT
+from bert_core.constants import DVC_LOCK, REPO_ROOT
 from bert_core.evaluate.params import EvaluateParams
 from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
@@ -59,7 +59,7 @@ def evaluate_flow(
             tasks=tasks,
             reference_size=params.reference_size,
             dpi=params.dpi,
-            lock_path=REPO_ROOT / "dvc.lock",
+            lock_path=DVC_LOCK,
             outputs=s.staged,
         )
         s.done(

@@ -13,13 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from bert_core import modelcard
-from bert_core.constants import REPO_ROOT
+from bert_core.constants import DVC_LOCK
 from bert_core.evaluate.references import reference_for
 from bert_core.serving import mlflow_model, serving_task
 from bert_core.tracking import Registration, git_commit, pipeline_run_id, register
-
-#: The lock file whose hashes a model card quotes.
-LOCK_PATH = REPO_ROOT / "dvc.lock"
 
 
 def finetuned_card(spec: Any, settings: Any, result: Any, metrics: Mapping[str, float], name: str):
@@ -33,7 +30,7 @@ def finetuned_card(spec: Any, settings: Any, result: Any, metrics: Mapping[str, 
             result.model,
             params=settings.model_dump(mode="json"),
             git_commit=commit,
-            lock_path=LOCK_PATH,
+            lock_path=DVC_LOCK,
             reference=reference_for(result.model.get("preset")),
             run_ids=run_ids,
             name=name,

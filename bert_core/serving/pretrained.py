@@ -13,13 +13,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bert_core import modelcard
-from bert_core.constants import REPO_ROOT
+from bert_core.constants import DVC_LOCK
 from bert_core.pretrain.registration import REGISTERED_MODEL_DESCRIPTION, version_metadata
 from bert_core.serving import fill_mask_task, mlflow_model
 from bert_core.tracking import Registration, git_commit, pipeline_run_id, register
-
-#: The lock file whose hashes a model card quotes.
-LOCK_PATH = REPO_ROOT / "dvc.lock"
 
 PretrainedCard = Callable[..., str]
 
@@ -35,7 +32,7 @@ def pretrained_card(params: Any) -> PretrainedCard:
         run_ids: Mapping[str, str] | None = None,
     ) -> str:
         return modelcard.pretrained_card_for(
-            params, config, metrics, data_stats, git_commit=commit, lock_path=LOCK_PATH, run_ids=run_ids
+            params, config, metrics, data_stats, git_commit=commit, lock_path=DVC_LOCK, run_ids=run_ids
         )
 
     return card
