@@ -130,7 +130,8 @@ class SignalRedelivery:
     signalled (seen on CI: SIGTERM inside a ``WeakValueDictionary`` callback, Prefect's handler's
     ``TerminationSignal`` lost). For such an exception this hook sends the same signal to the process again
     from a short-lived thread, so its handler runs once more at the main thread's next bytecode boundary,
-    outside the callback. Other unraisable exceptions go to the previous hook unchanged.
+    outside the callback. The swallowed signal is not reported (it is no error, and its traceback would
+    precede the stage's one "interrupted" line); other unraisable exceptions go to the previous hook unchanged.
     """
 
     def __init__(self, previous: Callable[[Any], Any]) -> None:
@@ -143,6 +144,7 @@ class SignalRedelivery:
             resend = threading.Timer(0.01, os.kill, args=(os.getpid(), signum))
             resend.daemon = True
             resend.start()
+            return
         self.previous(unraisable)
 
 

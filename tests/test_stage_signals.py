@@ -51,7 +51,7 @@ def test_a_sigterm_swallowed_by_a_weakref_callback_is_sent_again(stage_handlers)
             time.sleep(0.01)
     assert info.value.signum == signal.SIGTERM  # ... until the signal, sent again, stops it
     assert info.value.exit_code == 143
-    assert [type(u.exc_value) for u in stage_handlers] == [_cli.Interrupted]  # still reported
+    assert stage_handlers == []  # no "Exception ignored" traceback before the one "interrupted" line
 
 
 def test_other_swallowed_exceptions_only_reach_the_previous_hook(stage_handlers):
