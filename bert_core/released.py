@@ -27,6 +27,7 @@ import shutil
 import socket
 import zipfile
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from bert_core.atomic import atomic_path
@@ -260,3 +261,18 @@ def unpack_minilm(out: str | Path = MINILM_DIR, *, zip_path: str | Path | None =
             for name in MINILM_FILES:
                 (tmp / name).write_bytes(zf.read(name))
     return out
+
+
+def resolve_checkpoint(source: str, download_dir: str | Path) -> Any:
+    """A starting checkpoint on local disk with its provenance (``.path``, ``.info``): a local directory, a
+    registry URI (:func:`bert_core.tracking.resolve_model_source`) or a Hub id (downloaded into
+    ``download_dir``; offline it fails in seconds)."""
+    from bert_core.tracking import resolve_model_source
+
+    if not is_hub_id(source):
+        return resolve_model_source(source, download_dir)
+    resolved = resolve_model_source(
+        str(download_hub_checkpoint(source, Path(download_dir) / "hub")), download_dir
+    )
+    resolved.info.update(uri=f"hf://{source}", model=source)
+    return resolved

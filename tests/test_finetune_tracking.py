@@ -178,9 +178,11 @@ def test_finetune_and_evaluate_flows_record_everything(tiny_model, shared_data, 
         assert trial.data.tags["main_metric"] == "accuracy"
         assert trial.data.tags["task"] == "sst2" and trial.data.tags["init"] in ("pretrained", "random")
         assert trial.data.tags["pipeline_run_id"] == parent.data.tags["pipeline_run_id"]
+        assert trial.data.tags["pretrained_sha"] == parent.data.tags["pretrained_sha"]  # the run's own tags
     champion = client.get_model_version_by_alias("bert-sst2", "champion")
     assert champion.run_id == parent.info.run_id
     assert float(champion.tags["dev.accuracy"]) == pytest.approx(metrics["dev.accuracy"])
+    assert champion.tags["pretrained_sha"] == fingerprint(tiny_model) and champion.tags["selected_trial"]
 
     eval_params = tmp_path / "evaluate.yaml"
     eval_params.write_text(f"evaluate: {{results_dir: {results}, report_dir: {tmp_path / 'reports'}}}\n")

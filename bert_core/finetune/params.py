@@ -291,3 +291,12 @@ class FinetuneParams(StrictModel):
         if overrides is not None:
             merged.update(overrides.model_dump(exclude_unset=True))
         return TaskSettings(**merged)
+
+    def run_params(self, task: str) -> dict[str, Any]:
+        """What the task's MLflow run records as params: the task, its resolved settings, the model, device
+        and precision."""
+        return {
+            "task": task,
+            **self.model_dump(mode="json", include={"model", "device", "precision"}),
+            "settings": self.for_task(task).model_dump(mode="json"),
+        }

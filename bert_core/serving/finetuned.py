@@ -1,4 +1,8 @@
-"""Registering a fine-tuned model: an MLflow Model of its task, with a card that names its runs.
+"""What the finetune stage hands on once trained: the model's card, learning curves, figures and registry entry.
+
+:class:`FinetunedModel` writes the card and the curves into the stage's staged outputs, gives the stage's
+figures (every metric, the best trivial baseline beside the score) and, after the commit, registers the
+committed model directory.
 
 The stage's own model directory (a DVC output) keeps its run-free, deterministic card; the registered copy
 gets a card naming the pipeline run, the MLflow run and the registered name
@@ -8,7 +12,10 @@ the alias moves only on a better dev score.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +24,77 @@ from bert_core.constants import DVC_LOCK
 from bert_core.evaluate.references import reference_for
 from bert_core.serving import mlflow_model, serving_task
 from bert_core.tracking import Registration, git_commit, pipeline_run_id, register
+from bert_core.tracking.trials import own_tags
+
+
+@dataclass
+class FinetunedModel:
+    """A fine-tuning result on its way out of the stage.
+
+    Args:
+        spec: The task (:class:`bert_core.tasks.TaskSpec`).
+        settings: The task's settings (:class:`bert_core.finetune.params.TaskSettings`).
+        result: The stage's :class:`bert_core.finetune.results.FinetuneResult`.
+        registry: ``finetune.registry`` (name prefix, alias, enabled).
+    """
+
+    spec: Any
+    settings: Any
+    result: Any
+    registry: Any
+    metrics: dict[str, float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = self.result.metrics()
+        self.card = finetuned_card(
+            self.spec,
+            self.settings,
+            self.result,
+            self.metrics,
+            f"{self.registry.name_prefix}{self.spec.name}",
+        )
+
+    @property
+    def details(self) -> dict[str, Any]:
+        """Every figure of the stage: the metrics, the best trivial baseline on the main metric, its name."""
+        from bert_core.evaluate.datanotes import best_baseline
+
+        best = best_baseline(self.result)
+        main = self.spec.main_metric
+        return {**self.metrics, **({f"best_baseline.{main}": best[1]} if best else {}), "main_metric": main}
+
+    def write(self, model_dir: Path, curves: Sequence[Path]) -> None:
+        """The run-free card into ``model_dir`` (a DVC output) and the selected trial's learning curves to
+        ``curves`` (train, dev), all staged paths."""
+        from bert_core.modelcard import write_card
+
+        write_card(model_dir, self.card())
+        with tempfile.TemporaryDirectory(prefix="curves-", dir=Path(curves[0]).parent) as scratch:
+            for curve, written in zip(curves, self.result.write_curves(scratch), strict=True):
+                os.replace(written, curve)
+
+    def register(self, model_dir: Path, run: Any, *, experiment: str) -> Registration:
+        """Register the committed ``model_dir`` (tags: the stage run's own, and the selected trial), and record
+        the outcome on ``run`` (a :class:`bert_core.tracking.run.StageRun`)."""
+        from mlflow import MlflowClient
+
+        registration = register_finetuned(
+            model_dir,
+            spec=self.spec,
+            settings=self.settings,
+            registry=self.registry,
+            metrics=self.metrics,
+            run_id=run.run_id,
+            experiment=experiment,
+            card=self.card,
+            tags={
+                **own_tags(MlflowClient().get_run(run.run_id)),
+                "selected_trial": self.result.selected.name,
+            },
+        )
+        run.set_tags(registration.as_tags())
+        run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
+        return registration
 
 
 def finetuned_card(spec: Any, settings: Any, result: Any, metrics: Mapping[str, float], name: str):

@@ -39,12 +39,18 @@ class _TrialRun:
         return self._sink.close(timeout_s=60.0)
 
 
+def own_tags(run: Any) -> dict[str, str]:
+    """A run's tags without MLflow's own (``mlflow.*``: run name, parent, source ...)."""
+    return {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
+
+
 class MlflowTrialTracker:
     """Opens one nested MLflow run per trial under ``parent_run_id`` (same experiment).
 
     Args:
         parent_run_id: The task's run.
-        tags: Tags every trial run gets (the parent's standard tags: git commit, pipeline run, ...).
+        tags: Tags every trial run gets, besides the parent's own (git commit, pipeline run, task, the
+            pretrained model's provenance ...: :func:`own_tags`).
         main_metric: The task's main metric (:attr:`bert_core.tasks.TaskSpec.main_metric`): each trial also logs
             it as ``dev.main`` and gets the tag ``main_metric``, as the task's run does.
     """
@@ -64,6 +70,7 @@ class MlflowTrialTracker:
         client = MlflowClient()
         parent = client.get_run(self.parent_run_id)
         all_tags = {
+            **own_tags(parent),
             **self.tags,
             **dict(tags),
             "mlflow.parentRunId": self.parent_run_id,
