@@ -329,6 +329,31 @@ class StageBody:
     def __getitem__(self, out: str | os.PathLike[str]) -> Path:
         return self.staged[out]
 
+    def write_metrics(self, stage: str, metrics_path: Path, details_path: Path) -> None:
+        """The staged details and metrics files; the metrics in the headline's order (task scores first:
+        ``dvc metrics show`` prints the columns so)."""
+        if self.metrics is None:
+            raise RuntimeError(f"stage {stage} finished without its metrics (StageBody.done)")
+        write_json_atomic(details_path, self.details)
+        write_text_atomic(metrics_path, json.dumps(self.metrics, indent=2, default=str) + "\n")
+
+    def finish(self, label: str) -> None:
+        """After the commit: log the data-check reports, artifacts and tags, run the ``then`` steps, log
+        the details, and publish the headline as the Prefect artifact ``label``."""
+        for report in self.reports:
+            try:
+                self.run.log_check_report(report)
+            except Exception as err:  # a report that cannot be logged must not fail the stage
+                log.warning("could not log data-check report %s: %s", getattr(report, "suite", "?"), err)
+        for path, where in self.artifacts:
+            self.run.log_artifact(path, artifact_path=where)
+        if self.tags:
+            self.run.set_tags(self.tags)
+        for step in self.after_commit:
+            step()
+        self.run.log_metrics(self.details)
+        publish_artifact(label, self.metrics)
+
     def registered(self, registration: tracking.Registration) -> tracking.Registration:
         """Keep a registration made inside the block: it is withdrawn if the outs are then not committed
         (the registry never names a model the workspace does not hold)."""
@@ -359,6 +384,15 @@ class StageBody:
             self.after_commit.append(then)
 
 
+def _log_checks_dir(run: StageRun, checks_dir: Path | None) -> None:
+    """The run's data-check folder as MLflow artifacts (also after a failure: the failed check's report)."""
+    if checks_dir is not None and checks_dir.exists():
+        try:
+            run.log_artifact(checks_dir, artifact_path=f"data_checks/{checks_dir.name}")
+        except Exception as err:  # the stage's own outcome matters more
+            log.warning("could not log the data-check reports in %s: %s", checks_dir, err)
+
+
 def _withdraw(registrations: list[tracking.Registration]) -> None:
     for registration in reversed(registrations):
         try:
@@ -383,7 +417,6 @@ def stage(
     experiment: str = PIPELINE_EXPERIMENT,
     run_name: str | None = None,
     tags: dict[str, Any] | None = None,
-    label: str | None = None,
 ) -> Iterator[StageBody]:
     """One stage run, from the fail-fast checks to the committed outs (see the module docstring).
 
@@ -395,8 +428,8 @@ def stage(
         metrics_path: The DVC metrics file (its details file: :func:`details_file`).
         dirs: Outs created as empty directories before the block.
         checks_dir: The run's data-check folder: emptied first, logged to MLflow afterwards (also on failure).
-        experiment, run_name, tags: The MLflow run's experiment, name and extra tags.
-        label: Names the Prefect artifact (default ``name``).
+        experiment, run_name, tags: The MLflow run's experiment, name (also the Prefect artifact's; default
+            ``name``) and extra tags.
 
     Raises:
         RuntimeError: the block ended without calling :meth:`StageBody.done`.
@@ -412,33 +445,11 @@ def stage(
             with atomic_outputs([*outs, final_metrics, final_details], dirs=dirs) as staged:
                 body = StageBody(run, staged, checks_dir)
                 yield body
-                if body.metrics is None:
-                    raise RuntimeError(f"stage {name} finished without its metrics (StageBody.done)")
-                write_json_atomic(staged[final_details], body.details)
-                # in the headline's order (task scores first): `dvc metrics show` prints the columns so
-                write_text_atomic(
-                    staged[final_metrics], json.dumps(body.metrics, indent=2, default=str) + "\n"
-                )
+                body.write_metrics(name, staged[final_metrics], staged[final_details])
         except BaseException:
             if body is not None:
                 _withdraw(body.registrations)
             raise
         finally:
-            if checks_dir is not None and checks_dir.exists():
-                try:
-                    run.log_artifact(checks_dir, artifact_path=f"data_checks/{checks_dir.name}")
-                except Exception as err:  # the stage's own outcome matters more
-                    log.warning("could not log the data-check reports in %s: %s", checks_dir, err)
-        for report in body.reports:
-            try:
-                run.log_check_report(report)
-            except Exception as err:  # a report that cannot be logged must not fail the stage
-                log.warning("could not log data-check report %s: %s", getattr(report, "suite", "?"), err)
-        for path, where in body.artifacts:
-            run.log_artifact(path, artifact_path=where)
-        if body.tags:
-            run.set_tags(body.tags)
-        for step in body.after_commit:
-            step()
-        run.log_metrics(body.details)
-        publish_artifact(label or name, body.metrics)
+            _log_checks_dir(run, checks_dir)
+        body.finish(run_name or name)
