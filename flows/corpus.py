@@ -8,6 +8,7 @@ artifact, data-check report).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from prefect import flow
@@ -56,8 +57,8 @@ def corpus_flow(
     return s.details
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_stage("corpus", corpus_flow, argv, doc=__doc__)
+#: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).
+main = partial(run_stage, "corpus", corpus_flow, doc=__doc__)
 
 
 if __name__ == "__main__":

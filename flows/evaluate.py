@@ -10,6 +10,7 @@ random-init gap), ``reports/evaluate.md`` (+ ``reports/evaluate/*.png``) and the
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 from prefect import flow
@@ -70,8 +71,8 @@ def evaluate_flow(
     return s.details
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_stage("evaluate", evaluate_flow, argv, doc=__doc__)
+#: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).
+main = partial(run_stage, "evaluate", evaluate_flow, doc=__doc__)
 
 
 if __name__ == "__main__":

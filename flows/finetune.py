@@ -160,8 +160,8 @@ def finetune_flow(
     return s.details
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_stage("finetune", finetune_flow, argv, doc=__doc__)
+#: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).
+main = partial(run_stage, "finetune", finetune_flow, doc=__doc__)
 
 
 if __name__ == "__main__":

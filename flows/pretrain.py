@@ -24,6 +24,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +124,8 @@ def _other_rank(
         teardown_distributed()
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_stage("pretrain", prefect_flow, argv, doc=__doc__, other_ranks=_other_rank, log_to_stderr=True)
+#: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).
+main = partial(run_stage, "pretrain", prefect_flow, doc=__doc__, other_ranks=_other_rank, log_to_stderr=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ for DVC, and a Prefect artifact.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from prefect import flow
@@ -64,8 +65,8 @@ def pretrain_data_flow(
     return s.details
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_stage("pretrain_data", pretrain_data_flow, argv, doc=__doc__)
+#: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).
+main = partial(run_stage, "pretrain_data", pretrain_data_flow, doc=__doc__)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ skipped with a warning when it cannot be fetched — it only feeds a comparison 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 from prefect import flow, task
@@ -84,8 +85,8 @@ def vocab_flow(
     return s.details
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_stage("vocab", vocab_flow, argv, doc=__doc__)
+#: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).
+main = partial(run_stage, "vocab", vocab_flow, doc=__doc__)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ def pretrain(
         fp = _fingerprint(
             fp, phase_fields, params.phase_steps(i), params.phase_budget_s(i), phase_data.train_sha256
         )
-        fit = _run_phase(
+        trainer, progress = _phase_trainer(
             params,
             i,
             model,
@@ -156,6 +156,8 @@ def pretrain(
             step_offset,
             later=_later_phases(params, inputs, i),
         )
+        fit = trainer.fit()
+        progress.finish(fit.stop_reason, done=fit.step)
         fits.append(fit)
         history += [{**h, "step": h["step"] + step_offset, "phase": phase.name} for h in fit.history]
         phase_metrics[phase.name] = _phase_summary(fit)
@@ -176,7 +178,7 @@ def pretrain(
     return PretrainResult(out_dir, metrics, history, data_stats, config, fits)
 
 
-def _run_phase(
+def _phase_trainer(
     params: PretrainParams,
     i: int,
     model: torch.nn.Module,
@@ -188,7 +190,9 @@ def _run_phase(
     on_metrics: MetricsCallback | None,
     step_offset: int,
     later: Sequence[LaterPhase] = (),
-) -> FitResult:
+) -> tuple[Trainer, TrainProgress]:
+    """The trainer of phase ``i`` (its loaders, schedule, checkpoints and metrics callback) and its progress
+    reporter."""
     from bert_core.pretrain_data.loader import PretrainingLoader
 
     phase = params.phases[i]
@@ -264,9 +268,7 @@ def _run_phase(
         dist=dist,
         fingerprint=fingerprint,
     )
-    fit = trainer.fit()
-    progress.finish(fit.stop_reason, done=fit.step)
-    return fit
+    return trainer, progress
 
 
 def _later_phases(params: PretrainParams, inputs: Any, i: int) -> list[LaterPhase]:
