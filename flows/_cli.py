@@ -88,7 +88,13 @@ class Interrupted(KeyboardInterrupt):
         self.exit_code = 128 + signum
 
 
+#: The stop signals this process received, in order (for a command whose framework swallows the exception,
+#: as ``prefect.serve`` does: its exit status still comes from the first).
+RECEIVED: list[int] = []
+
+
 def _raise_interrupted(signum: int, _frame: Any) -> None:
+    RECEIVED.append(signum)
     raise Interrupted(signum)
 
 
@@ -100,8 +106,9 @@ class SavedHandlers(NamedTuple):
 
 
 def install_signal_handlers() -> SavedHandlers:
-    """SIGINT -> ``KeyboardInterrupt`` (even when inherited as ignored), SIGTERM -> :class:`Interrupted`, and a
-    :class:`SignalRedelivery` ``sys.unraisablehook`` so that neither is lost inside a callback.
+    """SIGINT and SIGTERM -> :class:`Interrupted` (a ``KeyboardInterrupt``; SIGINT even when inherited as
+    ignored), recorded in :data:`RECEIVED`, and a :class:`SignalRedelivery` ``sys.unraisablehook`` so that
+    neither is lost inside a callback.
 
     Returns what was replaced (nothing off the main thread, where handlers cannot be set).
     """
@@ -109,7 +116,7 @@ def install_signal_handlers() -> SavedHandlers:
         return SavedHandlers({}, None)
     hook, sys.unraisablehook = sys.unraisablehook, SignalRedelivery(sys.unraisablehook)
     signals = {
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGINT: signal.signal(signal.SIGINT, _raise_interrupted),
         signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupted),
     }
     return SavedHandlers(signals, hook)

@@ -40,6 +40,7 @@ from typing import Any
 
 from bert_core.constants import REPO_ROOT
 from flows import TELEMETRY_OFF, stages
+from flows._cli import RECEIVED, _raise_interrupted, install_signal_handlers
 from flows._prefect_api import _set_parent_death_signal
 from flows._served import ServeError, is_healthy, serve_lock
 
@@ -207,14 +208,6 @@ def build_deployments() -> list[Any]:
     return deployments
 
 
-_received: list[int] = []  # the stop signals received, for the exit status (prefect.serve swallows them)
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    _received.append(signum)
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def bounded_pause(pause: Any, api: str, timeout_s: float = PAUSE_TIMEOUT_S) -> Any:
     """Prefect's ``Runner._pause_schedules``, skipped when the server at ``api`` is gone and bounded by
     ``timeout_s``: against a dead server the client retries for about a minute, logging tracebacks."""
@@ -244,9 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     home = (args.home or Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")).resolve()
     env = prefect_env(home, args.host, args.port)
     os.environ.update(env)  # before Prefect is imported: its settings come from the environment
-    # Both set explicitly: a SIGINT that the parent left ignored (`make serve &` from a script) must still stop it.
-    signal.signal(signal.SIGINT, _raise_interrupt)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # The stage runner's handlers: a SIGINT that the parent left ignored (`make serve &`) still stops it.
+    install_signal_handlers()
     server = None
     try:
         with serve_lock(home, env["PREFECT_API_URL"]):
@@ -267,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
             # Prefect's runner replaces the SIGTERM handler with its own, which hangs in Prefect 3.8
             # ("coroutine 'Runner.astop' was never awaited"): SIGTERM stops it the way Ctrl-C does.
-            Runner.handle_sigterm = lambda self, *a, **k: _raise_interrupt(signal.SIGTERM, None)  # type: ignore[method-assign]
+            Runner.handle_sigterm = lambda self, *a, **k: _raise_interrupted(signal.SIGTERM, None)  # type: ignore[method-assign]
             Runner._pause_schedules = bounded_pause(Runner._pause_schedules, env["PREFECT_API_URL"])  # type: ignore[method-assign]
             serve(*deployments, limit=1)
     except ServeError as err:
@@ -279,10 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             log.info("stopping the Prefect server this command started")
             stop_process(server)
-    if _received:
-        name = signal.Signals(_received[0]).name
+    if RECEIVED:  # prefect.serve swallows the interrupt: the exit status comes from the first signal
+        name = signal.Signals(RECEIVED[0]).name
         print(f"serve stopped by {name}: no longer serving the flows", file=sys.stderr)
-        return 128 + _received[0]
+        return 128 + RECEIVED[0]
     return 0
 
 
