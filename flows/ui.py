@@ -4,8 +4,12 @@ MLflow 3.17's UI picks between its GenAI and Model-training views with one globa
 ``workflowType`` URL parameter, else the browser's last choice, GenAI by default) and does not read the
 ``mlflow.experimentKind`` tag the pipeline sets on its experiments. So this command starts ``mlflow ui``,
 waits until it answers, and prints the links that open the experiment list and each pipeline experiment
-on its runs table in the Model-training view, sorted by the headline metric ``dev.main``
-(:func:`bert_core.tracking.ui.experiment_url`). Once opened that way the browser keeps the choice.
+on its runs table in the Model-training view (:func:`bert_core.tracking.ui.experiment_url`); once opened
+that way the browser keeps the choice. The fine-tuning experiment's link opens a saved view that this
+command writes into the experiment first (:func:`bert_core.tracking.ui.save_runs_view`): one row per task
+run with its trials collapsed under it, the headline metric ``dev.main`` in the first column. MLflow keeps
+no default columns per experiment and drops the nesting under any sort but start time, so neither the URL
+alone nor a sort by ``dev.main`` can show that (docs/model-cards.md).
 
 Usage::
 
@@ -23,11 +27,14 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import httpx
 
 from bert_core.constants import REPO_ROOT
+
+if TYPE_CHECKING:
+    from bert_core.tracking.ui import RunsView
 
 #: How long the UI server may take to answer ``/health`` (seconds; its first start migrates the store).
 START_TIMEOUT_S = 180.0
@@ -37,24 +44,48 @@ def default_store() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
 
 
-def pipeline_experiments(store: str) -> list[tuple[str, str]]:
-    """``(name, id)`` of the store's experiments that the pipeline made (tagged model-training), by name."""
+class Listed(NamedTuple):
+    """A pipeline experiment as ``make ui`` links it."""
+
+    name: str
+    experiment_id: str
+    #: The id of the saved runs-table view its link opens (``None``: MLflow's default table).
+    view: str | None = None
+
+
+def runs_view(name: str) -> RunsView | None:
+    """The saved runs-table view of the pipeline experiment called ``name`` (``None``: the default table)."""
+    from bert_core.tracking import FINETUNE_EXPERIMENT
+    from bert_core.tracking.ui import TASK_RUNS_VIEW
+
+    return TASK_RUNS_VIEW if name == FINETUNE_EXPERIMENT else None
+
+
+def pipeline_experiments(store: str) -> list[Listed]:
+    """The store's experiments that the pipeline made (tagged model-training), by name, each with its saved
+    runs-table view, written into the experiment now (:func:`bert_core.tracking.ui.save_runs_view`)."""
     from mlflow import MlflowClient
 
     from bert_core.tracking.run import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+    from bert_core.tracking.ui import save_runs_view
 
     client = MlflowClient(tracking_uri=store)
     found = client.search_experiments(filter_string=f"tags.`{EXPERIMENT_KIND_TAG}` = '{EXPERIMENT_KIND}'")
-    return sorted((e.name, e.experiment_id) for e in found)
+    listed = []
+    for experiment in sorted(found, key=lambda e: e.name):
+        view = runs_view(experiment.name)
+        saved = view.view_id if view is not None and save_runs_view(client, experiment, view) else None
+        listed.append(Listed(experiment.name, experiment.experiment_id, saved))
+    return listed
 
 
-def links(ui_url: str, experiments: list[tuple[str, str]]) -> list[str]:
+def links(ui_url: str, experiments: list[Listed]) -> list[str]:
     """The lines printed once the UI answers."""
     from bert_core.tracking.ui import experiment_url
 
     lines = [f"MLflow UI (Model-training view): {ui_url}/#/experiments?workflowType=machine_learning"]
-    for name, experiment_id in experiments:
-        lines.append(f"  {name}: {experiment_url(ui_url, experiment_id)}")
+    for name, experiment_id, view in experiments:
+        lines.append(f"  {name}: {experiment_url(ui_url, experiment_id, view)}")
     if not experiments:
         lines.append("  (no pipeline runs in this store yet: `make pipeline` writes them)")
     return lines

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,10 +16,14 @@ from bert_core.tracking import FINETUNE_EXPERIMENT, PIPELINE_EXPERIMENT, stage_r
 from bert_core.tracking.run import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 from bert_core.tracking.ui import (
     HEADLINE_METRIC,
+    SAVED_VIEW_TAG_PREFIX,
+    TASK_RUNS_VIEW,
+    experiment_url,
     log_dataset,
     log_headline_metric,
     log_pretrain_data,
     log_task_data,
+    save_runs_view,
 )
 
 
@@ -183,14 +188,63 @@ def test_make_ui_lists_the_pipeline_experiments_with_model_training_links():
 
     with stage_run("finetune", {"task": "sst2"}, experiment=FINETUNE_EXPERIMENT, run_name="finetune-sst2"):
         pass
+    with stage_run("corpus", None, experiment=PIPELINE_EXPERIMENT):
+        pass
     MlflowClient().create_experiment("someone-elses")  # not the pipeline's: no link
     found = ui.pipeline_experiments(os.environ["MLFLOW_TRACKING_URI"])
-    assert [name for name, _ in found] == [FINETUNE_EXPERIMENT]
+    assert [name for name, _, _ in found] == [FINETUNE_EXPERIMENT, PIPELINE_EXPERIMENT]
+    assert [view for _, _, view in found] == [TASK_RUNS_VIEW.view_id, None]
     lines = ui.links("http://127.0.0.1:5000", found)
     assert lines[0].endswith("http://127.0.0.1:5000/#/experiments?workflowType=machine_learning")
-    assert f"/#/experiments/{found[0][1]}/runs?workflowType=machine_learning" in lines[1]
-    assert "orderByKey=metrics.%60dev.main%60" in lines[1]
+    finetune, pipeline = found
+    assert lines[1].endswith(
+        f"/#/experiments/{finetune.experiment_id}/runs?workflowType=machine_learning"
+        f"&viewStateShareKey={TASK_RUNS_VIEW.view_id}"
+    )
+    # No sort in the links: any sort but start time lists the trials flat, and MLflow ignores a saved view
+    # when the URL has one.
+    assert lines[2].endswith(f"/#/experiments/{pipeline.experiment_id}/runs?workflowType=machine_learning")
+    assert "orderByKey" not in "".join(lines)
     assert "make pipeline" in ui.links("http://h:1", [])[1]
+
+
+def test_the_task_runs_view_is_an_mlflow_saved_view():
+    client = MlflowClient()
+    with stage_run("finetune", {"task": "sst2"}, experiment=FINETUNE_EXPERIMENT):
+        pass
+    experiment = client.get_experiment_by_name(FINETUNE_EXPERIMENT)
+    assert save_runs_view(client, experiment)
+    key = SAVED_VIEW_TAG_PREFIX + TASK_RUNS_VIEW.view_id
+    envelope = json.loads(client.get_experiment(experiment.experiment_id).tags[key])
+    # The envelope MLflow's Views menu lists: a name, times in ms, the state as a JSON string.
+    assert envelope["name"] == TASK_RUNS_VIEW.name and isinstance(envelope["createdAt"], int)
+    state = json.loads(envelope["state"])
+    assert state["orderByKey"] == "attributes.start_time" and state["orderByAsc"] is False  # trials nested
+    assert state["searchFilter"] == ""
+    assert state["selectedColumns"][0] == f"metrics.`{HEADLINE_METRIC}`" == state["columnOrder"][0]
+
+    # Unchanged: not written again (the first save time stays); changed in the UI: reset to the pipeline's.
+    experiment = client.get_experiment(experiment.experiment_id)
+    assert save_runs_view(client, experiment)
+    assert json.loads(client.get_experiment(experiment.experiment_id).tags[key]) == envelope
+    client.set_experiment_tag(
+        experiment.experiment_id, key, json.dumps({**envelope, "state": "{}", "createdAt": 7})
+    )
+    assert save_runs_view(client, client.get_experiment(experiment.experiment_id))
+    again = json.loads(client.get_experiment(experiment.experiment_id).tags[key])
+    assert again["state"] == envelope["state"] and again["createdAt"] == 7
+
+
+def test_a_view_that_cannot_be_saved_costs_only_the_columns(caplog):
+    class ReadOnly:
+        def set_experiment_tag(self, *args):
+            raise PermissionError("read-only tracking server")
+
+    experiment = SimpleNamespace(experiment_id="1", name=FINETUNE_EXPERIMENT, tags={})
+    with caplog.at_level("WARNING", logger="bert_core.stage"):
+        assert not save_runs_view(ReadOnly(), experiment)
+    assert "could not save the runs-table view bert-task-runs" in caplog.text
+    assert "viewStateShareKey" not in experiment_url("http://h:1", "1", None)
 
 
 def test_corpus_sources_are_the_corpus_stage_inputs(tmp_path):

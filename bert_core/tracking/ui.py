@@ -1,5 +1,6 @@
 """What the MLflow UI shows of a stage run: dataset inputs (the Dataset column and lineage), the one comparable
-headline metric of every fine-tuning run, and a link that opens an experiment on its runs table.
+headline metric of every fine-tuning run, and a link that opens an experiment on its runs table in a saved
+view (one row per task run, trials collapsed under it, ``dev.main`` shown).
 
 Everything here is best effort: a failure is logged, never raised (it only costs the UI a column).
 """
@@ -11,6 +12,7 @@ import json
 import logging
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,20 +145,110 @@ def log_headline_metric(key: str, metrics: dict[str, Any]) -> float | None:
     return float(value)
 
 
-def experiment_url(ui_url: str, experiment_id: str) -> str:
-    """The MLflow UI link that opens an experiment on its runs table.
+# ====================================================================== the runs table's saved view
+#: Experiment tags under this prefix are MLflow's saved views of the runs table (MLflow 3.15+): the value is
+#: ``{"name", "createdAt", "updatedAt", "state"}`` (JSON; times in ms; ``state`` the view as a JSON string),
+#: the part after the prefix is the view's id, and ``?viewStateShareKey=<id>`` in the page's URL opens it.
+SAVED_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+#: The runs table's start-time sort key. MLflow nests child runs under their parent (collapsed, with an
+#: expander) only while the table is sorted by start time and unfiltered; any other sort lists every run flat.
+START_TIME_ORDER = "attributes.start_time"
+
+
+@dataclass(frozen=True)
+class RunsView:
+    """A saved view of an experiment's runs table.
+
+    Attributes:
+        view_id: The id in the tag name and the URL (letters, digits, ``-``).
+        name: What the UI's *Views* menu calls it.
+        columns: The columns shown besides *Run Name* and *Created* (pinned by MLflow), left to right, as
+            MLflow keys them: ``metrics.`<key>```, ``params.`<key>```, ``tags.`<key>```,
+            ``attributes.`Dataset``` / ``Models`` / ``Source`` ...
+    """
+
+    view_id: str
+    name: str
+    columns: tuple[str, ...]
+
+    def state(self) -> dict[str, Any]:
+        """The view as MLflow's runs page reads it: sorted newest first by start time (so that trials stay
+        collapsed under their task run), unfiltered, these columns in this order. What it leaves out
+        (time range, lifecycle filter, charts ...) takes the UI's defaults."""
+        return {
+            "searchFilter": "",
+            "orderByKey": START_TIME_ORDER,
+            "orderByAsc": False,
+            "selectedColumns": list(self.columns),
+            "columnOrder": list(self.columns),
+        }
+
+
+#: The fine-tuning experiment's view: one row per task run, its trials collapsed under it, the headline
+#: metric first (then which metric it is, the data and the logged model). The Source column (always the
+#: same entry point) is left out so that ``dev.main`` shows on an ordinary screen without scrolling.
+TASK_RUNS_VIEW = RunsView(
+    view_id="bert-task-runs",
+    name=f"Task runs ({HEADLINE_METRIC})",
+    columns=(
+        f"metrics.`{HEADLINE_METRIC}`",
+        "tags.`main_metric`",
+        "attributes.`Dataset`",
+        "attributes.`Models`",
+    ),
+)
+
+
+def save_runs_view(client: Any, experiment: Any, view: RunsView = TASK_RUNS_VIEW) -> bool:
+    """Save ``view`` in ``experiment`` (an MLflow ``Experiment``) as a saved view of its runs table.
+
+    The tag is written only when its name or state differ from what the experiment holds (its first save
+    time is kept), so a view edited in the UI under the same id is reset to the pipeline's, and a view a
+    user saved under another name is never touched. A failure (a read-only tracking server, say) is logged,
+    never raised: it only costs the link its columns. Returns whether the experiment holds the view.
+    """
+    import time
+
+    key = SAVED_VIEW_TAG_PREFIX + view.view_id
+    state = json.dumps(view.state(), sort_keys=True)
+    now = int(time.time() * 1000)
+    created = now
+    try:
+        old = json.loads((getattr(experiment, "tags", None) or {}).get(key) or "null")
+        if isinstance(old, dict):
+            if old.get("name") == view.name and old.get("state") == state:
+                return True
+            created = int(old.get("createdAt") or now)
+    except (TypeError, ValueError):
+        pass  # not a saved view of ours: replaced
+    value = json.dumps({"name": view.name, "createdAt": created, "updatedAt": now, "state": state})
+    try:
+        retry_tracking(client.set_experiment_tag, attempts=3)(experiment.experiment_id, key, value)
+        return True
+    except Exception as err:
+        log.warning(
+            "could not save the runs-table view %s in experiment %s: %s",
+            view.view_id,
+            getattr(experiment, "name", "?"),
+            err,
+        )
+        return False
+
+
+def experiment_url(ui_url: str, experiment_id: str, view: str | None = None) -> str:
+    """The MLflow UI link that opens an experiment on its runs table, in saved view ``view`` (an id, see
+    :func:`save_runs_view`) if given, else sorted by start time (MLflow's default, which nests the trials
+    under their task run).
 
     MLflow 3.17's UI picks the experiment view from its global GenAI / Model-training switch (the
     ``workflowType`` URL parameter, else the browser's last choice, GenAI by default), not from the
-    experiment's ``mlflow.experimentKind`` tag; this link sets the switch (docs/model-cards.md).
+    experiment's ``mlflow.experimentKind`` tag; this link sets the switch (docs/model-cards.md). The link
+    carries no sort or filter parameter: MLflow ignores a saved view when the URL has one.
     """
     from urllib.parse import quote
 
-    order = quote(f"metrics.`{HEADLINE_METRIC}`", safe="")
-    return (
-        f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
-        f"&orderByKey={order}&orderByAsc=false"
-    )
+    url = f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+    return f"{url}&viewStateShareKey={quote(view, safe='')}" if view else url
 
 
 def log_corpus_data(corpus_dir: str | os.PathLike[str], splits: tuple[str, ...] = ("train",)) -> None:

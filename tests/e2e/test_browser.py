@@ -174,13 +174,15 @@ def _free_port() -> int:
 
 @pytest.fixture
 def mlflow_ui(tmp_path):
-    """``mlflow ui`` on a free loopback port over a store holding two fine-tuning runs (sst2, cola)."""
+    """``mlflow ui`` on a free loopback port over a store holding two fine-tuning task runs (sst2, cola),
+    each with two nested trial runs, logged through the pipeline's own tracking code."""
     import os
     import subprocess
     import sys
     import urllib.request
 
     from bert_core.tracking import FINETUNE_EXPERIMENT, stage_run
+    from bert_core.tracking.trials import MlflowTrialTracker
     from bert_core.tracking.ui import log_dataset, log_headline_metric
 
     uri = os.environ["MLFLOW_TRACKING_URI"]  # the test's own store (tests/conftest.py)
@@ -200,6 +202,10 @@ def mlflow_ui(tmp_path):
                 context="training",
                 tags={"task": task, "split": "train"},
             )
+            trials = MlflowTrialTracker(run.run_id, main_metric=key)
+            for seed in (1, 2):
+                with trials.trial(f"{task}-trial-seed{seed}", {"seed": seed}, {"task": task}) as trial:
+                    trial.log_metrics({f"dev.{key}": value - seed})
             run.log_metrics({f"dev.{key}": value})
             log_headline_metric(key, {f"dev.{key}": value})
     experiment_id = mlflow.MlflowClient().get_experiment_by_name(FINETUNE_EXPERIMENT).experiment_id
@@ -237,7 +243,7 @@ def mlflow_ui(tmp_path):
             assert proc.poll() is None, (tmp_path / "mlflow-ui.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "mlflow ui did not start in 120 s"
             time.sleep(1)
-        yield url, experiment_id, tmp_path
+        yield url, experiment_id, tmp_path, uri
     finally:
         proc.terminate()
         try:
@@ -247,32 +253,58 @@ def mlflow_ui(tmp_path):
         log.close()
 
 
-def test_mlflow_ui_opens_the_experiment_on_the_runs_table(browser, mlflow_ui):
-    url, experiment_id, tmp = mlflow_ui
-    # Wide: the runs table renders only the columns in view, and the metric columns come after Source/Models.
-    page = browser.new_page(viewport={"width": 3200, "height": 1000})
-    page.set_default_timeout(60_000)
-    try:
-        from bert_core.tracking.ui import experiment_url
+def _cell(page, run_name: str, column: str):
+    """The runs table's cell of ``column`` in the row of ``run_name`` (the grid draws a row's pinned
+    columns, Run Name and Created, and its other columns as two elements with one ``row-id``)."""
+    row_id = page.locator('[role="row"]', has_text=run_name).first.get_attribute("row-id")
+    return page.locator(f'[role="row"][row-id="{row_id}"] [col-id="{column}"]').first
 
-        page.goto(experiment_url(url, experiment_id), wait_until="load")
+
+def test_mlflow_ui_opens_the_experiment_on_the_runs_table(browser, mlflow_ui):
+    url, experiment_id, tmp, uri = mlflow_ui
+    from bert_core.tracking import FINETUNE_EXPERIMENT
+    from flows import ui
+
+    # The link `make ui` prints for the fine-tuning experiment (it saves the experiment's view first).
+    [link] = [
+        line.split(": ", 1)[1].strip()
+        for line in ui.links(url, ui.pipeline_experiments(uri))
+        if line.strip().startswith(f"{FINETUNE_EXPERIMENT}:")
+    ]
+    # An ordinary screen: the view puts dev.main in the first column after the run's name and time.
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    task_rows = page.locator('[role="row"]', has_text=re.compile(r"finetune-(sst2|cola)"))
+    trial_rows = page.locator('[role="row"]', has_text=re.compile(r"-trial-seed\d"))
+    try:
+        page.goto(link, wait_until="load")
         page.wait_for_url(f"**/experiments/{experiment_id}**")
         page.get_by_text("finetune-sst2").first.wait_for()
+        page.get_by_text("finetune-cola").first.wait_for()
+        page.get_by_text("6 matching runs").first.wait_for()  # 2 task runs + 4 trials, of which ...
         page.screenshot(path=str(tmp / "experiment.png"), full_page=True)
         assert "traces" not in page.url and "genai" not in page.url.lower(), page.url
-        page.get_by_text("finetune-cola").first.wait_for()
-        page.get_by_text("Sort: dev.main").first.wait_for()  # the link sorts by the headline metric
-        rows = page.locator("a", has_text=re.compile(r"^finetune-(sst2|cola)$"))
-        assert rows.nth(0).inner_text().strip() == "finetune-sst2", "best dev.main first"
-        # MLflow 3.17 shows no metric column until one is picked: one pick shows every task's headline.
-        page.get_by_role("button", name="Columns").click()
-        page.get_by_text("dev.main", exact=True).last.click()
-        page.keyboard.press("Escape")
-        page.get_by_text("91.25").first.wait_for()
-        page.screenshot(path=str(tmp / "runs-with-metric.png"), full_page=True)
-        body = page.locator("body").inner_text()
-        assert "91.25" in body and "47.5" in body, body[:3000]
-        assert "sst2-train" in body  # the Dataset column
+        page.get_by_text("Sort: Created").first.wait_for()  # the sort that keeps trials under their task
+        # ... one row per task run, the trials collapsed under it, newest task first.
+        assert task_rows.count() == 2 and trial_rows.count() == 0, page.locator("body").inner_text()[:3000]
+        assert "finetune-cola" in task_rows.nth(0).inner_text()
+        # dev.main is a column with no column picked, each task run showing its own score.
+        assert page.locator('[role="columnheader"]', has_text="dev.main").first.is_visible()
+        header = page.locator('[role="columnheader"]', has_text="dev.main").first.bounding_box()
+        assert header is not None and header["x"] + header["width"] <= 1400, header
+        for name, score, metric in (("sst2", "91.25", "accuracy"), ("cola", "47.5", "matthews")):
+            value = _cell(page, f"finetune-{name}", "metrics.`dev.main`")
+            assert value.inner_text().strip() == score and value.is_visible()
+            assert _cell(page, f"finetune-{name}", "tags.`main_metric`").inner_text().startswith(metric)
+        assert "sst2-train" in page.locator("body").inner_text()  # the Dataset column
+        # Expanding a task run shows its trials, each with its own dev.main.
+        _cell(page, "finetune-sst2", "attributes.`Run Name`").locator("button").first.click()
+        page.get_by_text("sst2-trial-seed1").first.wait_for()
+        assert trial_rows.count() == 2 and task_rows.count() == 2
+        assert "cola-trial" not in page.locator("body").inner_text()
+        for seed, score in ((1, "90.25"), (2, "89.25")):
+            assert _cell(page, f"sst2-trial-seed{seed}", "metrics.`dev.main`").inner_text().strip() == score
+        page.screenshot(path=str(tmp / "runs-expanded.png"), full_page=True)
     except Exception:
         page.screenshot(path=str(tmp / "failure.png"), full_page=True)
         print(f"screenshots: {tmp}")

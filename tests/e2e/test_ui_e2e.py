@@ -57,6 +57,10 @@ def test_make_ui_prints_the_runs_table_links_and_stops_on_ctrl_c(tmp_path):
             time.sleep(0.5)
         [link] = [line.split(": ", 1)[1].strip() for line in list(lines) if f"{FINETUNE_EXPERIMENT}:" in line]
         assert link.startswith(f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs?workflowType=")
+        assert link.endswith(
+            "&viewStateShareKey=bert-task-runs"
+        )  # the view, written into the experiment first
+        assert "mlflow.sharedViewState.bert-task-runs" in MlflowClient().get_experiment(experiment_id).tags
         with urllib.request.urlopen(link.split("#")[0], timeout=30) as resp:  # the UI page itself
             assert resp.status == 200 and b"<html" in resp.read(2000).lower()
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal: the launcher and the UI server
