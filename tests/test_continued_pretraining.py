@@ -232,13 +232,16 @@ def test_missing_files_are_refused_naming_key_and_path(synthetic, tmp_path):
     _assert_names(err.value, KEY, str(ckpt), "config.json")
 
 
-def test_vocab_size_that_contradicts_the_checkpoint_is_refused(synthetic, tmp_path):
+def test_vocab_size_or_casing_that_contradicts_the_checkpoint_is_refused(synthetic, tmp_path):
     corpus, vocab = synthetic
     ckpt = _checkpoint(tmp_path / "ckpt", vocab, heads=False)
     params = VocabParams(vocab_size=8192, from_checkpoint=str(ckpt))
     with pytest.raises(CheckpointVocabError) as err:
         copy_checkpoint_vocab(params, ckpt, corpus, tmp_path / "out")
     _assert_names(err.value, "vocab.vocab_size=8192", str(ckpt), f"vocab.vocab_size: {_vocab_size(vocab)}")
+    with pytest.raises(CheckpointVocabError) as err:  # the synthetic tokenizer is uncased
+        copy_checkpoint_vocab(_params(vocab, lowercase=False), ckpt, corpus, tmp_path / "out")
+    _assert_names(err.value, "vocab.lowercase=false", KEY, str(ckpt), "vocab.lowercase: true")
     assert not (tmp_path / "out").exists()
 
 

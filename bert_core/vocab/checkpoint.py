@@ -15,7 +15,8 @@ tracks as the ``data/vocab`` output that ``pretrain_data`` and ``pretrain`` alre
 Refused, each naming the key and the path: a directory that is not a BERT checkpoint (``model_type``
 other than ``bert``, missing ``config.json``, weights or tokenizer), a tokenizer whose size differs from
 the word-embedding table (the vocabulary and the weights come from different checkpoints), a tokenizer
-without BERT's special tokens, and a ``vocab.vocab_size`` that contradicts the checkpoint.
+without BERT's special tokens, and a ``vocab.vocab_size`` or ``vocab.lowercase`` that contradicts the
+checkpoint. The other training keys of ``vocab`` are not used.
 """
 
 from __future__ import annotations
@@ -224,6 +225,12 @@ def copy_checkpoint_vocab(
     t0 = time.perf_counter()
     found = inspect_checkpoint(checkpoint_dir, params.vocab_size)
     tokens, tok, config = found["tokens"], found["tokenizer"], found["config"]
+    if params.lowercase != _lowercase(tok):
+        case = "uncased (lower-cases its input)" if _lowercase(tok) else "cased"
+        raise CheckpointVocabError(
+            f"vocab.lowercase={str(params.lowercase).lower()} contradicts {KEY}: {checkpoint_dir}, whose tokenizer "
+            f"is {case}; set vocab.lowercase: {str(_lowercase(tok)).lower()} (params/vocab.yaml)"
+        )
     with atomic_path(out_dir, is_dir=True) as tmp:
         (tmp / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
         tok.save(str(tmp / "tokenizer.json"))
