@@ -328,3 +328,38 @@ def test_minilm_copy_reproduces_its_encoder_before_training(minilm, synthetic, t
     with torch.no_grad():
         ours_h, their_h = model.bert(input_ids=x).last_hidden_state, theirs(input_ids=x).last_hidden_state
         torch.testing.assert_close(ours_h, their_h, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ the report
+
+
+def test_the_report_names_the_reference_column_with_its_label(tmp_path):
+    """The continued profile's reference is the checkpoint before continued pretraining, and says so."""
+    from bert_core.evaluate.report import evaluate_results
+    from bert_core.finetune.results import FinetuneResult, TrialResult
+
+    model = {"source": "models/pretrained", "preset": "custom", "sha": "a1"}
+    model |= {
+        "reference_checkpoint": "reference checkpoint X",
+        "reference_label": "MiniLM before continued pretraining",
+    }
+    trials = [
+        TrialResult(init=i, learning_rate=1e-4, seed=1, dev={"accuracy": v}, train_examples=64)
+        for i, v in (("pretrained", 84.0), ("reference", 83.5))
+    ]
+    (tmp_path / "results" / "sst2").mkdir(parents=True)
+    summary = FinetuneResult("sst2", "classification", "accuracy", model, trials)
+    (tmp_path / "results" / "sst2" / "summary.json").write_text(json.dumps(summary.to_json()))
+    metrics, paths = evaluate_results(tmp_path / "results", tmp_path / "m.json", tmp_path / "reports")
+    assert metrics["gap_reference.sst2"] == pytest.approx(0.5)
+    assert "reference ckpt (MiniLM before continued pretraining)" in paths["markdown"].read_text()
+
+
+def test_the_continued_profile_parses_and_names_one_checkpoint_for_vocab_and_reference():
+    from flows import profiles
+
+    assert profiles.check_profiles(names=["continued"]).ok
+    over = profiles.load("continued").overrides
+    vocab, finetune = over["params/vocab.yaml"], over["params/finetune.yaml"]
+    assert vocab["vocab.from_checkpoint"] == finetune["finetune.reference.source"]
+    assert finetune["finetune.defaults.reference_baseline"] is True
