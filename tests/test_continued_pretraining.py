@@ -363,3 +363,25 @@ def test_the_continued_profile_parses_and_names_one_checkpoint_for_vocab_and_ref
     vocab, finetune = over["params/vocab.yaml"], over["params/finetune.yaml"]
     assert vocab["vocab.from_checkpoint"] == finetune["finetune.reference.source"]
     assert finetune["finetune.defaults.reference_baseline"] is True
+
+
+def test_vocab_flow_copies_the_checkpoint_and_records_it(synthetic, tmp_path):
+    """The stage runner's half: the outs (the checkpoint subdirectory included) and the metrics files."""
+    from flows.vocab import vocab_flow
+
+    corpus, vocab = synthetic
+    ckpt = _checkpoint(tmp_path / "ckpt", vocab, heads=False)
+    params = tmp_path / "vocab.yaml"
+    params.write_text(
+        f"vocab: {{vocab_size: {_vocab_size(vocab)}, from_checkpoint: '{ckpt}', eval_max_sentences: 100}}\n"
+    )
+    metrics = tmp_path / "metrics" / "vocab.json"
+    details = vocab_flow.fn(
+        params_file=str(params),
+        corpus_dir=str(corpus),
+        out_dir=str(tmp_path / "vocab"),
+        metrics_path=str(metrics),
+    )
+    assert details["checkpoint"]["source"] == str(ckpt) and details["checkpoint"]["mlm_head"] == 0
+    assert json.loads(metrics.read_text())["vocab_size"] == _vocab_size(vocab)
+    assert (tmp_path / "vocab" / "checkpoint" / "model.safetensors").is_file()
