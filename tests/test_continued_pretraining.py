@@ -281,6 +281,25 @@ def test_flow_resolves_sources_and_refuses_what_it_cannot_reach(tmp_path, monkey
     _assert_names(err.value, KEY, "models:/a/b/c")
 
 
+def test_flow_resolves_a_registry_uri_to_the_registered_checkpoint(synthetic, tmp_path):
+    import mlflow
+
+    _, vocab = synthetic
+    ckpt = _checkpoint(tmp_path / "ckpt", vocab, heads=True)
+    with mlflow.start_run() as run:
+        mlflow.log_artifacts(str(ckpt), "model")
+        source = mlflow.get_artifact_uri("model")
+    client = mlflow.MlflowClient()
+    client.create_registered_model("tiny-bert")
+    client.create_model_version("tiny-bert", source, run_id=run.info.run_id)
+    from flows.vocab import checkpoint_dir
+
+    with checkpoint_dir("models:/tiny-bert/1") as local:
+        assert (local / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+        assert inspect_checkpoint(local)["heads"] is True
+    assert not local.exists()  # the download is temporary: the vocab stage keeps its own copy
+
+
 # ------------------------------------------------------------------------------------------ all-MiniLM-L6-v2
 
 
