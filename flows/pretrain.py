@@ -7,8 +7,9 @@ loss curve and held-out evaluations to ``plots/`` (DVC plots) and the metrics to
 ``metrics/pretrain.json``. When the vocab stage copied a checkpoint (``vocab.from_checkpoint``), the
 model starts from its weights (continued pretraining, :mod:`bert_core.pretrain.init`). Training metrics
 stream to the MLflow run through a sink that buffers and retries while the tracking server is
-unreachable. At the end the model directory is logged as the run's ``model`` artifact and registered as a new version of ``registered_model`` (tags: git commit, DVC
-params, data statistics, held-out metrics), and the alias ``registry_alias`` moves to it.
+unreachable. At the end the model directory is logged as the run's ``model`` artifact and registered as
+a new version of ``registered_model`` (tags: git commit, DVC params, data statistics, held-out metrics),
+and the alias ``registry_alias`` moves to it.
 
 Exit codes: 0 done; 1 error (message on stderr); 128 + N after signal N (SIGTERM 143, SIGINT 130): a
 checkpoint was written and the next run resumes from it. Under torchrun only rank 0 talks to Prefect
