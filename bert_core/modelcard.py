@@ -488,7 +488,7 @@ def pretrained_card_for(
                                              "intermediate_size", "max_position_embeddings", "vocab_size")}  # fmt: skip
     return pretrained_card(
         name=params.registered_model,
-        preset=params.model.preset,
+        preset=params.model.preset if "init" not in metrics else "custom",  # continued: the checkpoint's size
         config=shape,
         metrics=metrics,
         data_stats=data_stats,

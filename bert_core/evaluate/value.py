@@ -14,6 +14,7 @@ import math
 from bert_core.evaluate.summary import EvaluationSummary, Row
 
 REFERENCE_STATUS_KEY = "reference_checkpoint"  # = bert_core.finetune.reference.STATUS_KEY
+REFERENCE_LABEL_KEY = "reference_label"  # = bert_core.finetune.reference.LABEL_KEY
 
 
 def reference_score(summary: EvaluationSummary, row: Row) -> float | None:
@@ -34,6 +35,16 @@ def reference_notes(summary: EvaluationSummary) -> list[str]:
     if not notes:
         return ["Reference checkpoint: none ran (no task sets reference_baseline: true)."]
     return [f"Reference checkpoint: {n}." for n in sorted(notes)]
+
+
+def reference_label(summary: EvaluationSummary) -> str | None:
+    """The reference column's name (``finetune.reference.label``) when every task that ran it agrees."""
+    labels = {
+        str(r.model[REFERENCE_LABEL_KEY])
+        for r in summary.results.values()
+        if r.model.get(REFERENCE_LABEL_KEY)
+    }
+    return labels.pop() if len(labels) == 1 else None
 
 
 def value_metrics(summary: EvaluationSummary) -> dict[str, float]:
@@ -58,12 +69,13 @@ def _signed(value: float | None) -> str:
 def value_table(summary: EvaluationSummary) -> tuple[str, list[str], list[list[str]]]:
     """(title, header, rows) of the value-of-pretraining table, one row per task."""
     published = summary.reference.model if summary.reference else "none for this size"
+    label = reference_label(summary)
     header = [
         "task",
         "metric",
         "train examples",
         "ours (pretrained)",
-        "reference ckpt",
+        f"reference ckpt ({label})" if label else "reference ckpt",
         "ours − reference",
         "random init",
         "ours − random",

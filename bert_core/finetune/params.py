@@ -190,9 +190,12 @@ class ReferenceSource(StrictModel):
     Attributes:
         source: A local Hugging Face BERT directory, or ``None`` for no reference column. A directory that
             does not exist is reported (not an error), so the default run works offline.
+        label: How the report names the column (e.g. ``MiniLM before continued pretraining``);
+            ``None``: the directory's name.
     """
 
     source: str | None = None
+    label: str | None = Field(None, min_length=1, max_length=80)
 
 
 class RegistryParams(StrictModel):

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 REFERENCE_INIT = "reference"
 #: The key under which the task's model info records the reference status (summary.json ``model``).
 STATUS_KEY = "reference_checkpoint"
+#: The key under which it records the report's name for the reference column (``finetune.reference.label``).
+LABEL_KEY = "reference_label"
 
 
 def reference_status(params: FinetuneParams) -> tuple[Path | None, str]:
@@ -66,6 +68,7 @@ def run_reference_trials(
     if ref_dir is None:
         log.warning("%s: %s", spec.name, status)
         return []
+    info[LABEL_KEY] = params.reference.label or ref_dir.name
     from bert_core.finetune.inference import load_tokenizer
     from bert_core.hf import read_config
     from bert_core.released import check_checkpoint

@@ -31,6 +31,7 @@ import torch
 from bert_core.atomic import atomic_path, write_csv_atomic
 from bert_core.config import BertConfig
 from bert_core.constants import TOKENIZER_FILES
+from bert_core.pretrain.init import checkpoint_config, find_init_checkpoint, load_init_weights
 from bert_core.pretrain.inputs import PhaseData, read_inputs, unigram_log_prior
 from bert_core.pretrain.objective import PretrainingObjective
 from bert_core.pretrain.params import PretrainParams
@@ -104,7 +105,11 @@ def pretrain(
     inputs = read_inputs(params, data_dir, vocab_dir, dist.world_size)
     data_stats = inputs.stats
     ckpt_root = Path(checkpoint_root) if checkpoint_root else out_dir.with_name(out_dir.name + ".checkpoints")
-    config = params.model.config(inputs.vocab_size, inputs.max_position_embeddings)
+    init = find_init_checkpoint(vocab_dir)
+    if init is None:
+        config = params.model.config(inputs.vocab_size, inputs.max_position_embeddings)
+    else:  # continued pretraining: the checkpoint the vocab stage copied decides the architecture
+        config = checkpoint_config(params.model, init, inputs.max_position_embeddings)
     if params.deterministic and params.time_budget_minutes is not None:
         log.warning(
             "deterministic is set but so is time_budget_minutes: when the budget is the nearer limit, the "
@@ -116,14 +121,16 @@ def pretrain(
     from bert_core.model import BertForPreTraining
 
     model = BertForPreTraining(config)
-    if params.init_mlm_bias == "unigram":
+    init_report = load_init_weights(model, init) if init is not None else None
+    model.train()
+    if params.init_mlm_bias == "unigram" and (init_report is None or init_report["mlm_head"] == "fresh"):
         with torch.no_grad():
             first = inputs.phases[0]
             model.cls.predictions.bias.copy_(unigram_log_prior(first.train_dir, index=first.train_index))
     objective = PretrainingObjective.for_config(config)
     log.info(
         "pretraining %s (%.1fM parameters) on %s, %d process(es)",
-        params.model.preset,
+        params.model.preset if init is None else f"from {init.source}",
         model.num_parameters() / 1e6,
         dist.device,
         dist.world_size,
@@ -132,6 +139,8 @@ def pretrain(
     fp = _fingerprint(
         config.to_dict(), params.optimizer.model_dump(mode="json"), params.seed, params.init_mlm_bias
     )
+    if init is not None:  # a checkpoint of a run from other weights never resumes this one
+        fp = _fingerprint(fp, init.weights_sha256)
     history: list[dict[str, Any]] = []
     fits: list[FitResult] = []
     phase_metrics: dict[str, Any] = {}
@@ -171,6 +180,8 @@ def pretrain(
         "parameters_m": model.num_parameters() / 1e6,
         "train_seconds": sum(f.elapsed_s for f in fits),
     }
+    if init_report is not None:  # in the data statistics too, which the model card lists as its inputs
+        metrics["init"] = data_stats["init_from"] = init_report
     if dist.is_main:
         readme = model_card(metrics, data_stats, config) if model_card else None
         save_model(model, vocab_dir, out_dir, readme=readme)

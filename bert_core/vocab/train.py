@@ -75,6 +75,10 @@ class VocabParams(StrictModel):
         seed: Seeds the document sample (a hash of ``doc_id``; stable across runs).
         reference_local: Released vocab to compare with, relative to ``BERT_DATA_ROOT`` (local mode).
         reference_hub: Hub model whose ``vocab.txt`` is the comparison (Hub mode); ``null``: no comparison.
+        from_checkpoint: Continued pretraining: a Hugging Face BERT directory, Hub id or ``models:/`` URI
+            whose tokenizer becomes the vocabulary (copied, not trained) and whose weights initialise the
+            ``pretrain`` stage (:mod:`bert_core.vocab.checkpoint`); ``vocab_size`` must then equal its
+            vocabulary's size. ``null``: train a WordPiece vocabulary on the corpus.
     """
 
     vocab_size: int = Field(RELEASED_VOCAB_SIZE, ge=128, le=1_000_000)
@@ -90,6 +94,7 @@ class VocabParams(StrictModel):
     seed: int = 12345
     reference_local: str | None = "checkpoints/bert-base-uncased/vocab.txt"
     reference_hub: str | None = "google-bert/bert-base-uncased"
+    from_checkpoint: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _layout_fits(self) -> VocabParams:
@@ -255,6 +260,7 @@ class VocabStats:
     continuation_pieces: int
     train_seconds: float
     check_report: Any = None
+    checkpoint: dict[str, Any] | None = None
 
     def as_metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -270,6 +276,8 @@ class VocabStats:
             "train_seconds": round(self.train_seconds, 3),
             "checks_failed": len(self.check_report.failed) if self.check_report is not None else 0,
         }
+        if self.checkpoint is not None:
+            out["checkpoint"] = dict(self.checkpoint)
         if self.reference is not None:
             out["reference_bert_base_uncased"] = {
                 k: round(v, 6) if isinstance(v, float) else v for k, v in self.reference.items()
