@@ -263,16 +263,30 @@ def unpack_minilm(out: str | Path = MINILM_DIR, *, zip_path: str | Path | None =
     return out
 
 
-def resolve_checkpoint(source: str, download_dir: str | Path) -> Any:
+def resolve_checkpoint(source: str, download_dir: str | Path, *, key: str = "finetune.model.source") -> Any:
     """A starting checkpoint on local disk with its provenance (``.path``, ``.info``): a local directory, a
     registry URI (:func:`bert_core.tracking.resolve_model_source`) or a Hub id (downloaded into
-    ``download_dir``; offline it fails in seconds)."""
+    ``download_dir``; offline it fails in seconds). Errors name ``key`` (the params key that gave ``source``).
+
+    Raises:
+        CheckpointSourceError: a Hub id that cannot be downloaded.
+        FileNotFoundError: a local path that does not exist, or is not a model directory.
+        ValueError: a registry URI that is malformed or names no model version.
+    """
     from bert_core.tracking import resolve_model_source
 
-    if not is_hub_id(source):
+    if is_hub_id(source):
+        local = download_hub_checkpoint(source, Path(download_dir) / "hub", key=key)
+        resolved = resolve_model_source(str(local), download_dir)
+        resolved.info.update(uri=f"hf://{source}", model=source)
+        return resolved
+    if not source.startswith("models:/") and not Path(source).expanduser().exists():
+        raise FileNotFoundError(
+            f"{key}={source!r}: {Path(source).expanduser()} does not exist; point {key} at a Hugging Face BERT "
+            f"directory (`python -m flows.checkpoints unpack-minilm` writes {MINILM_DIR}), a Hub id or a "
+            "models:/ URI"
+        )
+    try:
         return resolve_model_source(source, download_dir)
-    resolved = resolve_model_source(
-        str(download_hub_checkpoint(source, Path(download_dir) / "hub")), download_dir
-    )
-    resolved.info.update(uri=f"hf://{source}", model=source)
-    return resolved
+    except ValueError as err:
+        raise ValueError(f"{key}: {err}") from None

