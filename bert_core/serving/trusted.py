@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = tempfile.mkdtemp(prefix=f"{args.command}-model-")
     try:
         path = fetch_model(args.model, scratch)
+        code = check_model_dir(path).name
     except Exception as err:
         shutil.rmtree(scratch, ignore_errors=True)
         if isinstance(err, UntrustedModelError | ModelDirectoryError):
@@ -241,7 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check" or not any(Path(scratch).iterdir()):
         shutil.rmtree(scratch, ignore_errors=True)
     if args.command == "check":
-        code = check_model_dir(path).name
         print(f"{args.model}: a model from code (its MLmodel runs {code}); it loads without unpickling")
         return 0
     cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", str(path), *args.mlflow_args]
