@@ -8,8 +8,7 @@ that MLflow runs on load. That is source a reviewer can read, carried with the m
 byte stream, and a replaced one cannot be told from the original by looking at the directory.
 
 So every entry point that loads a model goes through :func:`fetch_model` first: ``python -m flows.predict``
-(:func:`load_model`) and ``make serve-model`` (``python -m bert_core.serving.trusted
-serve``). It resolves the model to local files (a registry or run URI is downloaded once, into a directory
+(:func:`load_model`) and ``make serve-model`` (``python -m bert_core.serving.trusted serve``). It resolves the model to local files (a registry or run URI is downloaded once, into a directory
 that is then the one loaded, so what was checked is what runs), reads its ``MLmodel`` with a YAML parser
 that builds no objects, and refuses it, naming the file, unless:
 
@@ -41,8 +40,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-#: MLflow's loaders of a model from code (``mlflow.pyfunc.model`` is what MLflow 2 wrote for one: with a
-#: ``model_code_path`` it runs the code file, never a pickle).
+#: MLflow's loaders of a model from code (``mlflow.pyfunc.model``'s loader, which MLflow names for a
+#: ``PythonModel``, also runs the code file and unpickles nothing when the flavour has a ``model_code_path``).
 CODE_LOADERS = ("mlflow.pyfunc.loaders.code_model", "mlflow.pyfunc.model")
 #: MLflow's switch for unpickling a ``PythonModel``; set to ``false`` while a model loads.
 PICKLE_ENV = "MLFLOW_ALLOW_PICKLE_DESERIALIZATION"
