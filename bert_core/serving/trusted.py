@@ -61,14 +61,15 @@ class ModelLoadError(ValueError):
     """A model cannot be fetched or loaded (an unknown name or alias, a broken directory)."""
 
 
-def _refuse(path: Path, why: str) -> UntrustedModelError:
-    return UntrustedModelError(f"refusing to load {path}: {why}; {_WHAT_TO_DO}")
+def _refuse(where: str | Path, why: str) -> UntrustedModelError:
+    return UntrustedModelError(f"refusing to load {where}: {why}; {_WHAT_TO_DO}")
 
 
-def check_model_dir(model_dir: str | Path) -> Path:
+def check_model_dir(model_dir: str | Path, name: str | None = None) -> Path:
     """Check that the MLflow Model in ``model_dir`` loads as a model from code; return its code file.
 
-    Reads ``MLmodel`` only (``yaml.safe_load``); imports and unpickles nothing.
+    Reads ``MLmodel`` only (``yaml.safe_load``); imports and unpickles nothing. ``name`` is what messages
+    call the model (the URI a downloaded copy came from; default: the directory).
 
     Raises:
         UntrustedModelError: no ``MLmodel``, not YAML, or not a model from code (see the module docstring);
@@ -79,38 +80,39 @@ def check_model_dir(model_dir: str | Path) -> Path:
     model_dir = Path(model_dir)
     mlmodel = model_dir / "MLmodel"
     if not mlmodel.is_file():
-        raise _refuse(model_dir, "it has no MLmodel file, so it is not an MLflow Model")
+        raise _refuse(name or model_dir, "it has no MLmodel file, so it is not an MLflow Model")
+    where = mlmodel if name is None else f"{name} (its MLmodel)"
     try:
         meta = yaml.safe_load(mlmodel.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise _refuse(mlmodel, f"not a valid MLmodel file ({first})") from None
+        raise _refuse(where, f"not a valid MLmodel file ({first})") from None
     flavors = meta.get("flavors") if isinstance(meta, dict) else None
     pyfunc = flavors.get("python_function") if isinstance(flavors, dict) else None
     if not isinstance(pyfunc, dict):
         names = sorted(flavors) if isinstance(flavors, dict) else []
-        raise _refuse(mlmodel, f"it has no python_function flavour (flavours: {names or 'none'})")
+        raise _refuse(where, f"it has no python_function flavour (flavours: {names or 'none'})")
     loader = pyfunc.get("loader_module")
     if loader not in CODE_LOADERS:
         raise _refuse(
-            mlmodel,
+            where,
             f"its python_function flavour loads with {loader!r}, not MLflow's models-from-code loader "
             f"({CODE_LOADERS[0]}); that loader may unpickle files of the model",
         )
     if "python_model" in pyfunc:
         raise _refuse(
-            mlmodel,
+            where,
             f"its python_function flavour holds a pickled PythonModel (python_model: "
             f"{pyfunc['python_model']!r}), which loading would unpickle",
         )
     code = pyfunc.get("model_code_path")
     if not isinstance(code, str) or not code:
-        raise _refuse(mlmodel, "its python_function flavour names no model code file (model_code_path)")
+        raise _refuse(where, "its python_function flavour names no model code file (model_code_path)")
     code_file = model_dir / Path(code).name  # where MLflow looks for it
     if code_file.suffix != ".py":
-        raise _refuse(mlmodel, f"its model code file {code_file.name!r} is not a Python source file (.py)")
+        raise _refuse(where, f"its model code file {code_file.name!r} is not a Python source file (.py)")
     if not code_file.is_file():
-        raise _refuse(mlmodel, f"its model code file {code_file} is missing")
+        raise _refuse(where, f"its model code file {code_file.name!r} is missing")
     return code_file
 
 
@@ -131,11 +133,12 @@ def fetch_model(model_uri: str, scratch: str | Path) -> Path:
 
     if is_local_model(model_uri):
         path = mlflow_model_dir(Path(model_uri.removeprefix("file://")).expanduser(), scratch)
+        check_model_dir(path)
     else:
         import mlflow
 
         path = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(scratch)))
-    check_model_dir(path)
+        check_model_dir(path, name=model_uri)
     return path
 
 

@@ -80,7 +80,8 @@ def store(tmp_path_factory):
     finally:
         mlflow.set_tracking_uri(previous)
     assert not sentinel.exists()
-    return {"uri": uri, "root": root, "evil": evil, "sentinel": sentinel, "hf": hf}
+    runs_uri = f"runs:/{run.info.run_id}/model"
+    return {"uri": uri, "root": root, "evil": evil, "sentinel": sentinel, "hf": hf, "runs_uri": runs_uri}
 
 
 def _predict(store, tmp_path: Path, model: str, **env: str) -> subprocess.CompletedProcess:
@@ -95,7 +96,9 @@ def _refused(res: subprocess.CompletedProcess, store, prefix: str) -> None:
     assert res.returncode == 1, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith(f"{prefix}refusing to load "), res.stderr[-3000:]
-    assert "/MLmodel: its python_function flavour holds a pickled PythonModel (python_model: " in last
+    assert "MLmodel): its python_function flavour holds a pickled PythonModel (python_model: " in last or (
+        "/MLmodel: its python_function flavour holds a pickled PythonModel (python_model: " in last
+    )
     assert "Traceback" not in res.stderr
     assert not store["sentinel"].exists(), "the pickle was unpickled"
 
@@ -109,9 +112,13 @@ def test_predict_refuses_a_pickled_model_directory_without_unpickling_it(store, 
     assert not (tmp_path / "out.jsonl").exists()
 
 
-def test_predict_refuses_a_registered_pickled_model(store, tmp_path):
-    res = _predict(store, tmp_path, "models:/evil@champion")
+@pytest.mark.parametrize("uri", ["models:/evil@champion", "runs"], ids=["registered version", "run artifact"])
+def test_predict_refuses_a_registered_or_logged_pickled_model(store, tmp_path, uri):
+    """The URI is downloaded first; the downloaded copy is what is checked (and would be loaded)."""
+    uri = store["runs_uri"] if uri == "runs" else uri
+    res = _predict(store, tmp_path, uri)
     _refused(res, store, "predict failed: UntrustedModelError: ")
+    assert f"refusing to load {uri} (its MLmodel): its python_function flavour" in res.stderr
     assert not (tmp_path / "out.jsonl").exists()
 
 
@@ -152,7 +159,7 @@ def _edited(store, tmp_path: Path, edit) -> Path:
         (lambda f, d: f.update(loader_module="mlflow.sklearn"), "loads with 'mlflow.sklearn', not MLflow's"),
         (lambda f, d: f.update(python_model="python_model.pkl"), "holds a pickled PythonModel"),
         (lambda f, d: f.update(model_code_path="model.pkl"), "'model.pkl' is not a Python source file"),
-        (lambda f, d: (d / "model_code.py").unlink(), "model_code.py is missing"),
+        (lambda f, d: (d / "model_code.py").unlink(), "model_code.py' is missing"),
         (lambda f, d: f.pop("model_code_path"), "names no model code file"),
     ],
     ids=[
