@@ -274,6 +274,8 @@ def check_file(
     Raises:
         BadRowError: at the first bad row (its file and 1-based line).
     """
+    from bert_core.kinds.base import ServingInputError
+
     rows = blanks = 0
     for number, raw, _ in _lines(path):
         parsed = parse_row(path, number, raw, fields, id_field)
@@ -283,7 +285,7 @@ def check_file(
         if check is not None:
             try:
                 check(parsed[0])
-            except ValueError as err:  # the model's ServingInputError: names the field and the problem
+            except ServingInputError as err:  # names the field and the problem
                 raise BadRowError(path, number, None, str(err).rstrip(". ")) from None
         rows += 1
     return rows, blanks
