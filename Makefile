@@ -83,6 +83,8 @@ POOL ?=
 WORKER_LIMIT ?= 1
 
 # Serve a registered model over HTTP (POST /invocations; docs/serving.md): make serve-model TASK=sst2
+# The model is fetched and checked to be a model from code first (bert_core/serving/trusted.py: nothing
+# pickled is loaded), then `mlflow models serve` serves the checked copy.
 TASK ?= sst2
 MODEL_URI ?= models:/bert-$(TASK)@champion
 MODEL_PORT ?= 5001
@@ -103,8 +105,8 @@ ui: venv
 	$(PY) -m flows.ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
 
 serve-model: venv
-	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} $(VENV)/bin/mlflow models serve \
-		-m "$(MODEL_URI)" --env-manager local -h 127.0.0.1 -p $(MODEL_PORT)
+	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} $(PY) -m bert_core.serving.trusted serve \
+		"$(MODEL_URI)" --env-manager local -h 127.0.0.1 -p $(MODEL_PORT)
 
 test-e2e: venv
 	$(PY) -m pytest -q -m e2e tests/e2e

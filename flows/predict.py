@@ -12,8 +12,10 @@ itself (its ``task.json``, else its model card) and which predicts exactly what 
 predicts (:mod:`bert_core.serving.local`). Works with any MLflow pyfunc model (every task kind): each input line is a JSON object with the model's
 input fields (its signature: ``text`` [+ ``text_pair``] for a classifier, ``question`` + ``context`` for
 SQuAD ...) and optionally an ``id``; each output line holds that id and the prediction, in input order.
-Every row is checked before the first prediction (a bad row: ``<input>:<line>: field '<name>': ...``), the
-input is streamed in chunks, progress (rows, rows/s, ETA) is logged, and the output appears whole or not at
+The model is loaded only as a model from code (a URI is downloaded first and its ``MLmodel`` checked; a
+pickled model is refused: :mod:`bert_core.serving.trusted`). Every row is checked before the first
+prediction, as the model itself would check it (a bad row: ``<input>:<line>: field '<name>': ...``, the
+line 1-based), the input is streamed in chunks, progress (rows, rows/s, ETA) is logged, and the output appears whole or not at
 all (:mod:`bert_core.serving.batch`). Relative paths are relative to the current directory (to the
 repository in the Prefect deployment ``predict/local``, which ``make serve`` serves with a run form).
 

@@ -257,11 +257,35 @@ def test_a_model_failing_midway_leaves_no_output(tmp_path):
 
     src = write_jsonl(tmp_path / "in.jsonl", [{"x": i} for i in range(10)])
     with pytest.raises(
-        BatchPredictionError, match=r"predict failed on rows 5-6 of .*in.jsonl \(RuntimeError: CUDA"
+        BatchPredictionError,
+        match=r"predict failed on rows 5-6 of .*in.jsonl \(RuntimeError: CUDA .*\); lines 5-6 of the input$",
     ):
         predict_file("flaky", src, tmp_path / "out.jsonl", model=Flaky(), batch_size=2)
     assert not (tmp_path / "out.jsonl").exists()
     assert leftovers(tmp_path) == []
+
+
+def test_a_record_the_model_refuses_while_predicting_is_named_by_its_line(tmp_path):
+    """A model without a record check of its own (checked against its schema only) that refuses a record
+    while predicting: the error names the input line of that record (blank lines counted)."""
+
+    class Meta:
+        def get_input_schema(self):
+            return None
+
+    class Picky:
+        metadata = Meta()
+
+        def predict(self, frame):
+            bad = [i for i, x in enumerate(frame["x"]) if x == 3]
+            if bad:
+                raise ValueError(f"record {bad[0]}: field 'x' is 3")
+            return [1] * len(frame)
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"x": 1}\n\n{"x": 2}\n{"x": 3}\n', encoding="utf-8")
+    with pytest.raises(BatchPredictionError, match=rf"record 2: field 'x' is 3\); record 2 is {src}:4$"):
+        predict_file("picky", src, tmp_path / "out.jsonl", model=Picky(), batch_size=4)
 
 
 def test_wrong_number_of_predictions_is_an_error(tmp_path):

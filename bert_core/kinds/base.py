@@ -287,7 +287,9 @@ class TaskKind(ABC):
     ) -> list[dict[str, Any]]:
         """Answer validated input records (one output dict per record, in order) with this kind's encoding
         and post-processing; ``run(features)`` runs the model; ``options`` holds the served model's task
-        settings (e.g. ``null_threshold``) and the request's params.
+        settings (e.g. ``null_threshold``) and the request's params. Every record is checked before the
+        first call of ``run``: :meth:`bert_core.serving.predictor.Predictor.check_record` relies on it to
+        check the rows of a batch prediction without running the model.
 
         Raises:
             ServingInputError: a record this kind cannot answer (naming the record and the field).

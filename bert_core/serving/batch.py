@@ -2,11 +2,14 @@
 
 :func:`predict_file` loads the model (:func:`load_model`: ``models:/<name>@<alias>``,
 ``models:/<name>/<version>``, ``runs:/...``, an MLflow Model directory, or a stage's Hugging Face model
-directory such as ``models/finetuned/sst2``), reads its input schema and then:
+directory such as ``models/finetuned/sst2``; only as a model from code, :mod:`bert_core.serving.trusted`),
+reads its input schema and then:
 
 1. **checks every row first** (one streaming pass that also counts the rows): each non-blank line must be a
-   JSON object whose fields match the schema (required fields present, types right, strings not empty).
-   A bad row stops the run before any prediction, with ``<input>:<line>: field '<name>': <what is wrong>``;
+   JSON object whose fields match the schema (required fields present, types right, strings not empty),
+   and, for this project's models, pass the model's own record check (:func:`record_check`: the length
+   limit, a kind's impossible records). A bad row stops the run before any prediction, with
+   ``<input>:<line>: field '<name>': <what is wrong>`` (1-based line);
 2. **predicts in chunks** (``batch_size`` rows per ``model.predict`` call on a pandas DataFrame holding the
    schema's fields), streaming: memory holds one chunk, never the file;
 3. writes one JSON object per input row, in input order: the row's id field (``id``) when it has one, then
@@ -25,8 +28,9 @@ import json
 import logging
 import math
 import os
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,42 +247,70 @@ def parse_row(
     return row, row_id
 
 
+def record_check(model: Any) -> Callable[[dict[str, Any]], None] | None:
+    """The model's own check of one input record, when it has one, else ``None``.
+
+    This project's models have one (:meth:`bert_core.serving.pyfunc.BertPyfunc.check_record`: what
+    ``predict`` would refuse, such as a text over the model's length limit or a kind's impossible record,
+    found without running the model); other pyfunc models are checked against their schema only.
+    """
+    try:
+        inner = model.unwrap_python_model()
+    except Exception:  # not a PythonModel-based pyfunc (or a stand-in without the method)
+        return None
+    check = getattr(inner, "check_record", None)
+    return check if callable(check) else None
+
+
 def check_file(
-    path: Path, fields: list[InputField] | None, id_field: str = DEFAULT_ID_FIELD
+    path: Path,
+    fields: list[InputField] | None,
+    id_field: str = DEFAULT_ID_FIELD,
+    check: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[int, int]:
-    """Check every row of ``path`` (streaming); return ``(rows, blank lines)``.
+    """Check every row of ``path`` (streaming) against the schema and, given ``check`` (:func:`record_check`),
+    as the model itself would; return ``(rows, blank lines)``.
 
     Raises:
-        BadRowError: at the first bad row.
+        BadRowError: at the first bad row (its file and 1-based line).
     """
+    from bert_core.kinds.base import ServingInputError
+
     rows = blanks = 0
     for number, raw, _ in _lines(path):
-        if parse_row(path, number, raw, fields, id_field) is None:
+        parsed = parse_row(path, number, raw, fields, id_field)
+        if parsed is None:
             blanks += 1
-        else:
-            rows += 1
+            continue
+        if check is not None:
+            try:
+                check(parsed[0])
+            except ServingInputError as err:  # names the field and the problem
+                raise BadRowError(path, number, None, str(err).rstrip(". ")) from None
+        rows += 1
     return rows, blanks
 
 
 def read_chunks(
     path: Path, fields: list[InputField] | None, batch_size: int, id_field: str = DEFAULT_ID_FIELD
-) -> Iterator[tuple[list[Any], list[dict[str, Any]], int]]:
-    """Lazily yield ``(ids, rows, bytes read)`` chunks of at most ``batch_size`` rows (ids are ``None`` for
-    rows without the id field). Only the current chunk is held in memory."""
+) -> Iterator[tuple[list[Any], list[dict[str, Any]], list[int]]]:
+    """Lazily yield ``(ids, rows, line numbers)`` chunks of at most ``batch_size`` rows (ids are ``None``
+    for rows without the id field; line numbers are 1-based). Only the current chunk is held in memory."""
     ids: list[Any] = []
     rows: list[dict[str, Any]] = []
-    done = 0
-    for number, raw, done in _lines(path):
+    lines: list[int] = []
+    for number, raw, _ in _lines(path):
         parsed = parse_row(path, number, raw, fields, id_field)
         if parsed is None:
             continue
         rows.append(parsed[0])
         ids.append(parsed[1])
+        lines.append(number)
         if len(rows) >= batch_size:
-            yield ids, rows, done
-            ids, rows = [], []
+            yield ids, rows, lines
+            ids, rows, lines = [], [], []
     if rows:
-        yield ids, rows, done
+        yield ids, rows, lines
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -351,45 +383,34 @@ def _frame(rows: list[dict[str, Any]], fields: list[InputField] | None) -> Any:
 
 
 def load_model(model_uri: str) -> Any:
-    """Load a model the pipeline produced: an MLflow model URI (``models:/...``, ``runs:/...``) against the
-    project's tracking store, an MLflow Model directory, or a stage's Hugging Face model directory
-    (``models/finetuned/<task>``, ``models/pretrained``: served as the MLflow Model its stage registers,
-    :mod:`bert_core.serving.local`). A clear error when it fails.
+    """Load a model the pipeline produced (:func:`bert_core.serving.trusted.load_model`: a registry or run
+    URI, an MLflow Model directory or a stage's model directory; checked to be a model from code first).
 
     Raises:
+        UntrustedModelError: the model would load by unpickling; nothing was loaded.
         BatchPredictionError: the model cannot be loaded; the message says what to check.
     """
-    import shutil
-    import tempfile
+    from bert_core.serving import trusted
 
-    import mlflow
-
-    from bert_core.serving.local import ModelDirectoryError, is_local_model, mlflow_model_dir
-    from bert_core.tracking.run import tracking_uri
-
-    if is_local_model(model_uri):
-        local = Path(model_uri.removeprefix("file://")).expanduser()
-        scratch = tempfile.mkdtemp(prefix="predict-model-")
-        try:  # the loaded model holds its weights and tokenizer in memory: the scratch copy can go
-            return mlflow.pyfunc.load_model(str(mlflow_model_dir(local, scratch)))
-        except ModelDirectoryError as err:
-            raise BatchPredictionError(str(err)) from None
-        except Exception as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-            raise BatchPredictionError(f"cannot load the model directory {str(local)!r}: {first}") from None
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    uri = tracking_uri()
-    mlflow.set_tracking_uri(uri)
     try:
-        return mlflow.pyfunc.load_model(model_uri)
-    except Exception as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-        raise BatchPredictionError(
-            f"cannot load model {model_uri!r} (tracking store {uri}): {first}. Check the name, version or "
-            "alias (the MLflow UI, `make ui`, lists the registered models), and MLFLOW_TRACKING_URI; or give "
-            "a model directory (an MLflow Model, or models/finetuned/<task>, models/pretrained)"
-        ) from None
+        return trusted.load_model(model_uri)
+    except trusted.ModelLoadError as err:
+        raise BatchPredictionError(str(err)) from None
+
+
+def _predict_error(
+    err: Exception, model_uri: str, src: Path, done: int, lines: list[int]
+) -> BatchPredictionError:
+    """The error of a failed ``model.predict`` on the chunk of rows ``done + 1`` ... on input ``lines``."""
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    where = f"lines {lines[0]}-{lines[-1]} of the input"
+    record = re.search(r"\brecord (\d+): ", first)  # a record the model refused, 0-based in the chunk
+    if record and int(record.group(1)) < len(lines):
+        where = f"record {record.group(1)} is {src}:{lines[int(record.group(1))]}"
+    return BatchPredictionError(
+        f"{model_uri}: predict failed on rows {done + 1}-{done + len(lines)} of {src} "
+        f"({type(err).__name__}: {first}); {where}"
+    )
 
 
 def predict_file(
@@ -439,7 +460,7 @@ def predict_file(
         "model %s: input fields %s", model_uri, names if fields is not None else "(no schema: every field)"
     )
     t_check = time.monotonic()
-    total, blanks = check_file(src, fields, id_field)
+    total, blanks = check_file(src, fields, id_field, record_check(model))
     log.info(
         "%s: %d row(s) checked (%d blank line(s) skipped) in %.1fs",
         src,
@@ -457,15 +478,11 @@ def predict_file(
     )
     done = 0
     with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8") as out:
-        for ids, rows, _ in read_chunks(src, fields, batch_size, id_field):
+        for ids, rows, lines in read_chunks(src, fields, batch_size, id_field):
             try:
                 predictions = model.predict(_frame(rows, fields))
             except Exception as err:
-                first = (str(err).strip().splitlines() or [""])[0][:300]
-                raise BatchPredictionError(
-                    f"{model_uri}: predict failed on rows {done + 1}-{done + len(rows)} of {src} "
-                    f"({type(err).__name__}: {first})"
-                ) from err
+                raise _predict_error(err, model_uri, src, done, lines) from err
             for row_id, record in zip(ids, prediction_records(predictions, len(rows), model_uri)):
                 if row_id is not None:
                     record = {

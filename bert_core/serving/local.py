@@ -142,11 +142,11 @@ def mlflow_model_dir(model_dir: str | Path, scratch: str | Path) -> Path:
     Raises:
         ModelDirectoryError: see :func:`hf_task`.
     """
-    from bert_core.serving.pyfunc import save_model
-
     model_dir = Path(model_dir).expanduser()
     if (model_dir / "MLmodel").is_file():
         return model_dir
+    from bert_core.serving.pyfunc import save_model
+
     task = hf_task(model_dir)
     return save_model(Path(scratch) / "mlflow-model", model_dir, task)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,10 @@ class ServingSettings:
 
 class NonFiniteOutputError(ValueError):
     """The model produced NaN or infinite outputs: its weights are damaged; no prediction is returned."""
+
+
+class _Checked(Exception):
+    """Raised by :meth:`Predictor.check_record`'s stand-in for the model: the record passed every check."""
 
 
 def _missing(value: Any) -> bool:
@@ -190,6 +195,29 @@ class Predictor:
                 f"record {i}: field {name!r} has {len(value)} characters, more than this model accepts "
                 f"({self.max_text_chars}, max_text_chars in the model's task.json); shorten or split it"
             )
+
+    def check_record(self, record: Mapping[str, Any]) -> None:
+        """Refuse one record as :meth:`predict` would, without running the model.
+
+        The input checks of :meth:`records` run, then the kind's ``serve``, whose own checks of the records
+        (a kind's impossible record, fill-mask's ``[MASK]``) come before its first call of the model (the
+        contract of :meth:`bert_core.kinds.base.Component.serve`); the model is replaced by a stand-in that
+        stops there, so a record costs its tokenisation at most.
+
+        Raises:
+            ServingInputError: what :meth:`predict` would raise, without the record number.
+        """
+
+        def stop(features: list[dict[str, Any]]) -> list[Any]:
+            raise _Checked
+
+        try:
+            records = self.records([dict(record)])
+            self.component.serve(self.spec, records, self.tokenizer, stop, self.settings, dict(self.task))
+        except _Checked:
+            return
+        except ServingInputError as err:
+            raise ServingInputError(re.sub(r"^record 0: ", "", str(err))) from None
 
     # -- prediction
     def predict_records(self, data: Any, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -39,6 +39,15 @@ class BertPyfunc(mlflow.pyfunc.PythonModel):
 
         self.predictor = Predictor(context.artifacts["hf_model"], context.artifacts["task"])
 
+    def check_record(self, record: dict[str, Any]) -> None:
+        """Refuse one record as ``predict`` would, without running the model (batch prediction checks every
+        row with it before the first prediction).
+
+        Raises:
+            ServingInputError: naming the field and what is wrong.
+        """
+        self.predictor.check_record(record)
+
     def predict(self, context, model_input, params=None):  # no type hints: MLflow would read them as a schema
         from mlflow.exceptions import MlflowException
         from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
