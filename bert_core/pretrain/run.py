@@ -120,7 +120,7 @@ def pretrain(
         with torch.no_grad():
             first = inputs.phases[0]
             model.cls.predictions.bias.copy_(unigram_log_prior(first.train_dir, index=first.train_index))
-    objective = PretrainingObjective.for_config(config)
+    objective = PretrainingObjective.for_config(config, nsp=params.nsp)
     log.info(
         "pretraining %s (%.1fM parameters) on %s, %d process(es)",
         params.model.preset,
@@ -132,6 +132,8 @@ def pretrain(
     fp = _fingerprint(
         config.to_dict(), params.optimizer.model_dump(mode="json"), params.seed, params.init_mlm_bias
     )
+    if not params.nsp:  # other weights; the paper's objective keeps the fingerprints of its checkpoints
+        fp = _fingerprint(fp, "mlm_only")
     history: list[dict[str, Any]] = []
     fits: list[FitResult] = []
     phase_metrics: dict[str, Any] = {}
