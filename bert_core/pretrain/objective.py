@@ -1,7 +1,10 @@
 """The pretraining objective as a :class:`~bert_core.training.Objective`: masked LM + next sentence.
 
 BERT paper §3.1: the loss is the mean cross-entropy over the masked positions plus the NSP
-cross-entropy. Metrics (from summed statistics, so they are exact over micro-batches, steps and
+cross-entropy. With ``nsp=False`` (``pretrain.nsp: false``; RoBERTa, and the paper's own "No NSP"
+ablation) the loss is the MLM term alone: the NSP head stays in the model, so the exported checkpoint has
+the same tensors as ever, but it learns nothing, and no NSP figure is reported (an untrained head's
+accuracy would only mislead). Metrics (from summed statistics, so they are exact over micro-batches, steps and
 ranks): MLM loss / accuracy / perplexity over masked tokens, NSP loss / accuracy over sequences.
 
 Evaluation also reports two trivial baselines on the same held-out batches, so a reader sees what was
@@ -52,9 +55,12 @@ class PretrainingObjective(Objective):
 
     Args:
         num_layers, hidden_size, intermediate_size, vocab_size: model sizes, for the FLOPs count (MFU).
+        nsp: Add the NSP loss (the paper); ``False`` trains on the MLM loss alone.
     """
 
-    def __init__(self, *, num_layers: int, hidden_size: int, intermediate_size: int, vocab_size: int) -> None:
+    def __init__(
+        self, *, num_layers: int, hidden_size: int, intermediate_size: int, vocab_size: int, nsp: bool = True
+    ) -> None:
         self.sizes = {
             "num_layers": num_layers,
             "hidden_size": hidden_size,
@@ -62,15 +68,17 @@ class PretrainingObjective(Objective):
             "vocab_size": vocab_size,
         }
         self.vocab_size = vocab_size
+        self.nsp = nsp
 
     @classmethod
-    def for_config(cls, config: Any) -> PretrainingObjective:
+    def for_config(cls, config: Any, *, nsp: bool = True) -> PretrainingObjective:
         """From a ``BertConfig`` (or anything with the transformers field names)."""
         return cls(
             num_layers=config.num_hidden_layers,
             hidden_size=config.hidden_size,
             intermediate_size=config.intermediate_size,
             vocab_size=config.vocab_size,
+            nsp=nsp,
         )
 
     def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
@@ -84,13 +92,20 @@ class PretrainingObjective(Objective):
             selected = batch["labels"] != IGNORE_INDEX
             logits, labels = out.prediction_logits[selected], batch["labels"][selected]
         n_masked = (labels != IGNORE_INDEX).sum()
-        n_seq = nsp_labels.numel()
         mlm_loss = out.mlm_loss.detach().float()
-        nsp_loss = out.nsp_loss.detach().float()
         stats = {
             "mlm_loss_sum": mlm_loss * n_masked,
             "mlm_correct": (logits.detach().argmax(-1) == labels).sum(),
             "mlm_count": n_masked,
+        }
+        if not self.nsp:
+            # MLM alone. The NSP loss stays in the graph at weight 0 so that every parameter has a
+            # gradient (zero for the NSP head and pooler): DDP, which this loop runs without
+            # find_unused_parameters, would otherwise wait for gradients that never come.
+            return StepOutput(loss=out.mlm_loss + 0.0 * out.nsp_loss, stats=stats)
+        n_seq = nsp_labels.numel()
+        nsp_loss = out.nsp_loss.detach().float()
+        stats |= {
             "nsp_loss_sum": nsp_loss * n_seq,
             "nsp_correct": (out.seq_relationship_logits.detach().argmax(-1) == nsp_labels).sum(),
             "nsp_count": torch.tensor(n_seq, device=nsp_labels.device),
@@ -101,29 +116,31 @@ class PretrainingObjective(Objective):
     def eval_step(self, model: nn.Module, batch: dict[str, Any]) -> dict[str, Tensor]:
         stats = self.step(model, batch).stats
         stats["mlm_label_hist"] = torch.bincount(target_ids(batch), minlength=self.vocab_size)
-        stats["nsp_positive"] = batch["next_sentence_label"].sum()
+        if self.nsp:
+            stats["nsp_positive"] = batch["next_sentence_label"].sum()
         return stats
 
     def summarize(self, sums: dict[str, Tensor]) -> dict[str, float]:
+        """MLM (and, with NSP, NSP) loss and accuracy; on held-out sums also perplexity and the baselines.
+        Without NSP the ``nsp_*`` keys are absent."""
         f = {k: v.double() for k, v in sums.items()}
-        mlm_n, nsp_n = max(float(f["mlm_count"]), 1.0), max(float(f["nsp_count"]), 1.0)
+        mlm_n = max(float(f["mlm_count"]), 1.0)
         mlm_loss = float(f["mlm_loss_sum"]) / mlm_n
-        out = {
-            "mlm_loss": mlm_loss,
-            "mlm_acc": float(f["mlm_correct"]) / mlm_n,
-            "nsp_loss": float(f["nsp_loss_sum"]) / nsp_n,
-            "nsp_acc": float(f["nsp_correct"]) / nsp_n,
-        }
+        out = {"mlm_loss": mlm_loss, "mlm_acc": float(f["mlm_correct"]) / mlm_n}
+        nsp_n = max(float(f["nsp_count"]), 1.0) if "nsp_count" in f else None
+        if nsp_n is not None:
+            out |= {"nsp_loss": float(f["nsp_loss_sum"]) / nsp_n, "nsp_acc": float(f["nsp_correct"]) / nsp_n}
         if "mlm_label_hist" in f:
             hist = f["mlm_label_hist"]
             p = hist[hist > 0] / hist.sum().clamp(min=1)
-            pos = float(f["nsp_positive"])
             out.update(
                 mlm_ppl=math.exp(min(mlm_loss, 50.0)),
                 baseline_mlm_acc=float(hist.max()) / mlm_n,
                 baseline_mlm_ppl=math.exp(float(-(p * p.log()).sum())),
-                baseline_nsp_acc=max(pos, nsp_n - pos) / nsp_n,
             )
+            if nsp_n is not None and "nsp_positive" in f:
+                pos = float(f["nsp_positive"])
+                out["baseline_nsp_acc"] = max(pos, nsp_n - pos) / nsp_n
         return out
 
     def flops(self, batch: dict[str, Any]) -> float | None:

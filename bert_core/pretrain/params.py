@@ -116,6 +116,12 @@ class PretrainParams(StrictModel):
     optimizer: OptimizerParams = Field(default_factory=OptimizerParams)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False
+    nsp: bool = Field(
+        True,
+        description="add the next-sentence loss (paper); false: MLM alone (RoBERTa, the paper's No NSP "
+        "ablation), the NSP head kept untrained so the exported model has the same tensors; build its data "
+        "with pretrain_data.random_next_prob: 0",
+    )
     init_mlm_bias: Literal["zeros", "unigram"] = Field(
         "zeros",
         description="MLM output bias at init: zeros (paper) or log unigram frequencies of the training "

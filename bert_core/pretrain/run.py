@@ -127,7 +127,7 @@ def pretrain(
         with torch.no_grad():
             first = inputs.phases[0]
             model.cls.predictions.bias.copy_(unigram_log_prior(first.train_dir, index=first.train_index))
-    objective = PretrainingObjective.for_config(config)
+    objective = PretrainingObjective.for_config(config, nsp=params.nsp)
     log.info(
         "pretraining %s (%.1fM parameters) on %s, %d process(es)",
         params.model.preset if init is None else f"from {init.source}",
@@ -141,6 +141,8 @@ def pretrain(
     )
     if init is not None:  # a checkpoint of a run from other weights never resumes this one
         fp = _fingerprint(fp, init.weights_sha256)
+    if not params.nsp:  # other weights; the paper's objective keeps the fingerprints of its checkpoints
+        fp = _fingerprint(fp, "mlm_only")
     history: list[dict[str, Any]] = []
     fits: list[FitResult] = []
     phase_metrics: dict[str, Any] = {}

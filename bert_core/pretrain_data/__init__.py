@@ -13,8 +13,9 @@ Modules: :mod:`.instances` (pairs, truncation), :mod:`.masking` (MLM, whole-word
 read with :mod:`bert_core.vocab.info`.
 
 Faithful to Google's ``create_pretraining_data.py`` (pair creation, per-document short target, put-back
-of unused sentences, front/back truncation of the longer segment, ``num_to_predict``, 80/10/10,
-whole-word masking with skip-on-overshoot and per-token 80/10/10), with these deliberate deviations:
+of unused sentences, front/back truncation of the longer segment, ``num_to_predict``, 80/10/10 (the
+default of ``mask_split``), whole-word masking with skip-on-overshoot and a per-token split), with these
+deliberate deviations:
 
 1. Streaming: NotNext B comes from another document of the same *window* (documents of the same task held
    in memory, at least two), not from the whole corpus; B is never from A's document (Google accepts

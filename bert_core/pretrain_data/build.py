@@ -351,7 +351,15 @@ def _balance_nsp(
             if params.nsp_balance:
                 expected = max(p, forced)
                 m["nsp_balanced"] = bool(abs(residual) <= tol)
-                if forced > p:
+                if p == 0:  # data for MLM alone (pretrain.nsp: false): the pair layout stays, no choice made
+                    log.info(
+                        "pretrain_data %s/%s: random_next_prob = 0: every multi-sentence chunk is IsNext; "
+                        "the %.4f single-sentence chunks still take B from another document",
+                        phase,
+                        split,
+                        forced,
+                    )
+                elif forced > p:
                     log.warning(
                         "pretrain_data %s/%s: %.4f of the instances are single-sentence chunks, forced to "
                         "NotNext: more than random_next_prob = %s, so nsp_balance cannot reach it; every "
@@ -442,6 +450,7 @@ def build_pretrain_data(
                     "max_seq_length": spec.max_seq_length,
                     "max_predictions_per_seq": spec.max_predictions_per_seq,
                     "masked_lm_prob": params.masked_lm_prob,
+                    **params.index_fields(),
                     "whole_word_masking": params.whole_word_masking,
                     "masking": "static" if static else "dynamic",
                     "dupe_factor": params.dupe_factor if split == "train" else params.heldout_dupe_factor,

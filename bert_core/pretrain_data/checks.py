@@ -13,7 +13,8 @@ see exactly what the model will see, dynamic masks included (epoch 0). One row p
   - masked share of the eligible tokens +- 0.5 point, measured on instances with at least 64 eligible
     tokens, centred on the mean of ``num_to_predict(n) / n`` over those instances (the count is
     ``round(n * masked_lm_prob)``: 10 of 70 is 14.3%, so the centre is not ``masked_lm_prob`` itself);
-  - the [MASK]/random/unchanged split 80/10/10 +- 1 point each;
+  - the [MASK]/random/unchanged split +- 1 point each, centred on the output's ``mask_split`` (80/10/10
+    unless the params chose another);
   - the IsNext share +- 1 point around ``1 - expected_not_next_share`` from ``index.json``: with
     ``nsp_balance`` the NotNext share is ``max(random_next_prob, forced share)`` (forced: single-sentence
     chunks, which cannot be IsNext; the builder balances the whole output, :mod:`.build`), without it
@@ -41,7 +42,7 @@ import numpy as np
 
 from bert_core.constants import IGNORE_INDEX
 from bert_core.pretrain_data.loader import build_batch, masking_spec
-from bert_core.pretrain_data.masking import KEEP_PROB, MASK_PROB, eligible_positions, num_to_predict
+from bert_core.pretrain_data.masking import eligible_positions, num_to_predict
 from bert_core.pretrain_data.storage import InstanceStore
 
 LONG_ENOUGH = 64  # eligible tokens for an instance to count in the masked-share check
@@ -154,6 +155,7 @@ def check_output(data_dir: str | Path, *, sample_size: int, seed: int, report_di
     parts = [_features(store, idx[i : i + CHUNK], seed) for i in range(0, len(idx), CHUNK)]
     df = pd.DataFrame({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
 
+    spec, _ = masking_spec(store.data_dir, index)  # the split the output was built (or is masked) with
     t, v = index["max_seq_length"], index["vocab_size"]
     p_random = index["params"]["random_next_prob"]
     # what the generator guarantees (build.py); an index without the figure predates it: the parameter
@@ -191,9 +193,9 @@ def check_output(data_dir: str | Path, *, sample_size: int, seed: int, report_di
         )
     ]
     for col, p in (
-        ("mask_frac", MASK_PROB),
-        ("keep_frac", KEEP_PROB),
-        ("random_frac", 1 - MASK_PROB - KEEP_PROB),
+        ("mask_frac", spec.mask_prob),
+        ("keep_frac", spec.keep_prob),
+        ("random_frac", spec.random_prob),
     ):
         # mean of per-instance fractions: Var = p(1-p) * mean(1/k) / n
         sd = math.sqrt(p * (1 - p) * inv_k / max(n_pred_rows, 1))

@@ -38,7 +38,14 @@ from typing import Any
 import numpy as np
 
 from bert_core.constants import IGNORE_INDEX
-from bert_core.pretrain_data.masking import MaskingSpec, mask_with_hash, splitmix64, stream_key
+from bert_core.pretrain_data.masking import (
+    KEEP_PROB,
+    MASK_PROB,
+    MaskingSpec,
+    mask_with_hash,
+    splitmix64,
+    stream_key,
+)
 from bert_core.pretrain_data.storage import InstanceStore, read_index
 from bert_core.vocab.info import read_vocab
 
@@ -234,9 +241,11 @@ def build_batch(
 
 
 def masking_spec(data_dir: str | Path, index: dict[str, Any]) -> tuple[MaskingSpec, np.ndarray | None]:
-    """The MLM settings recorded in ``index.json`` (and the ``##`` table for whole-word masking)."""
+    """The MLM settings recorded in ``index.json`` (and the ``##`` table for whole-word masking); an index
+    without ``mask_split`` was built with the paper's 80/10/10."""
     vocab = read_vocab(Path(data_dir) / "vocab.txt") if index["whole_word_masking"] else None
     sp = index["special_token_ids"]
+    split = index.get("mask_split", {"mask": MASK_PROB, "keep": KEEP_PROB})
     spec = MaskingSpec(
         masked_lm_prob=index["masked_lm_prob"],
         max_predictions_per_seq=index["max_predictions_per_seq"],
@@ -244,6 +253,8 @@ def masking_spec(data_dir: str | Path, index: dict[str, Any]) -> tuple[MaskingSp
         mask_id=sp["[MASK]"],
         special_ids=tuple(sorted(sp.values())),
         whole_word=index["whole_word_masking"],
+        mask_prob=split["mask"],
+        keep_prob=split["keep"],
     )
     return spec, (vocab.continuation if vocab is not None else None)
 

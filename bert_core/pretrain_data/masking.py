@@ -6,7 +6,9 @@ Follows ``create_masked_lm_predictions`` of Google's ``create_pretraining_data.p
 * candidates are the non-special positions; ``num_to_predict = min(max_predictions_per_seq,
   max(1, round(n * masked_lm_prob)))`` positions are chosen uniformly at random among them;
 * each chosen position becomes ``[MASK]`` with probability 0.8, a uniformly random vocabulary id with 0.1,
-  and stays unchanged with 0.1; the label is the original id;
+  and stays unchanged with 0.1 (the paper's split; ``pretrain_data.mask_split`` chooses another, e.g. the
+  paper's 100/0/0 ablation, recorded in ``index.json`` and applied alike at build and at load time); the
+  label is the original id;
 * whole-word masking: a word (a piece and its ``##`` continuations) is chosen or skipped as a unit, words
   in random order, skipping a word that would overshoot ``num_to_predict``; the 80/10/10 draw stays per
   token, as in Google's code.
@@ -28,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MASK_PROB = 0.8  # share of chosen positions replaced by [MASK]
-KEEP_PROB = 0.1  # share left unchanged; the remaining 0.1 get a random id
+MASK_PROB = 0.8  # the paper's share of chosen positions replaced by [MASK]
+KEEP_PROB = 0.1  # the paper's share left unchanged; the remaining 0.1 get a random id
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,13 @@ class MaskingSpec:
     cls_id: int = -1
     sep_id: int = -1
     pad_id: int = -1
+    mask_prob: float = MASK_PROB
+    keep_prob: float = KEEP_PROB
+
+    @property
+    def random_prob(self) -> float:
+        """Share of the chosen positions given a random id (the rest of the split; never below 0)."""
+        return max(0.0, 1.0 - self.mask_prob - self.keep_prob)
 
     @property
     def layout_ids(self) -> tuple[int, int, int]:
@@ -139,9 +148,19 @@ def choose_positions(
 
 
 def corrupt(
-    ids: np.ndarray, chosen: np.ndarray, action_u: np.ndarray, random_ids: np.ndarray, mask_id: int
+    ids: np.ndarray,
+    chosen: np.ndarray,
+    action_u: np.ndarray,
+    random_ids: np.ndarray,
+    mask_id: int,
+    mask_prob: float = MASK_PROB,
+    keep_prob: float = KEEP_PROB,
 ) -> np.ndarray:
-    """Apply 80/10/10 to the chosen positions.
+    """Apply the [MASK]/random/keep split (80/10/10 by default) to the chosen positions.
+
+    A position becomes ``[MASK]`` when its uniform is below ``mask_prob``, stays unchanged up to
+    ``mask_prob + keep_prob`` and gets its random id above: the paper's split draws exactly as before the
+    split was a parameter, so its outputs keep their bytes.
 
     Args:
         ids: ``(N, T)`` unmasked ids.
@@ -149,14 +168,16 @@ def corrupt(
         action_u: ``(C,)`` uniforms in [0, 1), one per chosen position in row-major order.
         random_ids: ``(C,)`` random vocabulary ids, same order.
         mask_id: id of ``[MASK]``.
+        mask_prob: Share of the chosen positions replaced by ``[MASK]``.
+        keep_prob: Share left unchanged (the rest get a random id).
 
     Returns:
         ``(N, T)`` corrupted ids (a copy).
     """
     out = ids.copy()
     rows, cols = np.nonzero(chosen)
-    to_mask = action_u < MASK_PROB
-    to_random = action_u >= MASK_PROB + KEEP_PROB
+    to_mask = action_u < mask_prob
+    to_random = action_u >= mask_prob + keep_prob
     out[rows[to_mask], cols[to_mask]] = mask_id
     out[rows[to_random], cols[to_random]] = random_ids[to_random]
     return out
@@ -182,7 +203,15 @@ def mask_with_generator(
         keys, eligible, k, ids=ids, continuation=continuation if spec.whole_word else None
     )
     c = int(chosen.sum())
-    out = corrupt(ids, chosen, rng.random(c), rng.integers(0, spec.vocab_size, c), spec.mask_id)
+    out = corrupt(
+        ids,
+        chosen,
+        rng.random(c),
+        rng.integers(0, spec.vocab_size, c),
+        spec.mask_id,
+        spec.mask_prob,
+        spec.keep_prob,
+    )
     return out, chosen
 
 
@@ -244,4 +273,4 @@ def mask_with_hash(
     a, b = instance_ids.astype(np.uint64)[rows], cols.astype(np.uint64)
     action = hash_uniform(stream_key(seed, epoch, 1), a, b)
     rand = (hash_uniform(stream_key(seed, epoch, 2), a, b) * spec.vocab_size).astype(np.int64)
-    return corrupt(ids, chosen, action, rand, spec.mask_id), chosen
+    return corrupt(ids, chosen, action, rand, spec.mask_id, spec.mask_prob, spec.keep_prob), chosen

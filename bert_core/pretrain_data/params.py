@@ -2,12 +2,14 @@
 
 Defaults follow Google's ``create_pretraining_data.py`` and the BERT paper (Devlin et al., 2019, §3.1 and
 appendix A.2): ``masked_lm_prob`` 0.15, ``short_seq_prob`` 0.1, ``dupe_factor`` 10, and the two phases
-``seq128`` (20 predictions) and ``seq512`` (80 predictions).
+``seq128`` (20 predictions) and ``seq512`` (80 predictions), and the 80/10/10 [MASK]/random/keep split of
+the masked positions (``mask_split``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -25,6 +27,34 @@ class PhaseSpec(StrictModel):
 
     max_seq_length: int = Field(ge=MIN_SEQ_LENGTH, description="tokens per instance, [CLS]/[SEP] included")
     max_predictions_per_seq: int = Field(ge=1, description="most masked positions per instance")
+
+
+class MaskSplit(StrictModel):
+    """What becomes of a position chosen for prediction: ``[MASK]``, a random id, or kept as it is.
+
+    The paper's 80/10/10 (§3.1) is the default; its ablation (appendix C.2) compares other splits such as
+    100/0/0 (always ``[MASK]``, a token fine-tuning never sees), which cost most in its feature-based NER
+    setting.
+    """
+
+    mask: float = Field(0.8, ge=0.0, le=1.0, description="share replaced by [MASK]")
+    random: float = Field(0.1, ge=0.0, le=1.0, description="share replaced by a random vocabulary id")
+    keep: float = Field(0.1, ge=0.0, le=1.0, description="share left unchanged")
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> MaskSplit:
+        total = self.mask + self.random + self.keep
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ValueError(
+                f"mask + random + keep must add up to 1, got {self.mask:g} + {self.random:g} + {self.keep:g} "
+                f"= {total:g}; e.g. {{mask: 0.8, random: 0.1, keep: 0.1}} (the paper's)"
+            )
+        return self
+
+    @property
+    def is_paper(self) -> bool:
+        """The paper's 80/10/10 (outputs built with it record no ``mask_split``: the format's default)."""
+        return self == MaskSplit()
 
 
 class PretrainDataParams(StrictModel):
@@ -55,6 +85,9 @@ class PretrainDataParams(StrictModel):
         description="compensate the forced NotNext of single-sentence chunks so the NotNext share of each "
         "whole output is random_next_prob (or the forced share, when that alone is higher); false = "
         "Google's rule exactly",
+    )
+    mask_split: MaskSplit = Field(
+        default_factory=MaskSplit, description="[MASK]/random/keep shares of the positions chosen for MLM"
     )
     whole_word_masking: bool = False
     masking: Literal["static", "dynamic"] = Field(
@@ -98,5 +131,16 @@ class PretrainDataParams(StrictModel):
         return self
 
     def data_params(self) -> dict:
-        """The params that decide the bytes of the output (``num_workers`` and ``check_sample`` do not)."""
-        return self.model_dump(mode="json", exclude={"num_workers", "check_sample"})
+        """The params that decide the bytes of the output (``num_workers`` and ``check_sample`` do not).
+
+        ``mask_split`` is left out at the paper's 80/10/10, which readers assume when it is absent: an
+        output built with the default split has the same bytes as one built before the split was a
+        parameter (and those stay readable).
+        """
+        exclude = {"num_workers", "check_sample"} | ({"mask_split"} if self.mask_split.is_paper else set())
+        return self.model_dump(mode="json", exclude=exclude)
+
+    def index_fields(self) -> dict[str, Any]:
+        """The masking settings that ``index.json`` records beside ``masked_lm_prob`` for the loader (the
+        split only when it is not the paper's, see :meth:`data_params`)."""
+        return {} if self.mask_split.is_paper else {"mask_split": self.mask_split.model_dump(mode="json")}

@@ -275,6 +275,8 @@ def run_task(job: Job) -> dict[str, Any]:
             cls_id=sp["[CLS]"],
             sep_id=sp["[SEP]"],
             pad_id=sp["[PAD]"],
+            mask_prob=p.mask_split.mask,
+            keep_prob=p.mask_split.keep,
         )
     corpus = {"documents": 0, "sentences": 0, "tokens": 0, "windows": 0}
     # NSP balance carried across windows and passes

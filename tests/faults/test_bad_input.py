@@ -124,6 +124,16 @@ PARAMS_CASES = {
         {"pretrain_data.masked_lm_prob": 1.5},
         ["'pretrain_data.masked_lm_prob' = 1.5: Input should be less than or equal to 1"],
     ),
+    "mask split that does not add up to 1": (
+        "pretrain_data",
+        {"pretrain_data.mask_split": {"mask": 0.8, "random": 0.2, "keep": 0.1}},
+        ["'pretrain_data.mask_split' = a mapping: mask + random + keep must add up to 1"],
+    ),
+    "nsp that is not a boolean": (
+        "pretrain",
+        {"pretrain.nsp": "off-ish"},
+        ["'pretrain.nsp' = 'off-ish': Input should be a valid boolean"],
+    ),
     "position table declared twice (pretrain)": (
         "pretrain",
         {"pretrain.model.overrides": {"max_position_embeddings": 1024}},
