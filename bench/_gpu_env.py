@@ -15,6 +15,7 @@ it changes nothing, so the same commands run on a development machine's virtuale
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -24,6 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 BUNDLE = REPO / ".gpu"
 WHEELS = BUNDLE / "wheels"
 DATA = BUNDLE / "data"
+PROVIDED = (
+    "pydantic",
+    "great_expectations",
+    "mwparserfromhell",
+)  # what the wheels are for (bench.gpu_bundle)
 
 
 def _prepend(var: str, path: Path) -> None:
@@ -49,7 +55,7 @@ def activate() -> dict[str, str]:
         sys.path.insert(0, str(REPO))
     _prepend("PYTHONPATH", REPO)
     wheels = sorted(WHEELS.glob("*.whl")) if WHEELS.is_dir() else []
-    if wheels:
+    if wheels and not all(importlib.util.find_spec(m) for m in PROVIDED):  # a full virtualenv needs none
         site = site_dir()
         marker = site / ".installed"
         names = "\n".join(w.name for w in wheels)
