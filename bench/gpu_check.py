@@ -27,6 +27,7 @@ BUNDLE = gpu_env.activate()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
@@ -40,8 +41,8 @@ from typing import Any  # noqa: E402
 REPO = gpu_env.REPO
 GPU_TESTS = ("tests/test_gpu_training.py", "tests/test_model.py::test_cuda_matches_cpu")
 # Seconds per part on a GPU (the sum stays under ~9 minutes); --tiny runs them all in well under a minute.
-CAPS = {"env": 30, "tests": 130, "pretrain_loop": 120, "pretrain_compare_128": 100, "pretrain_compare_512": 100,
-        "finetune": 60}  # fmt: skip
+CAPS = {"env": 20, "tests": 110, "pretrain_loop": 130, "pretrain_compare_128": 120, "pretrain_compare_512": 110,
+        "finetune": 50}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- the parts
@@ -210,6 +211,17 @@ def child(args: argparse.Namespace) -> int:
     return code
 
 
+def _clean(value: Any) -> Any:
+    """NaN/inf as null (strict JSON: the MFU of a CPU run, peak memory without CUDA)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
@@ -292,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"started": stamp, "device": args.device, "tiny": args.tiny, "parts": {}}
     for name in parts:
         summary["parts"][name] = run_part(name, args, out)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+        (out / "summary.json").write_text(
+            json.dumps(_clean(summary), indent=2, default=str) + "\n", encoding="utf-8"
+        )
         (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
     bad = [n for n, p in summary["parts"].items() if p["status"] != "ok"]
     print(

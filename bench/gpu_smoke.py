@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         sections["pretrain"]["phases"] = [{"name": "seq128", "share": 1.0, "micro_batch": 8, "global_batch": 8,
                                            "lr": 2.0e-3, "warmup_ratio": 0.1}]  # fmt: skip
         sections["pretrain_data"]["phases"] = ["seq128"]
+        sections["corpus"]["workers"] = sections["pretrain_data"]["num_workers"] = 1  # no pool to start
     summary: dict[str, Any] = {
         "profile": profile, "device": args.device, "started": stamp, "torch": torch.__version__,
         "cuda": torch.version.cuda, "python": sys.version.split()[0], "data_root": data_root,
@@ -243,7 +244,8 @@ def run(sections: dict, args: argparse.Namespace, data_root: Path, out: Path, su
     def params(stage: str, cls: type) -> Any:
         return parse_params(sections[stage], cls, where=f"bench/gpu_smoke ({stage})", prefix=stage)
 
-    checks = out / "data_checks"
+    # The data checks run as in the pipeline; their Data Docs HTML is not rendered (only fine-tuning always
+    # renders it, into a temporary folder here), which the smoke has no use for.
     corpus_dir, vocab_dir, data_dir = (
         out / "data" / "corpus",
         out / "data" / "vocab",
@@ -252,20 +254,18 @@ def run(sections: dict, args: argparse.Namespace, data_root: Path, out: Path, su
     model_dir, fine_dir = out / "models" / "pretrained", out / "results" / args.task
 
     def corpus():
-        stats = build_corpus(params("corpus", CorpusParams), corpus_dir, data_root=data_root,
-                             report_dir=checks / "corpus")  # fmt: skip
+        stats = build_corpus(params("corpus", CorpusParams), corpus_dir, data_root=data_root)
         return stats, _flat(stats.as_metrics(), ("documents", "bytes", "sentences"))
 
     def vocab():
         p = params("vocab", VocabParams)
         ref = data_root / p.reference_local if p.reference_local else None
-        stats = train_vocab(p, corpus_dir, vocab_dir, reference_vocab=ref if ref and ref.is_file() else None,
-                            report_dir=checks / "vocab")  # fmt: skip
+        stats = train_vocab(p, corpus_dir, vocab_dir, reference_vocab=ref if ref and ref.is_file() else None)
         return stats, _flat(stats.as_metrics(), ("vocab_size", "tokens_per_word", "unk"))
 
     def pretrain_data():
         result = build_pretrain_data(params("pretrain_data", PretrainDataParams), corpus_dir=corpus_dir,
-                                     vocab_dir=vocab_dir, output_dir=data_dir, report_dir=checks)  # fmt: skip
+                                     vocab_dir=vocab_dir, output_dir=data_dir)  # fmt: skip
         return result, _flat(result.as_metrics(), ("instances", "tokens"))
 
     def pretraining():
@@ -275,7 +275,7 @@ def run(sections: dict, args: argparse.Namespace, data_root: Path, out: Path, su
 
     def finetune():
         result = finetune_task(args.task, params("finetune", FinetuneParams), model_dir, fine_dir,
-                               data_root=data_root, check_report_dir=checks / "finetune")  # fmt: skip
+                               data_root=data_root)  # fmt: skip
         return result, _flat(result.metrics(), ("dev", "train", "seconds", "examples"))
 
     for name, fn in (("corpus", corpus), ("vocab", vocab), ("pretrain_data", pretrain_data),
