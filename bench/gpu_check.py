@@ -28,6 +28,7 @@ BUNDLE = gpu_env.activate()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import os  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
@@ -73,7 +74,10 @@ def part_tests(args: argparse.Namespace) -> dict:
     xml = Path(args.part_json).with_suffix(".xml")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "--junitxml", str(xml),
            *GPU_TESTS]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    # No third-party plugins: whatever the machine has installed (some fail to load without their package's
+    # extras) has no part in these tests.
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     out: dict[str, Any] = {"exit_code": proc.returncode, "tail": (proc.stdout + proc.stderr)[-3000:]}
     if xml.is_file():
         cases = []
