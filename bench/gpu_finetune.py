@@ -77,7 +77,7 @@ def run_transformers(init: Path, features: list[dict], args: argparse.Namespace)
     with tempfile.TemporaryDirectory() as tmp:
         targs = transformers.TrainingArguments(
             output_dir=tmp, per_device_train_batch_size=args.batch_size, max_steps=args.steps, learning_rate=2e-5,
-            warmup_steps=0.1, weight_decay=0.01, max_grad_norm=1.0, lr_scheduler_type="linear", eval_strategy="no",
+            warmup_steps=max(1, args.steps // 10), weight_decay=0.01, max_grad_norm=1.0, lr_scheduler_type="linear", eval_strategy="no",
             save_strategy="no", logging_strategy="no", report_to=[], seed=1, dataloader_num_workers=0,
             disable_tqdm=True, bf16=args.device == "cuda", use_cpu=args.device == "cpu",
         )  # fmt: skip
