@@ -26,11 +26,13 @@ import bench._gpu_env as gpu_env  # first: the bundle's wheels before any other 
 BUNDLE = gpu_env.activate()
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -42,8 +44,8 @@ from typing import Any  # noqa: E402
 REPO = gpu_env.REPO
 GPU_TESTS = ("tests/test_gpu_training.py", "tests/test_model.py::test_cuda_matches_cpu")
 # Seconds per part on a GPU (the sum stays under ~9 minutes); --tiny runs them all in well under a minute.
-CAPS = {"env": 20, "tests": 110, "pretrain_loop": 130, "pretrain_compare_128": 120, "pretrain_compare_512": 110,
-        "finetune": 50}  # fmt: skip
+CAPS = {"env": 25, "tests": 150, "pretrain_loop": 120, "pretrain_compare_128": 110, "pretrain_compare_512": 100,
+        "finetune": 40}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- the parts
@@ -72,13 +74,13 @@ def part_env(args: argparse.Namespace) -> dict:
 
 def part_tests(args: argparse.Namespace) -> dict:
     xml = Path(args.part_json).with_suffix(".xml")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "--junitxml", str(xml),
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu", "--junitxml", str(xml),
            *GPU_TESTS]  # fmt: skip
     # No third-party plugins: whatever the machine has installed (some fail to load without their package's
     # extras) has no part in these tests.
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    out: dict[str, Any] = {"exit_code": proc.returncode, "tail": (proc.stdout + proc.stderr)[-3000:]}
+    proc = subprocess.run(cmd, cwd=REPO, env=env)  # its lines go to the part's log as they come
+    out: dict[str, Any] = {"exit_code": proc.returncode}
     if xml.is_file():
         cases = []
         for case in ET.parse(xml).getroot().iter("testcase"):
@@ -186,11 +188,20 @@ def run_part(name: str, args: argparse.Namespace, out: Path) -> dict:
     t0 = time.perf_counter()
     print(f"[gpu-check] {name} (cap {cap:.0f} s) ...", flush=True)
     with log_file.open("w") as log:
+        # Its own process group: at the cap the part goes with everything it started (pytest, torchrun's
+        # workers, compile workers), so nothing keeps the GPU busy while the next part is timed.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # a killed part's last lines are in its log
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=cap)
-            status = "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+            code = proc.wait(timeout=cap)
+            status = "ok" if code == 0 else f"failed (exit {code})"
         except subprocess.TimeoutExpired:
             status = f"timeout after {cap:.0f} s"
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     entry: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - t0, 1)}
     if result_file.is_file():
         entry |= json.loads(result_file.read_text())
