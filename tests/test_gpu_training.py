@@ -63,11 +63,11 @@ def test_autocast_training_steps_are_finite_and_update_the_weights(precision):
         pytest.skip("this GPU has no bf16")
     torch.manual_seed(0)
     before = BertForPreTraining(tiny_config()).state_dict()
-    model, metrics = _fit(precision)
+    model, metrics = _fit(precision, steps=10)  # fp16: the loss scaler skips the first steps (scale 2**16)
     assert next(model.parameters()).device.type == "cuda"
     assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
     moved = [n for n, p in model.state_dict().items() if not torch.equal(p.cpu(), before[n])]
-    assert len(moved) > len(before) // 2, "most weights should change after 4 steps"
+    assert len(moved) > len(before) // 2, "most weights should change in 10 steps"
 
 
 def test_fused_adamw_is_used_on_cuda_and_matches_foreach():
