@@ -177,7 +177,7 @@ def test_ddp_with_one_process_over_nccl(tmp_path):
                 ones = torch.ones(4, device="cuda")
                 dist.all_reduce(ones)
                 model = tiny_model(dropout=0.0).cuda()
-                net = DistributedDataParallel(model, device_ids=[0])
+                net = DistributedDataParallel(model, device_ids=[0], gradient_as_bucket_view=True)  # as the Trainer
                 objective = PretrainingObjective.for_config(model.config)
                 opt = build_optimizer(model, lr=1e-3)
                 batch = {{k: v.cuda() for k, v in pretraining_batch(padded=True).items()}}
