@@ -125,3 +125,23 @@ test-faults: venv
 .PHONY: test-scale
 test-scale: venv
 	$(PY) -m pytest -q -m scale tests/test_scale.py
+
+# ---- A GPU machine's first run (bench/gpu_check.py, bench/gpu_smoke.py; docs/benchmarks.md, GPU) ---------
+# Here (pip's network and the data root):  make gpu-bundle [GPU_PYTHON_VERSION=3.12]  -> .gpu/ (ignored)
+# There (its own python3 with torch+CUDA; no venv, no network), with .gpu carried along the working tree:
+#   make gpu-check   # ~9 min: env, pytest -m gpu, pretraining + fine-tuning throughput -> reports/gpu-check/<time>/
+#   make gpu-smoke   # gpu-base recipe on capped data, then a load check in transformers -> outputs/gpu-smoke/<time>/
+# CPU dry runs (what CI runs, tests/test_gpu_commands.py): GPU_ARGS="--device cpu --tiny"
+GPU_PYTHON ?= python3
+GPU_PYTHON_VERSION ?= 3.12
+GPU_ARGS ?=
+.PHONY: gpu-bundle gpu-check gpu-smoke
+
+gpu-bundle: venv
+	$(PY) -m bench.gpu_bundle --python-version $(GPU_PYTHON_VERSION)
+
+gpu-check:
+	$(GPU_PYTHON) -m bench.gpu_check $(GPU_ARGS)
+
+gpu-smoke:
+	$(GPU_PYTHON) -m bench.gpu_smoke $(GPU_ARGS)

@@ -157,6 +157,14 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 # the file and key named, not after training (a registry name) or deep inside a library without a key.
 
 
+def _mlflow_installed() -> bool:
+    """Whether MLflow can be imported. Without it (the library entries run bare, e.g. ``bench/gpu_smoke.py``
+    on a machine without the orchestration stack) nothing is registered, so there is no name to refuse."""
+    import importlib.util
+
+    return importlib.util.find_spec("mlflow") is not None
+
+
 def _mlflow_refuses(check: Any, value: str, what: str, suggestion: str) -> None:
     """Run one of MLflow's own validators (``mlflow.utils.validation``), so the rules cannot drift from
     the installed MLflow; its refusal becomes a ``ValueError`` that :func:`parse_params` names the key of."""
@@ -170,6 +178,8 @@ def _mlflow_refuses(check: Any, value: str, what: str, suggestion: str) -> None:
 
 def mlflow_model_name(value: str) -> str:
     """``value`` if MLflow accepts it as a registered model name (no ``/`` or ``:``, no path tricks)."""
+    if not _mlflow_installed():
+        return value
     from mlflow.utils.validation import _validate_model_name
 
     _mlflow_refuses(
@@ -183,6 +193,8 @@ def mlflow_model_name(value: str) -> str:
 
 def mlflow_alias(value: str) -> str:
     """``value`` if MLflow accepts it as a registered model alias (``[A-Za-z0-9_-]``, not ``latest``/``v<N>``)."""
+    if not _mlflow_installed():
+        return value
     from mlflow.utils.validation import _validate_model_alias_name, _validate_model_alias_name_reserved
 
     suggestion = "Use another name, e.g. 'champion' or 'newest' ('latest' and v<N> name versions)."

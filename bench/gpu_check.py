@@ -1,0 +1,335 @@
+"""One command for a GPU machine's first run: environment, GPU tests, pretraining and fine-tuning throughput.
+
+Parts, each in its own process under its own time cap (a part that fails or runs over is recorded in the
+summary with its error and output tail; the others still run), about 9 minutes in all on one GPU:
+
+- ``env``: Python, torch, CUDA, cuDNN, transformers, the device, ``nvidia-smi``;
+- ``tests``: ``pytest -m gpu`` on the GPU tests (``tests/test_gpu_training.py``, the model's CUDA test);
+- ``pretrain_loop``: the pretraining stage's loop (``bench/bench_gpu_pretrain.py``): BERT-Base, bf16,
+  compiled, full-length synthetic batches at 128 (micro 256) and 512 (micro 64): tokens/s, seq/s, MFU
+  (``bert_core/training/flops.py``), peak memory;
+- ``pretrain_compare_128`` / ``_512``: one step of eager, compiled, unpadded, compiled+unpadded and
+  transformers' ``BertForPreTraining`` (SDPA), interleaved (``bench/bench_unpadded.py``), on batches with
+  real pretraining lengths (from the corpus sample of ``.gpu/data``; full length without it);
+- ``finetune``: SST-2-shaped fine-tuning, ours vs ``transformers.Trainer`` (``bench/gpu_finetune.py``).
+
+Writes ``summary.json`` (everything) and ``summary.md`` (the tables) into ``--out`` and prints that folder.
+
+    python -m bench.gpu_check                        # on the GPU machine (make gpu-check)
+    python -m bench.gpu_check --device cpu --tiny    # seconds on a CPU: the dry run CI keeps alive
+"""
+
+from __future__ import annotations
+
+import bench._gpu_env as gpu_env  # first: the bundle's wheels before any other import
+
+BUNDLE = gpu_env.activate()
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import xml.etree.ElementTree as ET  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+REPO = gpu_env.REPO
+GPU_TESTS = ("tests/test_gpu_training.py", "tests/test_model.py::test_cuda_matches_cpu")
+# Seconds per part on a GPU (the sum stays under ~9 minutes); --tiny runs them all in well under a minute.
+CAPS = {"env": 25, "tests": 150, "pretrain_loop": 120, "pretrain_compare_128": 110, "pretrain_compare_512": 100,
+        "finetune": 40}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------- the parts
+
+
+def part_env(args: argparse.Namespace) -> dict:
+    import torch
+    import transformers
+
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+        "transformers": transformers.__version__, "cuda_available": torch.cuda.is_available(), "bundle": BUNDLE,
+    }  # fmt: skip
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info |= {"device": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
+                 "memory_gib": round(props.total_memory / 2**30, 1), "bf16": torch.cuda.is_bf16_supported(),
+                 "devices": torch.cuda.device_count()}  # fmt: skip
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        proc = subprocess.run([smi], capture_output=True, text=True, timeout=20)
+        info["nvidia_smi"] = proc.stdout or proc.stderr
+    return info
+
+
+def part_tests(args: argparse.Namespace) -> dict:
+    xml = Path(args.part_json).with_suffix(".xml")
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu", "--junitxml", str(xml),
+           *GPU_TESTS]  # fmt: skip
+    # No third-party plugins: whatever the machine has installed (some fail to load without their package's
+    # extras) has no part in these tests.
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env)  # its lines go to the part's log as they come
+    out: dict[str, Any] = {"exit_code": proc.returncode}
+    if xml.is_file():
+        cases = []
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            status, message = "passed", ""
+            for kind in ("failure", "error", "skipped"):
+                node = case.find(kind)
+                if node is not None:
+                    status, message = kind, (node.get("message") or "")[:300]
+            cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "status": status,
+                          "seconds": float(case.get("time") or 0), "message": message})  # fmt: skip
+        out["cases"] = cases
+        out["counts"] = {
+            s: sum(c["status"] == s for c in cases) for s in ("passed", "failure", "error", "skipped")
+        }
+    if proc.returncode not in (0, 5):  # 5: nothing collected/ran is not a failure on a CPU dry run
+        raise PartFailed(f"pytest exit code {proc.returncode}", out)
+    return out
+
+
+def part_pretrain_loop(args: argparse.Namespace) -> dict:
+    from bench.bench_gpu_pretrain import run
+
+    if args.tiny:
+        plan, kw = (
+            [(64, 4)],
+            {"preset": "tiny", "steps": 2, "warm": 1, "compile_": False, "precision": "fp32"},
+        )
+    else:
+        plan, kw = [(128, 256), (512, 64)], {"preset": "base", "steps": 20, "warm": 10, "compile_": True,
+                                             "precision": "bf16"}  # fmt: skip
+    rows = []
+    for seq_len, batch in plan:
+        row = run(seq_len=seq_len, batch=batch, device=args.device, **kw)
+        rows.append(row)
+        _progress(row)
+    return {"rows": rows}
+
+
+def _compare(args: argparse.Namespace, seq_len: int, batch: int) -> dict:
+    from bench import bench_unpadded
+
+    if args.tiny:
+        argv = ["--preset", "tiny", "--seq-len", "64", "--batch-size", "4", "--steps", "1", "--warmup", "1",
+                "--variants", "eager,unpad,transformers", "--lengths", "full", "--n-batches", "1"]  # fmt: skip
+    else:
+        real = (bench_unpadded.SHARED / "corpus").is_dir() and bench_unpadded.VOCAB.is_file()
+        argv = ["--preset", "base", "--seq-len", str(seq_len), "--batch-size", str(batch), "--steps", "10",
+                "--warmup", "2", "--n-batches", "2", "--dtype", "bf16", "--lengths", "real" if real else "full",
+                "--corpus-docs", "200"]  # fmt: skip
+    table = Path(args.part_json).with_suffix(".table.json")
+    argv += ["--device", args.device, "--json", str(table)]
+    bench_unpadded.main(argv)
+    out = json.loads(table.read_text())
+    for row in out["rows"]:
+        row["seq_per_s"] = out["batch"] / row["s_per_step"]
+    if args.device == "cuda":
+        import torch
+
+        out["peak_mem_gib_all_variants"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def part_pretrain_compare_128(args: argparse.Namespace) -> dict:
+    return _compare(args, 128, 256)
+
+
+def part_pretrain_compare_512(args: argparse.Namespace) -> dict:
+    return _compare(args, 512, 64)
+
+
+def part_finetune(args: argparse.Namespace) -> dict:
+    from bench import gpu_finetune
+
+    argv = ["--device", args.device] + (
+        ["--preset", "tiny", "--steps", "3", "--batch-size", "8"] if args.tiny else []
+    )
+    return gpu_finetune.main(argv)
+
+
+PARTS = {name.removeprefix("part_"): fn for name, fn in globals().items() if name.startswith("part_")}
+
+
+class PartFailed(RuntimeError):
+    """A part ran but its outcome is a failure; ``details`` still go into the summary."""
+
+    def __init__(self, message: str, details: dict) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def _progress(row: dict) -> None:
+    print(json.dumps(row, default=str), flush=True)
+
+
+# ------------------------------------------------------------------------------------- the driver
+
+
+def run_part(name: str, args: argparse.Namespace, out: Path) -> dict:
+    """``name`` in a child process under its cap; its JSON, or the failure with the output's tail."""
+    cap = CAPS[name] * args.cap_scale
+    result_file = out / f"{name}.json"
+    log_file = out / f"{name}.log"
+    cmd = [sys.executable, "-m", "bench.gpu_check", "--part", name, "--part-json", str(result_file),
+           "--device", args.device, *(["--tiny"] if args.tiny else [])]  # fmt: skip
+    t0 = time.perf_counter()
+    print(f"[gpu-check] {name} (cap {cap:.0f} s) ...", flush=True)
+    with log_file.open("w") as log:
+        # Its own process group: at the cap the part goes with everything it started (pytest, torchrun's
+        # workers, compile workers), so nothing keeps the GPU busy while the next part is timed.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # a killed part's last lines are in its log
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=cap)
+            status = "ok" if code == 0 else f"failed (exit {code})"
+        except subprocess.TimeoutExpired:
+            status = f"timeout after {cap:.0f} s"
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    entry: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - t0, 1)}
+    if result_file.is_file():
+        entry |= json.loads(result_file.read_text())
+    if status != "ok":
+        entry["log_tail"] = log_file.read_text(errors="replace")[-4000:]
+    print(f"[gpu-check] {name}: {status} in {entry['seconds']} s", flush=True)
+    return entry
+
+
+def child(args: argparse.Namespace) -> int:
+    try:
+        result = {"result": PARTS[args.part](args)}
+        code = 0
+    except PartFailed as err:
+        result, code = {"error": str(err), "result": err.details}, 1
+    except Exception as err:
+        import traceback
+
+        traceback.print_exc()
+        result, code = {"error": f"{type(err).__name__}: {err}"}, 1
+    Path(args.part_json).write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    return code
+
+
+def _clean(value: Any) -> Any:
+    """NaN/inf as null (strict JSON: the MFU of a CPU run, peak memory without CUDA)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def _table(rows: list[dict], columns: list[str]) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return lines
+
+
+def markdown(summary: dict) -> str:
+    parts = summary["parts"]
+    env = parts.get("env", {}).get("result", {})
+    lines = [f"# GPU check {summary['started']}", "",
+             f"Device: {env.get('device', summary['device'])}; Python {env.get('python')}, torch {env.get('torch')}, "
+             f"CUDA {env.get('cuda')}, transformers {env.get('transformers')}.", "",
+             "| part | status | seconds |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {name} | {p['status']} | {p['seconds']} |" for name, p in parts.items()]
+    tests = parts.get("tests", {}).get("result", {})
+    if tests.get("cases"):
+        lines += ["", "## GPU tests", "", *_table(tests["cases"], ["test", "status", "seconds", "message"])]
+    loop = parts.get("pretrain_loop", {}).get("result", {})
+    if loop.get("rows"):
+        cols = ["preset", "seq_len", "batch", "precision", "compile", "tokens_per_s", "seq_per_s", "mfu",
+                "step_time_ms", "peak_mem_gib"]  # fmt: skip
+        lines += [
+            "",
+            "## Pretraining, the stage's loop (full-length batches)",
+            "",
+            *_table(loop["rows"], cols),
+        ]
+    for seq in (128, 512):
+        cmp = parts.get(f"pretrain_compare_{seq}", {}).get("result", {})
+        if cmp.get("rows"):
+            head = f"seq {cmp['seq_len']}, batch {cmp['batch']}, {cmp['dtype']}, lengths {cmp['lengths']} " \
+                   f"(padding {cmp['padding_share']:.0%})"  # fmt: skip
+            cols = ["variant", "s_per_step", "seq_per_s", "real_tok_s", "mfu", "speedup_vs_eager", "graph_breaks",
+                    "compile_s"]  # fmt: skip
+            lines += ["", f"## Pretraining step: {head}", "", *_table(cmp["rows"], cols)]
+    fine = parts.get("finetune", {}).get("result", {})
+    if fine.get("rows"):
+        lines += ["", f"## Fine-tuning, SST-2-shaped (batch {fine['batch']}, {fine['steps']} steps, "
+                      f"ours / transformers = {fine['ours_over_transformers']:.2f})", "",
+                  *_table(fine["rows"], ["contender", "examples_per_s", "seconds", "peak_mem_gib"])]  # fmt: skip
+    failed = {n: p for n, p in parts.items() if p["status"] != "ok"}
+    for name, p in failed.items():
+        lines += ["", f"## {name}: {p['status']}", "", "```", (p.get("error") or "") + "\n" + p.get("log_tail", "")[-1500:],
+                  "```"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None, help="default: reports/gpu-check/<UTC time>")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument(
+        "--tiny", action="store_true", help="tiny sizes and a few steps: a CPU dry run in seconds"
+    )
+    ap.add_argument("--parts", default=",".join(CAPS), help=f"comma-separated subset of {', '.join(CAPS)}")
+    ap.add_argument("--cap-scale", type=float, default=1.0, help="multiply every part's time cap")
+    ap.add_argument("--part", choices=list(PARTS), help=argparse.SUPPRESS)
+    ap.add_argument("--part-json", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.part:
+        return child(args)
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(CAPS))
+    if unknown:
+        sys.exit(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(CAPS)}")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run on the GPU machine, or `--device cpu --tiny` for the dry run")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = (args.out or REPO / "reports" / "gpu-check" / stamp).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"[gpu-check] -> {out}", flush=True)
+    summary: dict[str, Any] = {"started": stamp, "device": args.device, "tiny": args.tiny, "parts": {}}
+    for name in parts:
+        summary["parts"][name] = run_part(name, args, out)
+        (out / "summary.json").write_text(
+            json.dumps(_clean(summary), indent=2, default=str) + "\n", encoding="utf-8"
+        )
+        (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
+    bad = [n for n, p in summary["parts"].items() if p["status"] != "ok"]
+    print(
+        f"[gpu-check] {'all parts ok' if not bad else 'not ok: ' + ', '.join(bad)}; summary: {out / 'summary.md'}"
+    )
+    print(out)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

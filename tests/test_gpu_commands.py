@@ -1,0 +1,112 @@
+"""``make gpu-check`` and ``make gpu-smoke`` in their CPU dry mode (``--device cpu --tiny``), so the commands a
+GPU machine's first run depends on cannot rot; and their import path stays free of the orchestration stack,
+which the GPU machine does not have (Prefect, MLflow, DVC: blocked here in every process they start)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from bert_core.constants import REPO_ROOT
+
+ABSENT_ON_THE_GPU_MACHINE = ("prefect", "mlflow", "dvc", "dvc_data", "dvc_objects")
+
+
+@pytest.fixture
+def bare_env(tmp_path) -> dict[str, str]:
+    """An environment whose Python processes (children included) cannot import the orchestration stack."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            f"""
+            # As if absent: the path finder does not see them (so `find_spec` probes, e.g. transformers',
+            # answer None instead of raising) and importing them raises ModuleNotFoundError.
+            from importlib.machinery import PathFinder
+            BLOCKED = {ABSENT_ON_THE_GPU_MACHINE!r}
+            _find = PathFinder.find_spec.__func__
+            def _find_spec(cls, name, path=None, target=None):
+                return None if name.split(".")[0] in BLOCKED else _find(cls, name, path, target)
+            PathFinder.find_spec = classmethod(_find_spec)
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BERT_", "MLFLOW_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), str(REPO_ROOT)])
+    return env
+
+
+def _run(args: list[str], env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_the_blocking_hook_works(bare_env):
+    proc = _run(["-c", "import mlflow"], bare_env)
+    assert proc.returncode != 0 and "No module named 'mlflow'" in proc.stderr
+
+
+def test_entry_modules_import_without_the_orchestration_stack_or_great_expectations(bare_env):
+    """Great Expectations travels as a wheel for the data checks, but no module needs it at import."""
+    modules = ["bench.gpu_check", "bench.gpu_smoke", "bench.gpu_finetune", "bench.bench_gpu_pretrain",
+               "bench.bench_unpadded", "bert_core.corpus", "bert_core.vocab", "bert_core.pretrain_data.build",
+               "bert_core.pretrain", "bert_core.finetune.run"]  # fmt: skip
+    code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+    code += "print(sorted({m.split('.')[0] for m in sys.modules} & {'great_expectations', 'prefect', 'mlflow', 'dvc'}))"
+    proc = _run(["-c", code], bare_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
+    out = tmp_path / "check"
+    parts = ("env", "tests", "pretrain_loop", "pretrain_compare_512", "finetune")  # _128 runs the same code
+    args = [
+        "-m",
+        "bench.gpu_check",
+        "--device",
+        "cpu",
+        "--tiny",
+        "--parts",
+        ",".join(parts),
+        "--out",
+        str(out),
+    ]
+    proc = _run(args, bare_env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == str(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert {n: p["status"] for n, p in summary["parts"].items()} == dict.fromkeys(parts, "ok")
+    tests = summary["parts"]["tests"]["result"]
+    assert tests["counts"]["skipped"] >= 8 and tests["counts"]["failure"] == tests["counts"]["error"] == 0
+    assert summary["parts"]["finetune"]["result"]["rows"][0]["examples_per_s"] > 0
+    assert "## Fine-tuning" in (out / "summary.md").read_text()
+
+
+def test_gpu_smoke_dry_run_trains_and_loads_in_transformers(bare_env, tmp_path, shared_data):
+    out = tmp_path / "smoke"
+    env = bare_env | {"BERT_DATA_ROOT": str(shared_data)}
+    proc = _run(["-m", "bench.gpu_smoke", "--device", "cpu", "--tiny", "--out", str(out)], env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ok"] and list(summary["stages"]) == [
+        "corpus", "vocab", "pretrain_data", "pretrain", "finetune", "load_in_transformers"
+    ]  # fmt: skip
+    assert summary["stages"]["load_in_transformers"]["finetuned_class"] == "BertForSequenceClassification"
+    assert (out / "models" / "pretrained" / "model.safetensors").is_file()
+
+
+def test_a_failing_part_is_recorded_and_the_rest_still_run(bare_env, tmp_path):
+    out = tmp_path / "check"
+    proc = _run(["-m", "bench.gpu_check", "--device", "cpu", "--tiny", "--parts", "env,finetune", "--cap-scale",
+                 "0.01", "--out", str(out)], bare_env)  # fmt: skip
+    assert proc.returncode == 1
+    parts = json.loads((out / "summary.json").read_text())["parts"]
+    assert parts["env"]["status"].startswith("timeout") and parts["finetune"]["status"].startswith("timeout")
+    assert "timeout" in (out / "summary.md").read_text()
