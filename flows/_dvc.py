@@ -56,6 +56,7 @@ class StageInfo:
     cmd: str
     metrics: tuple[str, ...] = ()
     params: tuple[tuple[str, str], ...] = field(default=())  # (file, dotted key)
+    needs: tuple[str, ...] = ()  # the stages whose outputs it reads
 
 
 def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
@@ -73,6 +74,7 @@ def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
         graph = repo.index.graph
         ordered = [s for s in reversed(list(nx.topological_sort(graph))) if isinstance(s, PipelineStage)]
         infos = []
+        names = {s.name for s in ordered}
         for stage in ordered:
             cmd = stage.cmd if isinstance(stage.cmd, str) else " && ".join(stage.cmd or [])
             params = []
@@ -86,6 +88,7 @@ def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
                     cmd=cmd,
                     metrics=tuple(o.def_path for o in stage.outs if o.metric),
                     params=tuple(params),
+                    needs=tuple(s.name for s in graph.successors(stage) if s.name in names),
                 )
             )
     return infos
@@ -99,6 +102,8 @@ class DvcRun(Protocol):
     def wait(self) -> int: ...
 
     def stop(self, on_line: Callable[[str], None] | None = None) -> None: ...
+
+    def signal(self, signum: int) -> None: ...
 
 
 class DvcProcess:
@@ -152,6 +157,11 @@ class DvcProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
         reader.join(timeout=5)
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to DVC's process group (DVC and the stage it runs), if it is still there."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
 
     def _drain(self, on_line: Callable[[str], None] | None) -> None:
         with contextlib.suppress(ValueError, OSError):  # the pipe closed under the reader
