@@ -94,6 +94,20 @@ def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
     return infos
 
 
+def changed_stages(root: str | os.PathLike[str]) -> set[str]:
+    """The stages ``dvc status`` finds changed: a dependency, param, command or output differs from
+    ``dvc.lock``, or an output is missing. (A stage after a changed one may still have to run.)
+
+    Asks each stage (``Stage.status``, what ``dvc status`` does) rather than ``Repo.status``, whose keys are
+    paths relative to the current directory.
+    """
+    from dvc.repo import Repo, lock_repo
+    from dvc.stage import PipelineStage
+
+    with Repo(os.fspath(root)) as repo, lock_repo(repo):
+        return {s.name for s in repo.index.stages if isinstance(s, PipelineStage) and s.status()}
+
+
 class DvcRun(Protocol):
     """A running DVC command: its merged stdout/stderr lines, then its exit code."""
 

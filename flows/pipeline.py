@@ -205,8 +205,16 @@ def _fan_out(
     """The stages ``jobs`` at once, each its own ``dvc repro --single-item``; then ``dvc exp save`` for an
     experiment (the params overrides are in the workspace's files, as ``dvc exp run`` leaves them)."""
     needs = _fanout.closure({i.name: i.needs for i in _dvc.stage_infos(REPO_ROOT)}, targets)
+    unchanged = set() if given.force else set(needs) - _dvc.changed_stages(REPO_ROOT)
     outcome = fan_out(
-        needs, jobs=jobs, root=REPO_ROOT, env=env, slots=slots, force=given.force, fail_fast=given.fail_fast
+        needs,
+        jobs=jobs,
+        root=REPO_ROOT,
+        env=env,
+        slots=slots,
+        unchanged=unchanged,
+        force=given.force,
+        fail_fast=given.fail_fast,
     )
     if exp_name is not None and outcome[0] == 0:
         saved = drive(["exp", "save", "--name", exp_name], root=REPO_ROOT, env=env)

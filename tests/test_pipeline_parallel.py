@@ -204,8 +204,17 @@ def test_the_flow_runs_independent_stages_at_once_through_dvc(harness, dvc_repo,
     # DVC recorded every stage (no process lost another's dvc.lock entry) and finds nothing to do.
     assert set(yaml.safe_load((dvc_repo / "dvc.lock").read_text())["stages"]) == set(threads)
     assert "up to date" in _dvc(dvc_repo, "status")
+    stamps = (tmp_path / "stamps.txt").read_text()
     again = pipeline.pipeline_flow(profile=None, as_experiment=False, jobs=2)
     assert {r["outcome"] for r in again["stages"].values()} == {"cached"}
+    assert (tmp_path / "stamps.txt").read_text() == stamps
+    # A changed first stage: the later ones go to DVC, which finds their inputs the same and skips them.
+    sets = ["params/finetune.yaml:finetune.defaults.seeds=[3]"]
+    third = pipeline.pipeline_flow(profile=None, as_experiment=False, jobs=2, extra_overrides=sets)
+    assert {s: r["outcome"] for s, r in third["stages"].items()} == {
+        **dict.fromkeys(threads, "cached"),
+        "prep": "ran",
+    }
 
 
 def test_a_failed_stage_is_named_and_the_others_finish(harness, dvc_repo, tmp_path):
