@@ -12,9 +12,18 @@ form fields below (preset, tasks, steps, learning rates, seeds, time budget) and
 in that order. Every stage's MLflow run is tagged with ``pipeline_run_id`` (the Prefect flow run id), so
 ``python -m flows.compare`` and the MLflow UI find one pipeline run's runs together.
 
-Concurrency: runs of one workspace queue behind a file lock (``.dvc/tmp/bert-pipeline.lock``); ``make
-serve`` also serves with ``limit=1``. Nothing here is retried: a stage that fails once fails again with the
-same inputs (tracking calls inside stages are retried where they are made).
+Stages at once (``jobs``; ``--jobs``; ``make pipeline JOBS=N``): with ``jobs`` > 1 the stages whose inputs
+are ready run up to ``jobs`` at a time, each its own ``dvc repro --single-item`` on its own GPUs or share of
+the cores (:mod:`flows._fanout`); DVC still runs and records every stage. The default is one per GPU, else
+:data:`flows._fanout.CPU_JOBS`; ``jobs=1`` runs one ``dvc repro`` / ``dvc exp run`` as described above. An
+experiment run that way writes the overrides into the params files, as ``dvc exp run`` leaves them, and
+is saved with ``dvc exp save``. A failed stage lets the others finish (``fail_fast`` starts no more) and
+keeps the stages after it from running.
+
+Runs of one workspace queue behind a file lock (``.dvc/tmp/bert-pipeline.lock``); ``make
+serve`` also serves with ``limit=1``. Nothing here is retried but a stage DVC refused, before running it,
+because another DVC process held a lock: a stage that fails once fails again with the same inputs (tracking
+calls inside stages are retried where they are made).
 
 Command line (what ``make pipeline`` runs)::
 
