@@ -297,12 +297,18 @@ def fan_out(
             done[stage] = _cached(stage, root)
             return True
         stage_env = env if stage in solo else {**env, **slots[slot]}
+
+        def started(proc: _dvc.DvcRun) -> None:
+            procs[stage] = proc
+            if stopped.is_set():  # interrupted while it started: abort() may have missed it
+                proc.signal(signal.SIGTERM)
+
         for attempt in range(attempts):
             done[stage] = code, reports, tail = drive(
                 ["--wait-for-lock", "repro", "--single-item", *flags, stage],
                 root=root,
                 env=stage_env,
-                on_start=lambda proc: procs.__setitem__(stage, proc),
+                on_start=started,
                 stopped=stopped,
                 label=f"[{stage}] ",
             )
@@ -312,7 +318,8 @@ def fan_out(
             get_run_logger().info(
                 "[%s] DVC's lock is busy: trying again (%d/%d)", stage, attempt + 1, attempts
             )
-            time.sleep(2**attempt)
+            if stopped.wait(2**attempt):
+                break
         return code == 0
 
     def abort() -> None:

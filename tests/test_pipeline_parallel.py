@@ -241,3 +241,41 @@ def test_an_experiment_run_at_once_is_saved_as_a_dvc_experiment(harness, dvc_rep
     assert "par1" in _dvc(dvc_repo, "exp", "list")
     params = yaml.safe_load((dvc_repo / "params" / "finetune.yaml").read_text())
     assert params["finetune"]["defaults"]["seeds"] == [2]
+
+
+class _Dvc:
+    """A DVC process that prints ``lines`` and exits with ``code``."""
+
+    def __init__(self, lines: list[str], code: int) -> None:
+        self._lines, self.code = lines, code
+
+    def lines(self):
+        yield from self._lines
+
+    def wait(self) -> int:
+        return self.code
+
+    def stop(self, on_line=None) -> None:
+        pass
+
+    def signal(self, signum: int) -> None:
+        pass
+
+
+def test_a_stage_dvc_refused_on_a_busy_lock_is_tried_again(harness, monkeypatch, tmp_path):
+    from prefect import flow
+
+    from flows import _dvc
+
+    calls: list[list[str]] = []
+    busy = "ERROR: Unable to acquire lock. Most likely another DVC process is running or was terminated"
+
+    def start(args, *, cwd, env):
+        calls.append(args)
+        return _Dvc([busy], 255) if len(calls) == 1 else _Dvc(["Running stage 'b':", "done"], 0)
+
+    monkeypatch.setattr(_driver, "start_dvc", start)
+    monkeypatch.setattr(_dvc, "stage_infos", lambda root: [])
+    code, reports, _ = flow(lambda: _driver.fan_out({"b": ()}, jobs=1, root=tmp_path, env={}, slots=[{}]))()
+    assert code == 0 and [(r.stage, r.outcome) for r in reports] == [("b", "ran")]
+    assert calls == [["--wait-for-lock", "repro", "--single-item", "b"]] * 2
