@@ -80,8 +80,20 @@ def solo_stages(needs: Mapping[str, tuple[str, ...]]) -> set[str]:
 
 
 def closure(needs: Mapping[str, tuple[str, ...]], targets: list[str]) -> dict[str, tuple[str, ...]]:
-    """``needs`` narrowed to ``targets`` and what they need (all of it without targets), order kept."""
-    keep, todo = set(), list(targets or needs)
+    """``needs`` narrowed to ``targets`` and what they need (all of it without targets), order kept.
+
+    A target is a stage's name, or a ``foreach`` stage's (``finetune``: every ``finetune@<task>``).
+
+    Raises:
+        ValueError: a target that names no stage of ``dvc.yaml`` (the message lists them).
+    """
+    chosen = {t: [s for s in needs if s == t or s.startswith(f"{t}@")] for t in targets}
+    if unknown := [t for t, stages in chosen.items() if not stages]:
+        raise ValueError(
+            f"targets {unknown}: no such stage in dvc.yaml; give stage names ({', '.join(needs)}), or "
+            "jobs=1 (--jobs 1) to hand other targets to dvc repro as they are"
+        )
+    keep, todo = set(), [s for stages in chosen.values() for s in stages] if targets else list(needs)
     while todo:
         if (stage := todo.pop()) not in keep:
             keep.add(stage)

@@ -227,7 +227,7 @@ def _fan_out(
     )
     if exp_name is not None and outcome[0] == 0:
         saved = drive(["exp", "save", "--name", exp_name], root=REPO_ROOT, env=env)
-        outcome = saved if saved[0] else outcome
+        outcome = (saved[0], outcome[1], saved[2]) if saved[0] else outcome
     return ["--wait-for-lock", "repro", "--single-item", f"<stage> ({jobs} at once)"], outcome
 
 

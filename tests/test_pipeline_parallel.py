@@ -57,6 +57,11 @@ def test_solo_stages_and_closure():
     assert _fanout.solo_stages(NEEDS) == {"corpus", "pretrain", "evaluate"}
     assert list(_fanout.closure(NEEDS, ["finetune@rte"])) == ["corpus", "pretrain", "finetune@rte"]
     assert _fanout.closure(NEEDS, []) == NEEDS
+    with pytest.raises(
+        ValueError, match=r"\['finetune@sst'\]: no such stage in dvc.yaml; give stage names \(corpus, "
+    ):
+        _fanout.closure(NEEDS, ["finetune@sst"])
+    assert list(_fanout.closure(NEEDS, ["finetune"])) == [s for s in NEEDS if s != "evaluate"]
 
 
 # ---------------------------------------------------------------------------------------- the order
