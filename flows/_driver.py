@@ -338,7 +338,7 @@ def fan_out(
     for stage in needs:  # no report: DVC failed before it announced the stage, or the stage never started
         missing = StageReport(stage, "failed" if outcome.get(stage) == "failed" else "not run")
         reports += done.get(stage, (0, [], []))[1] or [missing]
-    failed = [done[s] for s, o in outcome.items() if o == "failed"]
+    failed = [done[s] for s in needs if outcome.get(s) == "failed"]  # in the order of the reports
     return (failed[0][0] or 1, reports, failed[0][2]) if failed else (0, reports, [])
 
 

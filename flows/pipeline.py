@@ -261,7 +261,12 @@ def _report(
     markdown_artifact("pipeline-summary", summary, f"Pipeline run {run_id}")
     if not ok:
         failed = [r.stage for r in reports if r.outcome == "failed"]
-        where = f"stage '{failed[0]}' failed" if failed else "DVC failed before running a stage"
+        names = ", ".join(f"'{stage}'" for stage in failed)
+        where = (
+            f"stage{'s' * (len(failed) > 1)} {names} failed"
+            if failed
+            else "DVC failed before running a stage"
+        )
         raise PipelineFailed(
             f"{where} (dvc exit code {returncode}). Last DVC output:\n" + "\n".join(tail[-15:])
         )

@@ -224,15 +224,16 @@ def test_the_flow_runs_independent_stages_at_once_through_dvc(harness, dvc_repo,
 
 def test_a_failed_stage_is_named_and_the_others_finish(harness, dvc_repo, tmp_path):
     spec = yaml.safe_load((dvc_repo / "dvc.yaml").read_text())
-    spec["stages"]["c"]["cmd"] = spec["stages"]["c"]["cmd"].replace("c 2 0", "c 0 3")
+    for name in ("c", "d"):
+        spec["stages"][name]["cmd"] = spec["stages"][name]["cmd"].replace(f"{name} 2 0", f"{name} 0 3")
     (dvc_repo / "dvc.yaml").write_text(yaml.safe_dump(spec, width=1000))
     state = pipeline.pipeline_flow(profile=None, as_experiment=False, jobs=2, return_state=True)
-    with pytest.raises(_driver.PipelineFailed, match=r"stage 'c' failed"):
+    with pytest.raises(_driver.PipelineFailed, match=r"stages '[cd]', '[cd]' failed"):
         state.result()
     lock = yaml.safe_load((dvc_repo / "dvc.lock").read_text())["stages"]
-    assert set(lock) == {"prep", "b", "d"}  # b and d finished; report never started
+    assert set(lock) == {"prep", "b"}  # b finished beside them; report never started
     status = json.loads(_dvc(dvc_repo, "status", "--json"))
-    assert set(status) == {"c", "report"}
+    assert set(status) == {"c", "d", "report"}
 
 
 def test_an_experiment_run_at_once_is_saved_as_a_dvc_experiment(harness, dvc_repo):
