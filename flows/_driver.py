@@ -3,7 +3,8 @@
 :func:`drive` runs DVC (``start_dvc``; the tests script a fake), parses its output with
 :func:`flows._dvc.parse_line`, and hands each stage's log lines to a :func:`follow_stage` task run named
 after the stage, whose state is ``Completed``, ``Cached`` (DVC skipped it) or ``Failed``, and whose
-artifact shows the stage's metrics (its ``metrics:`` files in ``dvc.yaml``).
+artifact shows the stage's metrics (its ``metrics:`` files in ``dvc.yaml``). :func:`fan_out` runs stages at
+once, each its own ``dvc repro --single-item`` followed by :func:`drive` in a worker thread.
 """
 
 from __future__ import annotations

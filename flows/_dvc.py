@@ -1,7 +1,8 @@
 """DVC plumbing for the pipeline flow: the stage graph, one streamed DVC process, the workspace lock.
 
-The pipeline flow never re-implements DVC's decisions: it runs one ``dvc exp run`` (or ``dvc repro``) and
-follows its output, so DVC's caching decides what reruns. DVC announces each stage with stable lines
+The pipeline flow never re-implements DVC's decisions: it runs one ``dvc exp run`` (or ``dvc repro``), or
+with stages at once one ``dvc repro --single-item`` per stage, and follows the output, so DVC's caching
+decides what reruns (:func:`changed_stages` only spares starting DVC for a stage it would skip). DVC announces each stage with stable lines
 (``Running stage 'x':``, ``Stage 'x' didn't change, skipping``, ``ERROR: failed to reproduce 'x'``), which
 :func:`parse_line` turns into events.
 """

@@ -214,6 +214,8 @@ def _fan_out(
     """The stages ``jobs`` at once, each its own ``dvc repro --single-item``; then ``dvc exp save`` for an
     experiment (the params overrides are in the workspace's files, as ``dvc exp run`` leaves them)."""
     needs = _fanout.closure({i.name: i.needs for i in _dvc.stage_infos(REPO_ROOT)}, targets)
+    if exp_name is not None:  # what dvc exp run tells its stages; their MLflow runs' dvc_experiment tag
+        env = {**env, "DVC_EXP_NAME": exp_name}
     unchanged = set() if given.force else set(needs) - _dvc.changed_stages(REPO_ROOT)
     outcome = fan_out(
         needs,
