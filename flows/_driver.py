@@ -144,7 +144,7 @@ def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[st
 @dataclass
 class StageReport:
     stage: str
-    outcome: str  # ran | cached | failed | interrupted | not run
+    outcome: str  # ran | cached | failed | interrupted | not run | not started (DVC failed before it ran)
     seconds: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -256,9 +256,13 @@ def drive(
     return returncode, follow.reports, follow.tail
 
 
-#: DVC's lines when another DVC process holds a lock it needs before it runs the stage: the stage is tried
-#: again. (While the stage runs and after, ``--wait-for-lock`` makes DVC wait for the repository lock.)
-LOCK_BUSY = ("Unable to acquire lock", "is busy, it is being blocked by")
+#: DVC's line when another DVC process held a lock file it needed for longer than DVC tries (3 s): the lock
+#: of its path-lock table (``.dvc/tmp/rwlock.lock``), which DVC does not wait for; the stage is tried again.
+#: (``--wait-for-lock`` makes DVC wait for the repository lock before and after the stage's command.) A path
+#: lock held by another DVC process (``... is busy, it is being blocked by (PID n)``) is not retried: our own
+#: stages never hold one another's paths (a stage runs only after the stages it reads), so the holder is a
+#: ``dvc`` command started beside the pipeline, and the run stops at once naming it, as ``dvc repro`` would.
+LOCK_BUSY = ("Unable to acquire lock",)
 
 
 def fan_out(
@@ -337,7 +341,7 @@ def fan_out(
         killer.cancel()
     reports = []
     for stage in needs:  # no report: DVC failed before it announced the stage, or the stage never started
-        missing = StageReport(stage, "failed" if outcome.get(stage) == "failed" else "not run")
+        missing = StageReport(stage, "not started" if outcome.get(stage) == "failed" else "not run")
         reports += done.get(stage, (0, [], []))[1] or [missing]
     failed = [done[s] for s in needs if outcome.get(s) == "failed"]  # in the order of the reports
     return (failed[0][0] or 1, reports, failed[0][2]) if failed else (0, reports, [])

@@ -213,10 +213,16 @@ def _fan_out(
 ) -> tuple[list[str], tuple[int, list[StageReport], list[str]]]:
     """The stages ``jobs`` at once, each its own ``dvc repro --single-item``; then ``dvc exp save`` for an
     experiment (the params overrides are in the workspace's files, as ``dvc exp run`` leaves them)."""
+    from dvc.exceptions import DvcException
+
     needs = _fanout.closure({i.name: i.needs for i in _dvc.stage_infos(REPO_ROOT)}, targets)
     if exp_name is not None:  # what dvc exp run tells its stages; their MLflow runs' dvc_experiment tag
         env = {**env, "DVC_EXP_NAME": exp_name}
-    unchanged = set() if given.force else set(needs) - _dvc.changed_stages(REPO_ROOT)
+    try:
+        unchanged = set() if given.force else set(needs) - _dvc.changed_stages(REPO_ROOT)
+    except DvcException as err:  # e.g. a dvc command beside the run holds the lock: DVC decides each stage
+        get_run_logger().info("dvc status: %s; every stage goes to DVC", err)
+        unchanged = set()
     outcome = fan_out(
         needs,
         jobs=jobs,
@@ -263,11 +269,12 @@ def _report(
     markdown_artifact("pipeline-summary", summary, f"Pipeline run {run_id}")
     if not ok:
         failed = [r.stage for r in reports if r.outcome == "failed"]
+        refused = ", ".join(f"'{r.stage}'" for r in reports if r.outcome == "not started")
         names = ", ".join(f"'{stage}'" for stage in failed)
         where = (
             f"stage{'s' * (len(failed) > 1)} {names} failed"
             if failed
-            else "DVC failed before running a stage"
+            else f"DVC failed before running a stage{f' ({refused})' if refused else ''}"
         )
         raise PipelineFailed(
             f"{where} (dvc exit code {returncode}). Last DVC output:\n" + "\n".join(tail[-15:])
