@@ -15,7 +15,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,7 +272,7 @@ def fan_out(
     root: Path,
     env: dict[str, str],
     slots: list[dict[str, str]],
-    unchanged: set[str] = frozenset(),  # type: ignore[assignment]
+    unchanged: Collection[str] = (),
     force: bool = False,
     fail_fast: bool = False,
     attempts: int = 6,
@@ -283,8 +283,8 @@ def fan_out(
     A stage in ``unchanged`` (``dvc status`` found nothing to do) whose needs were all unchanged too is
     reported ``cached`` without starting DVC for it (it would only say so, a few seconds each); any other
     runs with its slot's environment (``slots``: its GPUs and threads) unless it can never run beside
-    another; one that DVC refused because another DVC process held a lock is tried again (``attempts``,
-    waiting 1, 2, 4 ... s). On an interrupt every running stage gets SIGTERM, and SIGKILL after ``grace_s``.
+    another; one DVC refused on a busy lock (:data:`LOCK_BUSY`) is tried again (``attempts``, waiting
+    1, 2, 4 ... s). On an interrupt every running stage gets SIGTERM, and SIGKILL after ``grace_s``.
 
     Returns:
         As :func:`drive`: 0 or the first failed stage's DVC exit code, one report per stage (``not run``
@@ -294,38 +294,15 @@ def fan_out(
     procs: dict[str, _dvc.DvcRun] = {}
     skipped: set[str] = set()
     done: dict[str, tuple[int, list[StageReport], list[str]]] = {}
-    flags = ["--force"] if force else []
 
     def run(stage: str, slot: int) -> bool:
         if stage in unchanged and not force and all(n in skipped for n in needs[stage]):
             skipped.add(stage)
             done[stage] = _cached(stage, root)
-            return True
-        stage_env = env if stage in solo else {**env, **slots[slot]}
-
-        def started(proc: _dvc.DvcRun) -> None:
-            procs[stage] = proc
-            if stopped.is_set():  # interrupted while it started: abort() may have missed it
-                proc.signal(signal.SIGTERM)
-
-        for attempt in range(attempts):
-            done[stage] = code, reports, tail = drive(
-                ["--wait-for-lock", "repro", "--single-item", *flags, stage],
-                root=root,
-                env=stage_env,
-                on_start=started,
-                stopped=stopped,
-                label=f"[{stage}] ",
-            )
-            procs.pop(stage, None)  # ended: never signal a process group id the system may reuse
-            if code == 0 or reports or stopped.is_set() or not any(b in t for t in tail for b in LOCK_BUSY):
-                break
-            get_run_logger().info(
-                "[%s] DVC's lock is busy: trying again (%d/%d)", stage, attempt + 1, attempts
-            )
-            if stopped.wait(2**attempt):
-                break
-        return code == 0
+        else:
+            stage_env = env if stage in solo else {**env, **slots[slot]}
+            done[stage] = _repro_single(stage, root, stage_env, force, attempts, stopped, procs)
+        return done[stage][0] == 0
 
     def abort() -> None:
         stopped.set()
@@ -345,6 +322,37 @@ def fan_out(
         reports += done.get(stage, (0, [], []))[1] or [missing]
     failed = [done[s] for s in needs if outcome.get(s) == "failed"]  # in the order of the reports
     return (failed[0][0] or 1, reports, failed[0][2]) if failed else (0, reports, [])
+
+
+def _repro_single(
+    stage: str,
+    root: Path,
+    env: dict[str, str],
+    force: bool,
+    attempts: int,
+    stopped: threading.Event,
+    procs: dict[str, _dvc.DvcRun],
+) -> tuple[int, list[StageReport], list[str]]:
+    """``dvc --wait-for-lock repro --single-item <stage>`` followed by :func:`drive`, tried again when DVC
+    refused it on :data:`LOCK_BUSY`; its DVC process is in ``procs`` while it runs (for an interrupt)."""
+
+    def started(proc: _dvc.DvcRun) -> None:
+        procs[stage] = proc
+        if stopped.is_set():  # interrupted while it started: the abort may have missed it
+            proc.signal(signal.SIGTERM)
+
+    args = ["--wait-for-lock", "repro", "--single-item", *(["--force"] if force else []), stage]
+    for attempt in range(attempts):
+        code, reports, tail = result = drive(
+            args, root=root, env=env, on_start=started, stopped=stopped, label=f"[{stage}] "
+        )
+        procs.pop(stage, None)  # ended: never signal a process group id the system may reuse
+        if code == 0 or reports or stopped.is_set() or not any(b in t for t in tail for b in LOCK_BUSY):
+            break
+        get_run_logger().info("[%s] DVC's lock is busy: trying again (%d/%d)", stage, attempt + 1, attempts)
+        if stopped.wait(2**attempt):
+            break
+    return result
 
 
 def _cached(stage: str, root: Path) -> tuple[int, list[StageReport], list[str]]:
