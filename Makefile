@@ -65,9 +65,12 @@ clean:
 	rm -rf $(VENV) .pytest_cache
 
 # ---- The pipeline, its UIs and their end-to-end tests (flows/pipeline.py, flows/serve.py) ----------------
-# make pipeline [PROFILE=gpu-base] [BERT_DATA_ROOT=../shared/data] [PIPELINE_ARGS="--experiment ..."]
+# make pipeline [PROFILE=gpu-base] [JOBS=N] [BERT_DATA_ROOT=../shared/data] [PIPELINE_ARGS="--experiment ..."]
+# JOBS: stages at once (the fine-tuning tasks), each on its own GPUs or share of the cores; default one per
+# GPU, else 2 on a CPU; JOBS=1 runs one `dvc repro` as before.
 # BERT_DATA_ROOT (a data root laid out like ../shared/data) reads every source locally, offline.
 PROFILE ?=
+JOBS ?=
 PIPELINE_ARGS ?=
 PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
@@ -90,7 +93,7 @@ MODEL_URI ?= models:/bert-$(TASK)@champion
 MODEL_PORT ?= 5001
 
 pipeline: venv
-	$(PIPELINE_ENV) $(PY) -m flows.pipeline $(if $(PROFILE),--profile $(PROFILE)) $(PIPELINE_ARGS)
+	$(PIPELINE_ENV) $(PY) -m flows.pipeline $(if $(PROFILE),--profile $(PROFILE)) $(if $(JOBS),--jobs $(JOBS)) $(PIPELINE_ARGS)
 
 serve: venv
 	$(PIPELINE_ENV) $(PY) -m flows.serve --host 127.0.0.1 --port $(PREFECT_PORT)

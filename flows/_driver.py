@@ -3,7 +3,8 @@
 :func:`drive` runs DVC (``start_dvc``; the tests script a fake), parses its output with
 :func:`flows._dvc.parse_line`, and hands each stage's log lines to a :func:`follow_stage` task run named
 after the stage, whose state is ``Completed``, ``Cached`` (DVC skipped it) or ``Failed``, and whose
-artifact shows the stage's metrics (its ``metrics:`` files in ``dvc.yaml``).
+artifact shows the stage's metrics (its ``metrics:`` files in ``dvc.yaml``). :func:`fan_out` runs stages at
+once, each its own ``dvc repro --single-item`` followed by :func:`drive` in a worker thread.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import logging
 import queue
 import re
+import signal
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed
 
-from flows import _dvc
+from flows import _dvc, _fanout
 from flows._stage import markdown_table
 
 
@@ -141,7 +144,7 @@ def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[st
 @dataclass
 class StageReport:
     stage: str
-    outcome: str  # ran | cached | failed | interrupted | not run
+    outcome: str  # ran | cached | failed | interrupted | not run | not started (DVC failed before it ran)
     seconds: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -151,80 +154,214 @@ def start_dvc(args: list[str], *, cwd: Path, env: dict[str, str]) -> _dvc.DvcRun
     return _dvc.DvcProcess(args, cwd=cwd, env=env)
 
 
-def drive(args: list[str], *, root: Path, env: dict[str, str]) -> tuple[int, list[StageReport], list[str]]:
+class _Follow:
+    """The stages one DVC process announces, each one's lines handed to its own ``follow_stage`` task."""
+
+    def __init__(self, root: Path, label: str = "") -> None:
+        self.root, self.logger, self.label = root, get_run_logger(), label
+        self.infos: dict[str, _dvc.StageInfo] | None = None
+        self.reports: list[StageReport] = []
+        self.futures: list[Any] = []
+        self.tail: list[str] = []
+        self.current: tuple[StageReport, StageFeed, float] | None = None
+
+    def metrics_files(self, stage: str) -> tuple[str, ...]:
+        if self.infos is None or stage not in self.infos:
+            try:
+                self.infos = {i.name: i for i in _dvc.stage_infos(self.root)}
+            except Exception as err:  # the summary still works without metrics
+                self.logger.warning("could not read the stage list from dvc.yaml: %s", err)
+                self.infos = {}
+        info = self.infos.get(stage)
+        return info.metrics if info else ()
+
+    def start(self, stage: str, outcome: str) -> StageFeed:
+        self.finish("ran")
+        report, feed = StageReport(stage, outcome), StageFeed()
+        self.reports.append(report)
+        self.futures.append(follow_stage.submit(stage, feed, str(self.root), self.metrics_files(stage)))
+        self.current = (report, feed, time.monotonic()) if outcome == "running" else None
+        return feed
+
+    def finish(self, outcome: str) -> None:
+        if self.current is not None:
+            report, feed, started = self.current
+            report.outcome, report.seconds = outcome, time.monotonic() - started
+            feed.close(outcome)
+            self.current = None
+
+    def put(self, line: str) -> None:
+        if self.current is not None:
+            self.current[1].put(line)
+        else:
+            self.logger.info("%s%s", self.label, line)
+
+    def line(self, line: str) -> None:
+        self.tail = [*self.tail[-39:], line]
+        event = _dvc.parse_line(line)
+        if event.kind == "running":
+            self.start(event.stage or "?", "running").put(line)
+        elif event.kind == "skipped":
+            self.start(event.stage or "?", "cached").close("cached")
+        elif event.kind == "failed" and self.current is not None and self.current[0].stage == event.stage:
+            self.put(line)
+            self.finish("failed")
+        else:
+            self.put(line)
+
+
+def drive(
+    args: list[str],
+    *,
+    root: Path,
+    env: dict[str, str],
+    on_start: Callable[[_dvc.DvcRun], None] = lambda proc: None,
+    stopped: threading.Event | None = None,
+    label: str = "",
+) -> tuple[int, list[StageReport], list[str]]:
     """Run DVC, follow its stage announcements and hand each stage's lines to a ``follow_stage`` task.
+
+    Args:
+        args: DVC's arguments.
+        root: The repository.
+        env: DVC's environment (and its stages').
+        on_start: Given the DVC process once it started (the fan-out keeps it, to stop it).
+        stopped: Set when the pipeline run was interrupted from another thread: the stage's outcome is
+            then ``interrupted``, not ``failed``.
+        label: Prefix of DVC's lines outside a stage (the stage's name when stages run at once).
 
     Returns:
         DVC's exit code, one report per stage DVC mentioned (in order), and DVC's last 40 lines.
     """
-    logger = get_run_logger()
-    infos: dict[str, _dvc.StageInfo] | None = None
-    reports: list[StageReport] = []
-    futures: list[Any] = []
-    tail: list[str] = []
-    current: tuple[StageReport, StageFeed, float] | None = None
-
-    def metrics_files(stage: str) -> tuple[str, ...]:
-        nonlocal infos
-        if infos is None or stage not in infos:
-            try:
-                infos = {i.name: i for i in _dvc.stage_infos(root)}
-            except Exception as err:  # the summary still works without metrics
-                logger.warning("could not read the stage list from dvc.yaml: %s", err)
-                infos = {}
-        info = infos.get(stage)
-        return info.metrics if info else ()
-
-    def finish(outcome: str) -> None:
-        nonlocal current
-        if current is not None:
-            report, feed, started = current
-            report.outcome, report.seconds = outcome, time.monotonic() - started
-            feed.close(outcome)
-            current = None
-
-    def submit(stage: str, feed: StageFeed) -> None:
-        futures.append(follow_stage.submit(stage, feed, str(root), metrics_files(stage)))
-
+    follow = _Follow(root, label)
     proc = start_dvc(args, cwd=root, env=env)
+    on_start(proc)
     interrupted = False
     try:
         for line in proc.lines():
-            tail = [*tail[-39:], line]
-            event = _dvc.parse_line(line)
-            if event.kind == "running":
-                finish("ran")
-                report, feed = StageReport(event.stage or "?", "running"), StageFeed()
-                reports.append(report)
-                current = (report, feed, time.monotonic())
-                submit(report.stage, feed)
-                feed.put(line)
-            elif event.kind == "skipped":
-                finish("ran")
-                feed = StageFeed()
-                reports.append(StageReport(event.stage or "?", "cached"))
-                submit(event.stage or "?", feed)
-                feed.close("cached")
-            elif event.kind == "failed" and current is not None and current[0].stage == event.stage:
-                current[1].put(line)
-                finish("failed")
-            elif current is not None:
-                current[1].put(line)
-            else:
-                logger.info(line)
+            follow.line(line)
         returncode = proc.wait()
     except BaseException as err:  # Ctrl-C / SIGTERM of the pipeline: DVC and its stage are stopped below
         interrupted = not isinstance(err, Exception)
         raise
     finally:
-        proc.stop(on_line=lambda line: current[1].put(line) if current is not None else logger.info(line))
-        finish("interrupted" if interrupted else "ran" if proc.wait() == 0 else "failed")
-    for future in futures:
+        proc.stop(on_line=follow.put)
+        interrupted = interrupted or (stopped is not None and stopped.is_set())
+        follow.finish("interrupted" if interrupted else "ran" if proc.wait() == 0 else "failed")
+    for future in follow.futures:
         future.wait()
-    for report in reports:
+    for report in follow.reports:
         if report.outcome in ("ran", "cached"):
-            report.metrics = read_stage_metrics(root, metrics_files(report.stage))
-    return returncode, reports, tail
+            report.metrics = read_stage_metrics(root, follow.metrics_files(report.stage))
+    return returncode, follow.reports, follow.tail
+
+
+#: DVC's line when another DVC process held a lock file it needed for longer than DVC tries (3 s): the lock
+#: of its path-lock table (``.dvc/tmp/rwlock.lock``), which DVC does not wait for; the stage is tried again.
+#: (``--wait-for-lock`` makes DVC wait for the repository lock before and after the stage's command.) A path
+#: lock held by another DVC process (``... is busy, it is being blocked by (PID n)``) is not retried: our own
+#: stages never hold one another's paths (a stage runs only after the stages it reads), so the holder is a
+#: ``dvc`` command started beside the pipeline, and the run stops at once naming it, as ``dvc repro`` would.
+LOCK_BUSY = ("Unable to acquire lock",)
+
+
+def fan_out(
+    needs: dict[str, tuple[str, ...]],
+    *,
+    jobs: int,
+    root: Path,
+    env: dict[str, str],
+    slots: list[dict[str, str]],
+    unchanged: Collection[str] = (),
+    force: bool = False,
+    fail_fast: bool = False,
+    attempts: int = 6,
+    grace_s: float = 30.0,
+) -> tuple[int, list[StageReport], list[str]]:
+    """Each stage of ``needs`` as its own ``dvc repro --single-item``, ``jobs`` at once (:mod:`flows._fanout`).
+
+    A stage in ``unchanged`` (``dvc status`` found nothing to do) whose needs were all unchanged too is
+    reported ``cached`` without starting DVC for it (it would only say so, a few seconds each); any other
+    runs with its slot's environment (``slots``: its GPUs and threads) unless it can never run beside
+    another; one DVC refused on a busy lock (:data:`LOCK_BUSY`) is tried again (``attempts``, waiting
+    1, 2, 4 ... s). On an interrupt every running stage gets SIGTERM, and SIGKILL after ``grace_s``.
+
+    Returns:
+        As :func:`drive`: 0 or the first failed stage's DVC exit code, one report per stage (``not run``
+        for those a failed stage kept from running), and the first failed stage's last DVC lines.
+    """
+    solo, stopped = _fanout.solo_stages(needs), threading.Event()
+    procs: dict[str, _dvc.DvcRun] = {}
+    skipped: set[str] = set()
+    done: dict[str, tuple[int, list[StageReport], list[str]]] = {}
+
+    def run(stage: str, slot: int) -> bool:
+        if stage in unchanged and not force and all(n in skipped for n in needs[stage]):
+            skipped.add(stage)
+            done[stage] = _cached(stage, root)
+        else:
+            stage_env = env if stage in solo else {**env, **slots[slot]}
+            done[stage] = _repro_single(stage, root, stage_env, force, attempts, stopped, procs)
+        return done[stage][0] == 0
+
+    def abort() -> None:
+        stopped.set()
+        for proc in list(procs.values()):
+            proc.signal(signal.SIGTERM)
+        killer.start()
+
+    killer = threading.Timer(grace_s, lambda: [p.signal(signal.SIGKILL) for p in list(procs.values())])
+    killer.daemon = True
+    try:
+        outcome = _fanout.run_graph(needs, jobs, run, fail_fast=fail_fast, abort=abort)
+    finally:
+        killer.cancel()
+    reports = []
+    for stage in needs:  # no report: DVC failed before it announced the stage, or the stage never started
+        missing = StageReport(stage, "not started" if outcome.get(stage) == "failed" else "not run")
+        reports += done.get(stage, (0, [], []))[1] or [missing]
+    failed = [done[s] for s in needs if outcome.get(s) == "failed"]  # in the order of the reports
+    return (failed[0][0] or 1, reports, failed[0][2]) if failed else (0, reports, [])
+
+
+def _repro_single(
+    stage: str,
+    root: Path,
+    env: dict[str, str],
+    force: bool,
+    attempts: int,
+    stopped: threading.Event,
+    procs: dict[str, _dvc.DvcRun],
+) -> tuple[int, list[StageReport], list[str]]:
+    """``dvc --wait-for-lock repro --single-item <stage>`` followed by :func:`drive`, tried again when DVC
+    refused it on :data:`LOCK_BUSY`; its DVC process is in ``procs`` while it runs (for an interrupt)."""
+
+    def started(proc: _dvc.DvcRun) -> None:
+        procs[stage] = proc
+        if stopped.is_set():  # interrupted while it started: the abort may have missed it
+            proc.signal(signal.SIGTERM)
+
+    args = ["--wait-for-lock", "repro", "--single-item", *(["--force"] if force else []), stage]
+    for attempt in range(attempts):
+        code, reports, tail = result = drive(
+            args, root=root, env=env, on_start=started, stopped=stopped, label=f"[{stage}] "
+        )
+        procs.pop(stage, None)  # ended: never signal a process group id the system may reuse
+        if code == 0 or reports or stopped.is_set() or not any(b in t for t in tail for b in LOCK_BUSY):
+            break
+        get_run_logger().info("[%s] DVC's lock is busy: trying again (%d/%d)", stage, attempt + 1, attempts)
+        if stopped.wait(2**attempt):
+            break
+    return result
+
+
+def _cached(stage: str, root: Path) -> tuple[int, list[StageReport], list[str]]:
+    """A stage DVC would skip, shown as :func:`drive` shows one: a ``Cached`` task run with its metrics."""
+    follow = _Follow(root)
+    follow.start(stage, "cached").close("cached")
+    follow.futures[0].wait()
+    follow.reports[0].metrics = read_stage_metrics(root, follow.metrics_files(stage))
+    return 0, follow.reports, []
 
 
 def summary_markdown(

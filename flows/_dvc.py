@@ -1,7 +1,8 @@
 """DVC plumbing for the pipeline flow: the stage graph, one streamed DVC process, the workspace lock.
 
-The pipeline flow never re-implements DVC's decisions: it runs one ``dvc exp run`` (or ``dvc repro``) and
-follows its output, so DVC's caching decides what reruns. DVC announces each stage with stable lines
+The pipeline flow never re-implements DVC's decisions: it runs one ``dvc exp run`` (or ``dvc repro``), or
+with stages at once one ``dvc repro --single-item`` per stage, and follows the output, so DVC's caching
+decides what reruns (:func:`changed_stages` only spares starting DVC for a stage it would skip). DVC announces each stage with stable lines
 (``Running stage 'x':``, ``Stage 'x' didn't change, skipping``, ``ERROR: failed to reproduce 'x'``), which
 :func:`parse_line` turns into events.
 """
@@ -56,6 +57,7 @@ class StageInfo:
     cmd: str
     metrics: tuple[str, ...] = ()
     params: tuple[tuple[str, str], ...] = field(default=())  # (file, dotted key)
+    needs: tuple[str, ...] = ()  # the stages whose outputs it reads
 
 
 def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
@@ -73,6 +75,7 @@ def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
         graph = repo.index.graph
         ordered = [s for s in reversed(list(nx.topological_sort(graph))) if isinstance(s, PipelineStage)]
         infos = []
+        names = {s.name for s in ordered}
         for stage in ordered:
             cmd = stage.cmd if isinstance(stage.cmd, str) else " && ".join(stage.cmd or [])
             params = []
@@ -86,9 +89,24 @@ def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
                     cmd=cmd,
                     metrics=tuple(o.def_path for o in stage.outs if o.metric),
                     params=tuple(params),
+                    needs=tuple(s.name for s in graph.successors(stage) if s.name in names),
                 )
             )
     return infos
+
+
+def changed_stages(root: str | os.PathLike[str]) -> set[str]:
+    """The stages ``dvc status`` finds changed: a dependency, param, command or output differs from
+    ``dvc.lock``, or an output is missing. (A stage after a changed one may still have to run.)
+
+    Asks each stage (``Stage.status``, what ``dvc status`` does) rather than ``Repo.status``, whose keys are
+    paths relative to the current directory.
+    """
+    from dvc.repo import Repo, lock_repo
+    from dvc.stage import PipelineStage
+
+    with Repo(os.fspath(root)) as repo, lock_repo(repo):
+        return {s.name for s in repo.index.stages if isinstance(s, PipelineStage) and s.status()}
 
 
 class DvcRun(Protocol):
@@ -99,6 +117,8 @@ class DvcRun(Protocol):
     def wait(self) -> int: ...
 
     def stop(self, on_line: Callable[[str], None] | None = None) -> None: ...
+
+    def signal(self, signum: int) -> None: ...
 
 
 class DvcProcess:
@@ -152,6 +172,11 @@ class DvcProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
         reader.join(timeout=5)
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to DVC's process group (DVC and the stage it runs), if it is still there."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
 
     def _drain(self, on_line: Callable[[str], None] | None) -> None:
         with contextlib.suppress(ValueError, OSError):  # the pipe closed under the reader

@@ -12,9 +12,18 @@ form fields below (preset, tasks, steps, learning rates, seeds, time budget) and
 in that order. Every stage's MLflow run is tagged with ``pipeline_run_id`` (the Prefect flow run id), so
 ``python -m flows.compare`` and the MLflow UI find one pipeline run's runs together.
 
-Concurrency: runs of one workspace queue behind a file lock (``.dvc/tmp/bert-pipeline.lock``); ``make
-serve`` also serves with ``limit=1``. Nothing here is retried: a stage that fails once fails again with the
-same inputs (tracking calls inside stages are retried where they are made).
+Stages at once (``jobs``; ``--jobs``; ``make pipeline JOBS=N``): with ``jobs`` > 1 the stages whose inputs
+are ready run up to ``jobs`` at a time, each its own ``dvc repro --single-item`` on its own GPUs or share of
+the cores (:mod:`flows._fanout`); DVC still runs and records every stage. The default is one per GPU, else
+:data:`flows._fanout.CPU_JOBS`; ``jobs=1`` runs one ``dvc repro`` / ``dvc exp run`` as described above. An
+experiment run that way writes the overrides into the params files, as ``dvc exp run`` leaves them, and
+is saved with ``dvc exp save``. A failed stage lets the others finish (``fail_fast`` starts no more) and
+keeps the stages after it from running.
+
+Runs of one workspace queue behind a file lock (``.dvc/tmp/bert-pipeline.lock``); ``make
+serve`` also serves with ``limit=1``. Nothing here is retried but a stage DVC refused, before running it,
+because another DVC process held a lock: a stage that fails once fails again with the same inputs (tracking
+calls inside stages are retried where they are made).
 
 Command line (what ``make pipeline`` runs)::
 
@@ -44,6 +53,7 @@ import signal
 import sys
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 # Telemetry off and Prefect's start-up timeout are set by flows/__init__.py, before Prefect is imported.
@@ -51,9 +61,16 @@ from prefect import flow, get_run_logger
 from pydantic import Field
 
 from bert_core.constants import REPO_ROOT
-from flows import _dvc, profiles
-from flows._driver import PipelineFailed, StageReport, drive, markdown_artifact, summary_markdown
-from flows._inputs import dvc_command, run_inputs, stage_env
+from flows import _dvc, _fanout, profiles
+from flows._driver import (
+    PipelineFailed,
+    StageReport,
+    drive,
+    fan_out,
+    markdown_artifact,
+    summary_markdown,
+)
+from flows._inputs import FORM_KEYS, dvc_command, run_inputs, stage_env
 from flows.overrides import ProfileError
 
 FLOW_NAME = "bert-pipeline"
@@ -87,6 +104,8 @@ def pipeline_flow(
     as_experiment: bool = True,
     experiment_name: str | None = None,
     force: bool = False,
+    jobs: Annotated[int, Field(ge=1)] | None = None,
+    fail_fast: bool = False,
     lock_timeout_minutes: Annotated[float, Field(ge=0)] = 24 * 60,
 ) -> dict[str, Any]:
     """Run the BERT pipeline through DVC: corpus, vocab, pretraining data, pretraining, fine-tuning, evaluation.
@@ -103,64 +122,121 @@ def pipeline_flow(
             empty keeps the server's BERT_DATA_ROOT.
         extra_overrides: More params overrides as DVC -S arguments, e.g. params/vocab.yaml:vocab.vocab_size=8000.
         targets: Run only these DVC stages (and whatever they need), e.g. ["vocab"]; empty runs all.
-        as_experiment: Record the run as a DVC experiment (dvc exp run); off runs dvc repro and writes the
-            overrides into the params files.
+        as_experiment: Record the run as a DVC experiment; off runs dvc repro and writes the overrides into
+            the params files.
         experiment_name: Name of the DVC experiment (default: the flow run's name and id).
         force: Rerun stages even when DVC finds them unchanged.
+        jobs: Stages at once (independent ones: the fine-tuning tasks), each on its own GPUs or share of
+            the cores; empty: one per GPU, else 2 on a CPU. More than the GPUs makes stages share them.
+        fail_fast: When a stage fails, start no more stages (the running ones finish).
         lock_timeout_minutes: How long to wait for another pipeline run on this workspace to finish.
 
     Returns:
-        pipeline_run_id, dvc_experiment, command, overrides and each stage's outcome and metrics.
+        pipeline_run_id, dvc_experiment, command, overrides, jobs and each stage's outcome and metrics.
     """
+    given = SimpleNamespace(**locals())  # the parameters, by name, for the steps below
     from prefect.runtime import flow_run
 
-    logger = get_run_logger()
-    root = REPO_ROOT
     run_id = str(flow_run.id or uuid.uuid4())
     exp_name = _experiment_name(experiment_name, flow_run.name, run_id) if as_experiment else None
-    fields = {
-        "preset": preset,
-        "tasks": tasks,
-        "pretrain_steps": pretrain_steps,
-        "learning_rates": learning_rates,
-        "seeds": seeds,
-        "time_budget_minutes": time_budget_minutes,
-    }
-    env = stage_env(run_id, data_root, root)
+    return _run(run_id, exp_name, given)
 
-    holder = f"pipeline run {run_id} ({exp_name or 'dvc repro'})"
+
+def _run(run_id: str, exp_name: str | None, given: SimpleNamespace) -> dict[str, Any]:
+    """The pipeline run: the workspace lock, the params, DVC (one process, or a stage each), the summary."""
+    logger, root = get_run_logger(), REPO_ROOT
+    fields = {name: getattr(given, name) for name in FORM_KEYS}
+    env = stage_env(run_id, given.data_root, root)
     with _dvc.workspace_lock(
         root,
-        holder=holder,
-        timeout_s=lock_timeout_minutes * 60,
+        holder=f"pipeline run {run_id} ({exp_name or 'dvc repro'})",
+        timeout_s=given.lock_timeout_minutes * 60,
         on_wait=lambda who: logger.info("waiting for the workspace: %s is running", who),
     ):
-        inputs = run_inputs(
-            profile, fields, list(extra_overrides or []), root, targets=targets, log=logger.info
-        )
+        sets = list(given.extra_overrides or [])
+        inputs = run_inputs(given.profile, fields, sets, root, targets=given.targets, log=logger.info)
         overrides, targets = inputs.overrides, inputs.targets  # targets: e.g. released runs evaluate only
-        logger.info("pipeline run %s, profile %s, overrides %s", run_id, profile or "(workspace)", overrides)
-        if not as_experiment and overrides:
+        logger.info(
+            "pipeline run %s, profile %s, overrides %s", run_id, given.profile or "(workspace)", overrides
+        )
+        jobs, slots = _shares(given.jobs, logger)
+        if (jobs > 1 or exp_name is None) and overrides:  # dvc exp run writes them itself
             for path in profiles.apply(overrides, root):
                 logger.info("wrote overrides into %s", path.relative_to(root))
-        args = dvc_command(
-            as_experiment=as_experiment,
-            exp_name=exp_name,
-            overrides=overrides,
-            targets=list(targets or []),
-            force=force,
-        )
-        logger.info("running: dvc %s", " ".join(args))
-        returncode, reports, tail = drive(args, root=root, env=env)
-
+        if jobs == 1:
+            args = dvc_command(
+                as_experiment=exp_name is not None,
+                exp_name=exp_name,
+                overrides=overrides,
+                targets=targets,
+                force=given.force,
+            )
+            logger.info("running: dvc %s", " ".join(args))
+            returncode, reports, tail = drive(args, root=root, env=env)
+        else:
+            args, (returncode, reports, tail) = _fan_out(jobs, slots, exp_name, targets, env, given)
     _report(run_id, exp_name, args, returncode, reports, tail, root, all_stages=not targets)
     return {
         "pipeline_run_id": run_id,
         "dvc_experiment": exp_name,
         "command": ["dvc", *args],
         "overrides": overrides,
+        "jobs": jobs,
         "stages": {r.stage: {"outcome": r.outcome, "metrics": r.metrics} for r in reports},
     }
+
+
+def _shares(jobs: int | None, logger: Any) -> tuple[int, list[dict[str, str]]]:
+    """How many stages at once (``jobs``, else the machine's default) and each slot's environment."""
+    if jobs == 1:
+        return 1, []
+    gpus, cores = _fanout.visible_gpus(), _fanout.cpu_cores()
+    jobs = jobs or _fanout.default_jobs(gpus, cores)
+    if gpus and jobs > len(gpus):
+        logger.warning("jobs=%d on %d GPU(s): stages share GPUs, as asked", jobs, len(gpus))
+    slots = _fanout.slot_envs(jobs, gpus, cores, share_gpus=True)
+    logger.info(
+        "up to %d stages at once, on %s",
+        jobs,
+        "; ".join(" ".join(f"{k}={v}" for k, v in e.items()) for e in slots),
+    )
+    return jobs, slots
+
+
+def _fan_out(
+    jobs: int,
+    slots: list[dict[str, str]],
+    exp_name: str | None,
+    targets: list[str],
+    env: dict[str, str],
+    given: SimpleNamespace,
+) -> tuple[list[str], tuple[int, list[StageReport], list[str]]]:
+    """The stages ``jobs`` at once, each its own ``dvc repro --single-item``; then ``dvc exp save`` for an
+    experiment (the params overrides are in the workspace's files, as ``dvc exp run`` leaves them)."""
+    from dvc.exceptions import DvcException
+
+    needs = _fanout.closure({i.name: i.needs for i in _dvc.stage_infos(REPO_ROOT)}, targets)
+    if exp_name is not None:  # what dvc exp run tells its stages; their MLflow runs' dvc_experiment tag
+        env = {**env, "DVC_EXP_NAME": exp_name}
+    try:
+        unchanged = set() if given.force else set(needs) - _dvc.changed_stages(REPO_ROOT)
+    except DvcException as err:  # e.g. a dvc command beside the run holds the lock: DVC decides each stage
+        get_run_logger().info("dvc status: %s; every stage goes to DVC", err)
+        unchanged = set()
+    outcome = fan_out(
+        needs,
+        jobs=jobs,
+        root=REPO_ROOT,
+        env=env,
+        slots=slots,
+        unchanged=unchanged,
+        force=given.force,
+        fail_fast=given.fail_fast,
+    )
+    if exp_name is not None and outcome[0] == 0:
+        saved = drive(["exp", "save", "--name", exp_name], root=REPO_ROOT, env=env)
+        outcome = (saved[0], outcome[1], saved[2]) if saved[0] else outcome
+    return ["--wait-for-lock", "repro", "--single-item", f"<stage> ({jobs} at once)"], outcome
 
 
 def _experiment_name(given: str | None, flow_run_name: str | None, run_id: str) -> str:
@@ -193,7 +269,13 @@ def _report(
     markdown_artifact("pipeline-summary", summary, f"Pipeline run {run_id}")
     if not ok:
         failed = [r.stage for r in reports if r.outcome == "failed"]
-        where = f"stage '{failed[0]}' failed" if failed else "DVC failed before running a stage"
+        refused = ", ".join(f"'{r.stage}'" for r in reports if r.outcome == "not started")
+        names = ", ".join(f"'{stage}'" for stage in failed)
+        where = (
+            f"stage{'s' * (len(failed) > 1)} {names} failed"
+            if failed
+            else f"DVC failed before running a stage{f' ({refused})' if refused else ''}"
+        )
         raise PipelineFailed(
             f"{where} (dvc exit code {returncode}). Last DVC output:\n" + "\n".join(tail[-15:])
         )
@@ -210,7 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--data-root", help="local data root (offline), or 'hub'; default: $BERT_DATA_ROOT")
     parser.add_argument("--force", action="store_true", help="rerun stages even if unchanged")
+    parser.add_argument(
+        "-j", "--jobs", type=int, help="stages at once, each on its own device share (default: GPUs, else 2)"
+    )
+    parser.add_argument("--fail-fast", action="store_true", help="after a failed stage, start no more")
     args = parser.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: give 1 (one stage at a time) or more")
     from flows._cli import install_signal_handlers, restore_signal_handlers, signal_of
     from flows._prefect_api import PrefectApiUnreachable, prefect_api
 
@@ -226,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                     experiment_name=args.name,
                     data_root=args.data_root,
                     force=args.force,
+                    jobs=args.jobs,
+                    fail_fast=args.fail_fast,
                 )
         except (PipelineFailed, ProfileError, _dvc.WorkspaceBusy, ValueError, PrefectApiUnreachable) as err:
             print(f"error: {err}", file=sys.stderr)

@@ -348,7 +348,9 @@ def test_flow_follows_stages(harness, scripted, repo):
         0,
     )
     _write(repo / "metrics" / "prepare.json", '{"docs": 3}')()
-    state = pipeline.pipeline_flow(profile="tiny", preset="mini", experiment_name="e1", return_state=True)
+    state = pipeline.pipeline_flow(
+        profile="tiny", preset="mini", experiment_name="e1", jobs=1, return_state=True
+    )
     result = state.result()
     assert calls[0][:4] == ["exp", "run", "--name", "e1"]
     assert "params/pretrain.yaml:pretrain.model.preset=mini" in calls[0]
@@ -383,7 +385,7 @@ def test_flow_reports_the_failed_stage(harness, scripted, repo):
         ],
         255,
     )
-    state = pipeline.pipeline_flow(profile="tiny", as_experiment=False, return_state=True)
+    state = pipeline.pipeline_flow(profile="tiny", as_experiment=False, jobs=1, return_state=True)
     assert state.is_failed()
     with pytest.raises(pipeline.PipelineFailed, match=r"(?s)stage 'prepare' failed .*ValueError: bad corpus"):
         state.result()
@@ -424,10 +426,10 @@ def test_a_profile_with_targets_runs_only_those_from_a_local_checkpoint(harness,
     with pytest.raises(
         overrides.ProfileError, match=r"models/released/m' is not a Hugging Face model directory"
     ):
-        pipeline.pipeline_flow(profile="released", as_experiment=False)
+        pipeline.pipeline_flow(profile="released", as_experiment=False, jobs=1)
     assert calls == []  # refused before DVC started
     _write(repo / "models" / "released" / "m" / "config.json", "{}")()
-    result = pipeline.pipeline_flow(profile="released", as_experiment=False)
+    result = pipeline.pipeline_flow(profile="released", as_experiment=False, jobs=1)
     assert calls == [["repro", "evaluate"]]
     assert set(result["stages"]) == {"finetune@sst2", "evaluate"}
     source = yaml.safe_load((repo / "params" / "finetune.yaml").read_text())["finetune"]["model"]["source"]
