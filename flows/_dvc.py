@@ -58,6 +58,7 @@ class StageInfo:
     metrics: tuple[str, ...] = ()
     params: tuple[tuple[str, str], ...] = field(default=())  # (file, dotted key)
     needs: tuple[str, ...] = ()  # the stages whose outputs it reads
+    git_outs: tuple[str, ...] = ()  # outputs kept in git, not DVC's cache (``cache: false``: metrics, plots)
 
 
 def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
@@ -90,6 +91,7 @@ def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
                     metrics=tuple(o.def_path for o in stage.outs if o.metric),
                     params=tuple(params),
                     needs=tuple(s.name for s in graph.successors(stage) if s.name in names),
+                    git_outs=tuple(o.def_path for o in stage.outs if not o.use_cache),
                 )
             )
     return infos

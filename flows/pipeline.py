@@ -215,7 +215,8 @@ def _fan_out(
     experiment (the params overrides are in the workspace's files, as ``dvc exp run`` leaves them)."""
     from dvc.exceptions import DvcException
 
-    needs = _fanout.closure({i.name: i.needs for i in _dvc.stage_infos(REPO_ROOT)}, targets)
+    infos = _dvc.stage_infos(REPO_ROOT)
+    needs = _fanout.closure({i.name: i.needs for i in infos}, targets)
     if exp_name is not None:  # what dvc exp run tells its stages; their MLflow runs' dvc_experiment tag
         env = {**env, "DVC_EXP_NAME": exp_name}
     try:
@@ -234,7 +235,10 @@ def _fan_out(
         fail_fast=given.fail_fast,
     )
     if exp_name is not None and outcome[0] == 0:
-        saved = drive(["exp", "save", "--name", exp_name], root=REPO_ROOT, env=env)
+        # The outputs kept in git go into the experiment as `dvc exp run` commits them (new ones are untracked).
+        kept = [p for i in infos for p in i.git_outs if (REPO_ROOT / p).exists()]
+        include = [arg for p in kept for arg in ("--include-untracked", p)]
+        saved = drive(["exp", "save", "--name", exp_name, *include], root=REPO_ROOT, env=env)
         outcome = (saved[0], outcome[1], saved[2]) if saved[0] else outcome
     return ["--wait-for-lock", "repro", "--single-item", f"<stage> ({jobs} at once)"], outcome
 
