@@ -196,12 +196,13 @@ def pretrained_card(
         datasets: Hub ids or names of the corpora.
         run_ids: ``pipeline_run_id``, ``mlflow_run_id`` ... (``None``: the deterministic DVC-output copy).
     """
-    heldout = dict(metrics.get("heldout") or {})
+    heldout, before = dict(metrics.get("heldout") or {}), metrics.get("heldout_before")
     held = [
-        (k, _fmt(heldout[k]), _fmt(heldout.get(f"baseline_{k}")))
+        (k, _fmt(heldout[k]), *([_fmt(before.get(k))] if before else []), _fmt(heldout.get(f"baseline_{k}")))
         for k in ("mlm_acc", "mlm_ppl", "nsp_acc")
         if k in heldout
     ]
+    before_col = ["the checkpoint it started from"] if before else []
     values = [(k, heldout.get(k)) for k in ("mlm_acc", "nsp_acc", "mlm_ppl") if heldout.get(k) is not None]
     meta = {
         "language": "en",
@@ -230,7 +231,7 @@ def pretrained_card(
         "",
         "## Held-out evaluation",
         "",
-        _table(held, ["metric", "this model", "most-frequent-token baseline"]),
+        _table(held, ["metric", "this model", *before_col, "most-frequent-token baseline"]),
         "",
         f"Steps: {metrics.get('steps', 'n/a')}.",
         "",
@@ -349,11 +350,8 @@ def _metric_type(key: str) -> str:
 
 # ====================================================================== reading and writing
 def parse_front_matter(text: str) -> tuple[dict[str, Any], str]:
-    """``(metadata, body)`` of a card: the YAML between the leading ``---`` lines (as the Hub reads it).
-
-    Raises:
-        ValueError: no front matter, or YAML that is not a mapping.
-    """
+    """``(metadata, body)`` of a card: the YAML between the leading ``---`` lines (as the Hub reads it);
+    ``ValueError`` without front matter or when its YAML is not a mapping."""
     if not text.startswith("---\n"):
         raise ValueError("a model card starts with '---' and its YAML metadata")
     end = text.find("\n---\n", 4)

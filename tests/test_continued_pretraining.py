@@ -181,6 +181,12 @@ def test_pretrain_stage_continues_from_the_checkpoint(synthetic, tmp_path):
     assert (result.config.hidden_size, result.config.vocab_size) == (32, _vocab_size(vocab))
     saved = json.loads((tmp_path / "model" / "config.json").read_text())
     assert saved["hidden_size"] == 32 and (tmp_path / "model" / "vocab.txt").is_file()
+    # "before" is the starting checkpoint on the final evaluation's data: continuing from this model (heads
+    # and all, same tokenizer, same held-out set), it is exactly the figures the first run ended with.
+    copy_checkpoint_vocab(_params(vocab), tmp_path / "model", corpus, tmp_path / "vocab2")
+    again = pretrain(params, tmp_path / "data", tmp_path / "vocab2", tmp_path / "model2")
+    assert again.metrics["init"]["mlm_head"] == "loaded"
+    assert again.metrics["heldout_before"] == pytest.approx(result.metrics["heldout"], rel=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ bad inputs

@@ -114,6 +114,16 @@ def test_pretrained_card_front_matter_and_lineage(lock, monkeypatch):
     assert "run id" not in text.lower()
 
 
+def test_continued_pretraining_card_shows_the_checkpoint_it_started_from(lock):
+    metrics = {**METRICS, "heldout_before": {"mlm_acc": 0.12, "nsp_acc": 0.5}}
+    text = modelcard.pretrained_card_for(
+        _Params(), _Model().config(30522), metrics, STATS, git_commit="abc", lock_path=lock, run_ids=None
+    )
+    table = re.sub(r" {2,}", " ", text)
+    assert "| metric | this model | the checkpoint it started from | most-frequent-token baseline |" in table
+    assert "| mlm_acc | 0.31 | 0.12 | 0.06 |" in table and "the checkpoint it started from" not in _pretrained(lock)
+
+
 def test_finetuned_card_scores_next_to_published(lock):
     text = _finetuned(lock, run_ids={"pipeline_run_id": "pipe-1", "mlflow_run_id": "run-42"})
     meta, body = modelcard.parse_front_matter(text)

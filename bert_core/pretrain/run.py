@@ -23,6 +23,7 @@ import logging
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,8 @@ def pretrain(
             first = inputs.phases[0]
             model.cls.predictions.bias.copy_(unigram_log_prior(first.train_dir, index=first.train_index))
     objective = PretrainingObjective.for_config(config, nsp=params.nsp)
+    # Continued pretraining: the checkpoint's own held-out figures, the "before" of the run's "after".
+    before = _heldout_before(params, model, objective, inputs, dist) if init is not None else None
     log.info(
         "pretraining %s (%.1fM parameters) on %s, %d process(es)",
         params.model.preset if init is None else f"from {init.source}",
@@ -184,6 +187,7 @@ def pretrain(
     }
     if init_report is not None:  # in the data statistics too, which the model card lists as its inputs
         metrics["init"] = data_stats["init_from"] = init_report
+        metrics["heldout_before"] = before
     if dist.is_main:
         readme = model_card(metrics, data_stats, config) if model_card else None
         save_model(model, vocab_dir, out_dir, readme=readme)
@@ -213,7 +217,7 @@ def _phase_trainer(
     # The static-shape MLM targets (masked positions and weights) make the compiled step one graph; eager,
     # where shapes cost nothing, transformers' dense labels are up to ~10% faster on CPU (docs/benchmarks.md,
     # "Static-shape MLM step"). Both give the same loss, gradients and metrics (tests/test_static_mlm.py).
-    mlm_format = "positions" if params.compile else "labels"
+    mlm_format = _mlm_format(params)
     train = PretrainingLoader(
         data.train_dir,
         phase.micro_batch,
@@ -224,20 +228,6 @@ def _phase_trainer(
         mlm_format=mlm_format,
         index=data.train_index,
     )
-    eval_bs = params.eval_batch_size or phase.micro_batch
-
-    def heldout() -> PretrainingLoader:
-        return PretrainingLoader(
-            data.heldout_dir,
-            eval_bs,
-            rank=dist.rank,
-            world_size=dist.world_size,
-            shuffle=False,
-            drop_last=False,
-            mlm_format=mlm_format,
-            index=data.heldout_index,
-        )
-
     steps, budget = cfg.max_steps, cfg.time_budget_s
 
     progress = TrainProgress(
@@ -276,12 +266,48 @@ def _phase_trainer(
         train,
         cfg,
         checkpoint_dir=ckpt_dir,
-        eval_data=heldout,
+        eval_data=partial(_heldout, params, i, data, dist, mlm_format),
         on_metrics=emit,
         dist=dist,
         fingerprint=fingerprint,
     )
     return trainer, progress
+
+
+def _mlm_format(params: PretrainParams) -> str:
+    return "positions" if params.compile else "labels"
+
+
+def _heldout(params: PretrainParams, i: int, data: PhaseData, dist: DistContext, mlm_format: str) -> Any:
+    """Phase ``i``'s held-out loader (in order, every instance)."""
+    from bert_core.pretrain_data.loader import PretrainingLoader
+
+    return PretrainingLoader(
+        data.heldout_dir,
+        params.eval_batch_size or params.phases[i].micro_batch,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        shuffle=False,
+        drop_last=False,
+        mlm_format=mlm_format,
+        index=data.heldout_index,
+    )
+
+
+def _heldout_before(
+    params: PretrainParams,
+    model: torch.nn.Module,
+    objective: PretrainingObjective,
+    inputs: Any,
+    dist: DistContext,
+) -> dict[str, float]:
+    """The held-out figures of the model before its first step, on the data and batches the final evaluation
+    uses (the last phase's held-out set): what continued pretraining starts from."""
+    last = len(params.phases) - 1
+    cfg = params.train_config(last, dist.world_size)
+    heldout = partial(_heldout, params, last, inputs.phases[last], dist, _mlm_format(params))
+    probe = Trainer(model, objective, (), cfg, eval_data=heldout, dist=dist)
+    return {k.removeprefix("eval_"): v for k, v in probe.evaluate().items()}
 
 
 def _later_phases(params: PretrainParams, inputs: Any, i: int) -> list[LaterPhase]:

@@ -60,20 +60,12 @@ from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig
 from bert_core.training.distributed import DistContext, resolve_device
 from bert_core.training.evaluation import evaluate_objective, sum_into, to_device
 from bert_core.training.flops import mfu, peak_tflops
-from bert_core.training.objective import Objective, StepOutput
+from bert_core.training.objective import Objective
 from bert_core.training.optim import build_optimizer
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "FitResult",
-    "NonFiniteLossError",
-    "Objective",
-    "StepOutput",
-    "TrainConfig",
-    "Trainer",
-    "TrainingInterrupted",
-]
+__all__ = ["Trainer"]
 
 
 # ====================================================================== trainer
@@ -167,7 +159,7 @@ class Trainer:
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
-        self.precision = self._resolve_precision()
+        self._set_precision()
         if dev.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -183,7 +175,6 @@ class Trainer:
             fused=None,
         )
         self.scaler = torch.amp.GradScaler(dev.type, enabled=self.precision == "fp16")
-        self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self._peak = (
             peak_tflops(torch.cuda.get_device_name(dev), self.precision) if dev.type == "cuda" else None
         )
@@ -203,15 +194,14 @@ class Trainer:
             )
         self.net = net
 
-    def _resolve_precision(self) -> str:
+    def _set_precision(self) -> None:
         p = self.config.precision
         if p == "auto":
-            if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
-                return "bf16"
-            return "fp32"
-        if p == "fp16" and self.device.type != "cuda":
+            p = "bf16" if self.device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+        elif p == "fp16" and self.device.type != "cuda":
             raise ValueError("precision fp16 needs a CUDA device; use fp32 (or bf16) on the CPU")
-        return p
+        self.precision = p
+        self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(p)
 
     def _seed_rngs(self) -> None:
         import random
@@ -419,8 +409,15 @@ class Trainer:
                 self.on_metrics(self.step, metrics)
 
     # ------------------------------------------------------------------ evaluate
+    def evaluate(self) -> dict[str, float]:
+        """The evaluation alone, on the model as it is (before any step): its metrics, nothing emitted."""
+        self._set_precision()
+        self.model.to(self.device)
+        self._evaluate(emit=False)
+        return self.eval_metrics
+
     @torch.no_grad()
-    def _evaluate(self) -> None:
+    def _evaluate(self, *, emit: bool = True) -> None:
         if self.evaluator is None and self.eval_data is None:
             return
         model = self.model
@@ -437,7 +434,8 @@ class Trainer:
         finally:
             model.train()
         self.eval_metrics = metrics
-        self._emit("eval", metrics)
+        if emit:
+            self._emit("eval", metrics)
 
     # ------------------------------------------------------------------ save
     def _save(self) -> None:
