@@ -197,6 +197,8 @@ def pretrained_card(
         run_ids: ``pipeline_run_id``, ``mlflow_run_id`` ... (``None``: the deterministic DVC-output copy).
     """
     heldout, before = dict(metrics.get("heldout") or {}), metrics.get("heldout_before")
+    nsp = bool((params or {}).get("nsp", True))  # pretrain.nsp: false is MLM alone
+    objectives = "masked-LM and next-sentence prediction" if nsp else "masked-LM alone"
     held = [
         (k, _fmt(heldout[k]), *([_fmt(before.get(k))] if before else []), _fmt(heldout.get(f"baseline_{k}")))
         for k in ("mlm_acc", "mlm_ppl", "nsp_acc")
@@ -209,7 +211,7 @@ def pretrained_card(
         "license": LICENSE,
         "library_name": "transformers",
         "pipeline_tag": "fill-mask",
-        "tags": ["bert", "fill-mask", "pretraining", "mlm", "nsp", f"bert-{preset}"],
+        "tags": ["bert", "fill-mask", "pretraining", "mlm", *(["nsp"] if nsp else []), f"bert-{preset}"],
         "datasets": list(datasets),
         "metrics": ["accuracy", "perplexity"],
         "model-index": [{
@@ -226,7 +228,7 @@ def pretrained_card(
     body = [
         f"# {name}",
         "",
-        f"BERT ({preset}; {arch}) pretrained with masked-LM and next-sentence prediction by this pipeline's "
+        f"BERT ({preset}; {arch}) pretrained with {objectives} by this pipeline's "
         "`pretrain` stage. Load it with `transformers.AutoModelForPreTraining.from_pretrained(<this dir>)`.",
         "",
         "## Held-out evaluation",

@@ -121,7 +121,24 @@ def test_continued_pretraining_card_shows_the_checkpoint_it_started_from(lock):
     )
     table = re.sub(r" {2,}", " ", text)
     assert "| metric | this model | the checkpoint it started from | most-frequent-token baseline |" in table
-    assert "| mlm_acc | 0.31 | 0.12 | 0.06 |" in table and "the checkpoint it started from" not in _pretrained(lock)
+    assert (
+        "| mlm_acc | 0.31 | 0.12 | 0.06 |" in table
+        and "the checkpoint it started from" not in _pretrained(lock)
+    )
+
+
+def test_an_mlm_only_model_is_not_tagged_nsp(lock):
+    class MlmOnly(_Params):
+        def model_dump(self, mode="json"):
+            return {**super().model_dump(mode), "nsp": False}
+
+    meta, body = modelcard.parse_front_matter(
+        modelcard.pretrained_card_for(
+            MlmOnly(), _Model().config(30522), METRICS, STATS, git_commit="a", lock_path=lock
+        )
+    )
+    assert "nsp" not in meta["tags"] and "pretrained with masked-LM alone" in body
+    assert "nsp" in modelcard.parse_front_matter(_pretrained(lock))[0]["tags"]
 
 
 def test_finetuned_card_scores_next_to_published(lock):
