@@ -93,7 +93,8 @@ class Interrupted(KeyboardInterrupt):
 RECEIVED: list[int] = []
 
 
-def _raise_interrupted(signum: int, _frame: Any) -> None:
+def raise_interrupted(signum: int, _frame: Any) -> None:
+    """The signal handler of every command: record ``signum`` and raise :class:`Interrupted`."""
     RECEIVED.append(signum)
     raise Interrupted(signum)
 
@@ -116,8 +117,8 @@ def install_signal_handlers() -> SavedHandlers:
         return SavedHandlers({}, None)
     hook, sys.unraisablehook = sys.unraisablehook, SignalRedelivery(sys.unraisablehook)
     signals = {
-        signal.SIGINT: signal.signal(signal.SIGINT, _raise_interrupted),
-        signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupted),
+        signal.SIGINT: signal.signal(signal.SIGINT, raise_interrupted),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, raise_interrupted),
     }
     return SavedHandlers(signals, hook)
 

@@ -153,7 +153,7 @@ def check_api(
     )
 
 
-def _set_parent_death_signal() -> None:  # pragma: no cover - runs in the child between fork and exec
+def set_parent_death_signal() -> None:  # pragma: no cover - runs in the child between fork and exec
     """Linux: SIGTERM to this child when the process that started it dies (even by SIGKILL)."""
     with contextlib.suppress(Exception):
         import ctypes
@@ -198,7 +198,7 @@ def _temporary_server_class() -> type:
                 },
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
+                preexec_fn=set_parent_death_signal if sys.platform.startswith("linux") else None,
             )
 
     return SessionASGIServer

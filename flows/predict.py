@@ -43,18 +43,11 @@ from pydantic import Field
 
 from bert_core.constants import REPO_ROOT
 from bert_core.serving.batch import DEFAULT_BATCH_SIZE, DEFAULT_ID_FIELD, predict_file
+from flows._cli import failure_line, install_signal_handlers, restore_signal_handlers, signal_of
 from flows._stage import in_repo, library_logs
 
 FLOW_NAME = "predict"
 log = logging.getLogger("bert_core.flows.predict")
-
-
-class PredictInterrupted(KeyboardInterrupt):
-    """Stopped by a signal; ``exit_code`` is 128 + its number."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}; no output was written")
-        self.exit_code = 128 + signum
 
 
 @flow(name=FLOW_NAME, log_prints=True, retries=0, validate_parameters=True)
@@ -117,10 +110,6 @@ def _prefect_settings(no_prefect: bool) -> contextlib.AbstractContextManager[Any
     return temporary_settings(updates={PREFECT_API_URL: url})
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise PredictInterrupted(signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -144,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size,
         "id_field": args.id_field,
     }
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _raise_interrupted)
+    old_handlers = install_signal_handlers()
     try:
         settings = _prefect_settings(args.no_prefect)
         if settings is None:
@@ -154,21 +142,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with settings:
                 result = predict_flow(**kwargs)
-    except PredictInterrupted as err:
-        print(f"predict interrupted: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        print("predict interrupted: stopped by SIGINT; no output was written", file=sys.stderr)
-        return 130
-    except BaseException as err:
-        signum = getattr(err, "signal", None)  # Prefect's TerminationSignal (SIGTERM inside a flow run)
-        if isinstance(signum, int):
-            print(f"predict interrupted: stopped by signal {signum}; no output was written", file=sys.stderr)
+    except BaseException as err:  # the stage runner's rule: a signal -> 128 + its number, an error -> 1
+        signum = signal_of(err)
+        if signum is not None:
+            name = signal.Signals(signum).name
+            print(f"predict interrupted: stopped by {name}; no output was written", file=sys.stderr)
             return 128 + signum
         if not isinstance(err, Exception):
             raise
-        print(f"predict failed: {type(err).__name__}: {err}", file=sys.stderr)
+        print(failure_line("predict failed", err), file=sys.stderr)
         return 1
+    finally:
+        restore_signal_handlers(old_handlers)
     print(
         f"predicted {result['rows']} row(s) in {result['seconds']:.1f}s -> {result['output']}",
         file=sys.stderr,

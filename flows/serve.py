@@ -40,8 +40,8 @@ from typing import Any
 
 from bert_core.constants import REPO_ROOT
 from flows import TELEMETRY_OFF, stages
-from flows._cli import RECEIVED, _raise_interrupted, install_signal_handlers
-from flows._prefect_api import _set_parent_death_signal
+from flows._cli import RECEIVED, install_signal_handlers, raise_interrupted
+from flows._prefect_api import set_parent_death_signal
 from flows._served import ServeError, is_healthy, serve_lock
 
 DEFAULT_HOST = "127.0.0.1"
@@ -109,7 +109,7 @@ def start_server(env: dict[str, str], log_path: Path, *, timeout_s: float = 180.
         # Its own session: a Ctrl-C or SIGTERM to the terminal's process group stops the runner first,
         # which then pauses its deployments on a live server; the server still dies with this process.
         start_new_session=True,
-        preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
+        preexec_fn=set_parent_death_signal if sys.platform.startswith("linux") else None,
     )
     logfile.close()
     deadline = time.monotonic() + timeout_s
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
             # Prefect's runner replaces the SIGTERM handler with its own, which hangs in Prefect 3.8
             # ("coroutine 'Runner.astop' was never awaited"): SIGTERM stops it the way Ctrl-C does.
-            Runner.handle_sigterm = lambda self, *a, **k: _raise_interrupted(signal.SIGTERM, None)  # type: ignore[method-assign]
+            Runner.handle_sigterm = lambda self, *a, **k: raise_interrupted(signal.SIGTERM, None)  # type: ignore[method-assign]
             Runner._pause_schedules = bounded_pause(Runner._pause_schedules, env["PREFECT_API_URL"])  # type: ignore[method-assign]
             serve(*deployments, limit=1)
     except ServeError as err:
