@@ -28,17 +28,21 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import logging
-import os
 import tempfile
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 from prefect import flow
 
 from bert_core.constants import REPO_ROOT
 from bert_core.finetune.params import FinetuneParams
-from bert_core.sources import data_root
-from bert_core.tracking import FINETUNE_EXPERIMENT
+from bert_core.released import resolve_checkpoint
+from bert_core.serving.finetuned import FinetunedModel
+from bert_core.tasks import get_task
+from bert_core.tasks.datasource import split_tags
+from bert_core.tracking import FINETUNE_EXPERIMENT, MlflowTrialTracker
+from bert_core.tracking.ui import log_headline_metric, log_task_data
 from flows._cli import exit_command, run_stage
 from flows._stage import data_check_dir, headline, stage
 from flows.stages import get
@@ -75,16 +79,29 @@ def check_source_built(source: str, key: str = "finetune.model.source") -> None:
         )
 
 
+class Outs(NamedTuple):
+    """A task's outs (default: the stage table's) and where its data-check reports go (beside the results)."""
+
+    results: Path
+    model: Path
+    metrics: Path
+    curves: list[Path]  # train, dev
+    checks: Path
+
+
 def _outs(
     task: str, out_dir: str | None, model_out: str | None, metrics_path: str | None, plots_dir: str | None
-) -> tuple[Path, Path, Path, list[Path]]:
-    """The task's outs: results, model, metrics file and learning curves (default: the stage table's)."""
+) -> Outs:
     (model_default, out_default), (metrics_default,) = STAGE.outs, STAGE.metrics
     out = Path(out_dir or REPO_ROOT / STAGE.expand(out_default, task))
-    model_dir = Path(model_out or REPO_ROOT / STAGE.expand(model_default, task))
-    metrics_file = Path(metrics_path or REPO_ROOT / STAGE.expand(metrics_default, task))
     curves_dir = Path(plots_dir or (REPO_ROOT / STAGE.expand(STAGE.plots[0], task)).parent)
-    return out, model_dir, metrics_file, [curves_dir / "train.csv", curves_dir / "dev.csv"]
+    return Outs(
+        out,
+        Path(model_out or REPO_ROOT / STAGE.expand(model_default, task)),
+        Path(metrics_path or REPO_ROOT / STAGE.expand(metrics_default, task)),
+        [curves_dir / "train.csv", curves_dir / "dev.csv"],
+        data_check_dir("finetune", out, STAGE.expand(out_default, task)) / task,
+    )
 
 
 @flow(name="finetune", log_prints=True)
@@ -108,27 +125,19 @@ def finetune_flow(
         metrics_path: DVC metrics file (default ``metrics/finetune/<task>.json``).
         plots_dir: Learning curves of the selected trial for ``dvc plots`` (default ``plots/finetune/<task>``).
     """
-    from bert_core.finetune.run import finetune_task
-    from bert_core.released import resolve_checkpoint
-    from bert_core.serving.finetuned import FinetunedModel
-    from bert_core.tasks import get_task
-    from bert_core.tasks.datasource import split_tags
-    from bert_core.tracking import MlflowTrialTracker
-    from bert_core.tracking.ui import log_headline_metric, log_task_data
+    from bert_core.finetune.run import finetune_task  # torch: not imported for --help
 
     params: FinetuneParams = STAGE.load_params(params_file)
     spec = get_task(task)
     if params.tasks and spec.name not in params.tasks:
         log.warning("task %s is not under finetune.tasks in %s; using the defaults", spec.name, params_file)
-    source = model_source or params.model.source
-    check_source_built(source)  # before the stage's run opens: nothing to undo
-    out, model_dir, metrics_file, curves = _outs(spec.name, out_dir, model_out, metrics_path, plots_dir)
-    checks = data_check_dir("finetune", out, STAGE.expand(STAGE.outs[1], spec.name)) / spec.name
-    tags = {"task": spec.name, "init": params.model.init, "pretrained_source": source}
+    check_source_built(source := model_source or params.model.source)  # before the run opens: nothing to undo
+    o = _outs(spec.name, out_dir, model_out, metrics_path, plots_dir)
     with (
-        stage("finetune", params.run_params(spec.name), out, model_dir, *curves, metrics_path=metrics_file,
-              dirs=(out,), checks_dir=checks, experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}",
-              tags=tags) as s,
+        stage("finetune", params.run_params(spec.name), o.results, o.model, *o.curves, metrics_path=o.metrics,
+              dirs=(o.results,), checks_dir=o.checks, experiment=FINETUNE_EXPERIMENT,
+              run_name=f"finetune-{spec.name}",
+              tags={"task": spec.name, "init": params.model.init, "pretrained_source": source}) as s,
         tempfile.TemporaryDirectory(prefix="finetune-source-") as download,
     ):  # fmt: skip
         resolved = resolve_checkpoint(source, download)
@@ -137,24 +146,23 @@ def finetune_flow(
             spec.name,
             params,
             resolved.path,
-            out,
-            model_out=model_dir,
-            data_root=data_root(),
+            o.results,
+            model_out=o.model,
             tracker=MlflowTrialTracker(s.run.run_id, main_metric=spec.main_metric),  # inherits the run's tags
             source_info=resolved.info,
             on_data=lambda data: (s.reports.extend(data.check_reports), log_task_data(spec.name, data)),
-            check_report_dir=checks,
+            check_report_dir=o.checks,
             outputs=s.staged,
         )
         s.run.set_tags(split_tags(result.data_split))  # data_split (+ its label unless official splits)
         model = FinetunedModel(spec, params.for_task(spec.name), result, params.registry)
         log_headline_metric(spec.main_metric, model.metrics)  # dev.main + tag main_metric: one column
-        model.write(s[model_dir], [s[c] for c in curves])
-        register = partial(model.register, model_dir, s.run, experiment=FINETUNE_EXPERIMENT)
+        model.write(s[o.model], [s[c] for c in o.curves])
+        register = partial(model.register, o.model, s.run, experiment=FINETUNE_EXPERIMENT)
         s.done(
             headline(model.details, STAGE.headline, main=spec.main_metric),
             details=model.details,
-            artifacts=[(out, "results"), *((c, "plots") for c in curves)],
+            artifacts=[(o.results, "results"), *((c, "plots") for c in o.curves)],
             then=register if params.registry.enabled else None,  # on the committed model directory
         )
     return s.details

@@ -60,17 +60,12 @@ def pretrain_flow_fn(
     dist = setup_distributed(params.device)
     card = pretrained_card(params)
     init = find_init_checkpoint(vocab_dir)  # vocab.from_checkpoint: continued pretraining
-    preset = params.model.preset if init is None else "checkpoint"
+    tags = {"preset": "checkpoint", "init_from": init.source} if init else {"preset": params.model.preset}
     # The model, the curves and the metrics file are committed together or not at all (the checkpoints
     # live in checkpoint_root, outside them: an interrupted run resumes from there).
-    outs = (out_dir, loss_plot, heldout_plot)
     try:
         with stage(
-            "pretrain",
-            params,
-            *outs,
-            metrics_path=metrics_path,
-            tags={"preset": preset, **({"init_from": init.source} if init else {})},
+            "pretrain", params, out_dir, loss_plot, heldout_plot, metrics_path=metrics_path, tags=tags
         ) as s:
             sink = mlflow_sink(s.run.run_id, spill_path=Path(checkpoint_root) / "unsent-metrics.jsonl")
             try:
