@@ -23,6 +23,7 @@ from bert_core.pretrain_data.loader import build_batch, masking_spec
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.storage import InstanceStore
 from bert_core.pretrain_data.testing import make_synthetic_inputs
+from tests.test_pretrain import small_params
 
 #: sha256 of a default build of :func:`_inputs` (its files, and one loader batch), as built before the
 #: split was a parameter. A deliberate change of the format or of the generator updates these.
@@ -213,29 +214,19 @@ def test_without_nsp_the_loss_is_mlm_alone_and_no_nsp_figure_is_reported(inputs,
 
 def test_pretrain_without_nsp_exports_the_same_tensors(inputs, tmp_path):
     from bert_core.hf import read_state_dict
-    from bert_core.pretrain import PretrainParams, pretrain
+    from bert_core.pretrain import pretrain
 
     data = _build(inputs, tmp_path / "pd", random_next_prob=0.0).parent
     _, vocab = inputs
-    base = {
-        "model": {
-            "preset": "tiny",
-            "overrides": {
-                "hidden_size": 32,
-                "num_attention_heads": 2,
-                "num_hidden_layers": 1,
-                "intermediate_size": 64,
-            },
-        },
-        "max_steps": 2,
-        "phases": [{"name": "seq128", "share": 1.0, "micro_batch": 4, "global_batch": 4, "lr": 1e-3}],
-        "checkpoint_every": 0,
-        "eval_batches": 1,
-        "device": "cpu",
-    }
     runs = {}
     for nsp in (True, False):
-        params = PretrainParams.model_validate(base | {"nsp": nsp})
+        params = small_params(
+            max_steps=2,
+            phases=[{"name": "seq128", "share": 1.0, "micro_batch": 4, "global_batch": 4, "lr": 1e-3}],
+            checkpoint_every=0,
+            eval_batches=1,
+            nsp=nsp,
+        )
         runs[nsp] = pretrain(
             params, data, vocab, tmp_path / f"model-{nsp}", checkpoint_root=tmp_path / "ckpt"
         )
