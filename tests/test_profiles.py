@@ -187,6 +187,9 @@ def test_gpu_base_follows_the_paper():
     flat = {k: v for keys in gpu.values() for k, v in keys.items()}
     assert flat["corpus.cap.max_bytes"] is None and flat["pretrain_data.dupe_factor"] == 10
     assert flat["pretrain_data.phases"] == ["seq128", "seq512"]
+    # the paper's objective, whatever the CPU profile's recipe: 15% masking, NSP pairs and loss, dropout
+    assert (flat["pretrain_data.masked_lm_prob"], flat["pretrain_data.random_next_prob"]) == (0.15, 0.5)
+    assert flat["pretrain.nsp"] is True and flat["pretrain.model.overrides"] == {}
     pretrain = gpu.get("params/pretrain.yaml")
     if pretrain is None:
         pytest.skip("params/pretrain.yaml is not in the gpu-base profile yet")
