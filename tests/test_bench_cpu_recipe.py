@@ -12,7 +12,7 @@ from bert_core.vocab import VocabParams
 
 
 def _params(name: str, *base: dict) -> tuple[PretrainDataParams, PretrainParams]:
-    layers = [*base, bench.VARIANTS[name]]
+    layers = [bench.PAPER, *base, bench.VARIANTS[name]]
     return (
         bench.stage_params("params/pretrain_data.yaml", "pretrain_data", PretrainDataParams, *layers),
         bench.stage_params("params/pretrain.yaml", "pretrain", PretrainParams, *layers),
@@ -31,9 +31,13 @@ def test_every_variant_parses_and_predicts_what_it_masks(name):
 
 
 def test_the_variants_change_what_their_names_say():
-    paper_data, paper = _params("paper")
-    assert paper_data == bench.stage_params("params/pretrain_data.yaml", "pretrain_data", PretrainDataParams)
+    paper_data, paper = _params("paper")  # the paper's recipe whatever the committed profile holds
     assert paper_data.phases == ["seq128", "seq512"] and paper.nsp and paper_data.mask_split.is_paper
+    assert (paper_data.masked_lm_prob, paper_data.random_next_prob) == (
+        0.15,
+        0.5,
+    ) and not paper.model.overrides
+    assert [p.share for p in paper.phases] == [0.9, 0.1]
     data, pre = _params("no512_mask30_nonsp_nodropout")
     assert data.phases == ["seq128"] and [p.share for p in pre.phases] == [1.0]
     assert pre.phases[0].model_dump(exclude={"share"}) == paper.phases[0].model_dump(exclude={"share"})
