@@ -341,7 +341,8 @@ def test_impossible_params_are_refused_with_the_key(change, msg):
 
 def test_the_shipped_params_file_parses():
     params = load_params(REPO / "params" / "pretrain.yaml", "pretrain", PretrainParams)
-    assert params.model.preset == "tiny" and [p.name for p in params.phases] == ["seq128", "seq512"]
+    assert params.model.preset == "tiny" and [p.name for p in params.phases] == ["seq128"] and not params.nsp
+    assert params.model.overrides == {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
 # ---------------------------------------------------------------------------------------------- the flow
@@ -420,10 +421,20 @@ def test_train_config_of_the_shipped_params():
         device="auto",
     )
     assert params.train_config(0) == TrainConfig(
-        max_steps=3150, time_budget_s=540.0, lr=2e-3, warmup_ratio=0.05, grad_accum=1, seed=0, **shared
+        max_steps=4000, time_budget_s=600.0, lr=2e-3, warmup_ratio=0.05, grad_accum=1, seed=0, **shared
     )
-    assert params.train_config(1) == TrainConfig(
-        max_steps=350, time_budget_s=60.0, lr=1e-3, warmup_ratio=0.1, grad_accum=1, seed=1000, **shared
+    seq512 = {
+        "name": "seq512",
+        "share": 0.1,
+        "micro_batch": 8,
+        "global_batch": 8,
+        "lr": 1e-3,
+        "warmup_ratio": 0.1,
+    }
+    phases = [{**params.phases[0].model_dump(), "share": 0.9}, seq512]  # the paper's two (gpu-base)
+    two = PretrainParams.model_validate({**params.model_dump(), "phases": phases})
+    assert two.train_config(0).max_steps == 3600 and two.train_config(1) == TrainConfig(
+        max_steps=400, time_budget_s=60.0, lr=1e-3, warmup_ratio=0.1, grad_accum=1, seed=1000, **shared
     )
     two = small_params().train_config(0, world_size=2)
     assert (two.grad_accum, two.warmup_steps, two.max_steps) == (1, None, 8)

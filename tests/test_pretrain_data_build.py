@@ -283,8 +283,9 @@ def test_bad_params(override, message):
 
 def test_shipped_params_file_parses():
     p = load_params(REPO / "params" / "pretrain_data.yaml", "pretrain_data", PretrainDataParams)
-    assert p.phase_specs["seq128"].max_predictions_per_seq == 20
+    assert p.phase_specs["seq128"].max_predictions_per_seq == 40  # 30% masking (the paper's 20 at 15%)
     assert p.phase_specs["seq512"].max_predictions_per_seq == 80
+    assert (p.phases, p.masked_lm_prob, p.random_next_prob) == (["seq128"], 0.3, 0.0)
 
 
 def test_plan_cuts_the_document_stream_into_tasks_by_bytes(tmp_path):
