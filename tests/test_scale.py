@@ -1,6 +1,7 @@
 """Scaling suite (marker ``scale``, ``make test-scale``): the data stages on the real corpus at growing sizes.
 
-corpus -> vocab -> pretrain_data, with the committed params and every size cap lifted, on nested subsets of
+corpus -> vocab -> pretrain_data, with the committed params, every size cap lifted and the paper's objective
+(both phases, NSP pairs: the data a full-size run builds), on nested subsets of
 ``corpus/`` under the shared data root (about 4, 20, 40 and 80 MB of text; the recipe and the stage calls
 are the ones ``bench/bench_scale.py`` measures, so the suite checks what the bench times). Every stage must
 pass its critical data checks, and the IsNext share of every pretrain_data output must be within the bound
