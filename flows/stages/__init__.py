@@ -239,6 +239,7 @@ STAGES: tuple[Stage, ...] = (
             "heldout.mlm_acc",
             "heldout.baseline_mlm_acc",
             "heldout.nsp_acc",
+            "heldout_before.mlm_loss",  # continued pretraining: the checkpoint it started from
             "steps",
             "train_seconds",
             "parameters_m",
