@@ -10,7 +10,7 @@ Each subset is a data root of symlinks, laid out as ``params/corpus.yaml``'s ``l
 
 **Stages.** The committed params with every size cap lifted (``corpus``: each source's and the global
 ``max_bytes``/``max_documents``; ``vocab``: ``sample_max_bytes``/``sample_max_documents``) and, for
-``pretrain_data``, the paper's objective (:data:`PAPER_DATA`, as ``gpu-base`` builds it), defaults
+``pretrain_data``, the paper's objective (``bench_cpu_recipe.PAPER``, as ``gpu-base`` builds it), defaults
 otherwise (worker counts included). Each stage runs in a fresh child process calling the library entry
 (:func:`bert_core.corpus.build_corpus`, :func:`bert_core.vocab.train_vocab`,
 :func:`bert_core.pretrain_data.build.build_pretrain_data`; no DVC, no Prefect, no MLflow). The parent samples
@@ -169,17 +169,13 @@ def stage_params(stage: str):
         p = load_params(REPO / "params" / "vocab.yaml", "vocab", VocabParams).model_dump()
         p["sample_max_bytes"], p["sample_max_documents"] = 2**62, None  # an int field: "no bound"
         return VocabParams.model_validate(p)
+    from bench.bench_cpu_recipe import PAPER
+    from bench.bench_cpu_recipe import stage_params as cpu_recipe_params
     from bert_core.pretrain_data.params import PretrainDataParams
 
-    p = load_params(REPO / "params" / "pretrain_data.yaml", "pretrain_data", PretrainDataParams).model_dump()
-    p.update(PAPER_DATA)
-    p["phase_specs"]["seq128"]["max_predictions_per_seq"] = 20
-    return PretrainDataParams.model_validate(p)
-
-
-#: The paper's objective (both phases, 15% masking, NSP pairs at 50%), as params/profiles/gpu-base.yaml
-#: builds it: the data a corpus of this size is for, and the NSP balance the suite must see kept.
-PAPER_DATA = {"phases": ["seq128", "seq512"], "masked_lm_prob": 0.15, "random_next_prob": 0.5}
+    # The paper's objective (both phases, 15% masking, NSP pairs at 50%), as gpu-base builds it: the data a
+    # corpus of this size is for, and the NSP balance the suite must see kept. One spelling: the recipe bench's.
+    return cpu_recipe_params("params/pretrain_data.yaml", "pretrain_data", PretrainDataParams, PAPER)
 
 
 def run_corpus(root: Path, out: Path, reports: Path | None = None) -> dict[str, Any]:
