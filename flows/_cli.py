@@ -1,22 +1,7 @@
-"""The one command-line runner of the stage flows (``python -m flows.<stage>``).
-
-Builds the argument parser from the stage's options in :data:`flows.stages.STAGES` (so the default
-paths are spelled once), validates the params before Prefect starts (fail fast), runs the flow and turns
-the outcome into the exit code DVC sees:
-
-- 0: done;
-- 1: any error, with one line ``<stage> stage failed[ (<task>)]: <Type>: <message>`` on stderr;
-- ``err.exit_code`` (128 + signal number) for a stage's own interrupt (``TrainingInterrupted``: training
-  stopped by SIGTERM/SIGINT after writing a checkpoint), with ``<stage> stage interrupted: <message>``;
-- 130 / 143 for a SIGINT (Ctrl-C) / SIGTERM anywhere else (loading data, starting Prefect ...), with
-  ``<stage> stage interrupted[ (<task>)]: stopped by SIGINT before it finished; ...``. Both handlers are
-  installed first thing, so a SIGINT that the parent left ignored (a shell's ``cmd &``) still stops it.
-
-The Prefect API is settled before the flow starts (:func:`flows._prefect_api.prefect_api`): an unreachable
-``PREFECT_API_URL`` fails within seconds, and the temporary server runs in its own session so that Ctrl-C
-does not take it down before the flow run is marked Crashed. Under ``python -m flows.pipeline`` the stage gets
-the pipeline's API in ``PREFECT_API_URL`` and starts no server. The command ends through
-:func:`exit_command` (a normal exit without the interpreter's last garbage collections).
+"""The one command-line runner of the stage flows (``python -m flows.<stage>``): the parser from the stage
+table, the params checked before Prefect starts, and the exit code DVC sees: 0 done; 1 any error, with one
+line ``<stage> stage failed[ (<task>)]: <Type>: <message>``; 128 + signal number for SIGINT / SIGTERM
+(or a stage's own interrupt that wrote a checkpoint), with one ``<stage> stage interrupted`` line.
 """
 
 from __future__ import annotations
@@ -68,11 +53,8 @@ MAX_REASON_CHARS = 2000
 
 
 def failure_line(prefix: str, err: BaseException, limit: int = MAX_REASON_CHARS) -> str:
-    """``<prefix>: <Type>: <message>``, the message cut to ``limit`` characters (saying so).
-
-    A safety net: errors quote at most short excerpts of their input, but one that does not (a library's
-    message that embeds a whole file) must not become a megabyte-long line on the terminal or in DVC's log.
-    """
+    """``<prefix>: <Type>: <message>``, the message cut to ``limit`` characters (saying so): a library's
+    message that embeds a whole file never becomes a megabyte-long line in DVC's log."""
     message = str(err)
     if len(message) > limit:
         message = f"{message[:limit]} ... [truncated: {len(message)} characters in all]"
@@ -107,12 +89,8 @@ class SavedHandlers(NamedTuple):
 
 
 def install_signal_handlers() -> SavedHandlers:
-    """SIGINT and SIGTERM -> :class:`Interrupted` (a ``KeyboardInterrupt``; SIGINT even when inherited as
-    ignored), recorded in :data:`RECEIVED`, and a :class:`SignalRedelivery` ``sys.unraisablehook`` so that
-    neither is lost inside a callback.
-
-    Returns what was replaced (nothing off the main thread, where handlers cannot be set).
-    """
+    """SIGINT and SIGTERM -> :class:`Interrupted` (SIGINT even when inherited as ignored) and a
+    :class:`SignalRedelivery` hook; returns what was replaced (nothing off the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         return SavedHandlers({}, None)
     hook, sys.unraisablehook = sys.unraisablehook, SignalRedelivery(sys.unraisablehook)
@@ -133,13 +111,9 @@ def restore_signal_handlers(old: SavedHandlers) -> None:
 class SignalRedelivery:
     """A ``sys.unraisablehook`` that sends a swallowed signal again.
 
-    A signal handler's exception raised while Python runs a weakref callback or a finaliser is printed as
-    "Exception ignored in ..." and dropped: the stage would run on to the end as if it had never been
-    signalled (seen on CI: SIGTERM inside a ``WeakValueDictionary`` callback, Prefect's handler's
-    ``TerminationSignal`` lost). For such an exception this hook sends the same signal to the process again
-    from a short-lived thread, so its handler runs once more at the main thread's next bytecode boundary,
-    outside the callback. The swallowed signal is not reported (it is no error, and its traceback would
-    precede the stage's one "interrupted" line); other unraisable exceptions go to the previous hook unchanged.
+    A signal handler's exception raised inside a weakref callback or a finaliser is printed and dropped, and
+    the stage would run on as if never signalled. This hook sends the same signal again from a short-lived
+    thread, so the handler runs once more outside the callback; other exceptions go to the previous hook.
     """
 
     def __init__(self, previous: Callable[[Any], Any]) -> None:
@@ -174,15 +148,9 @@ def interrupted_message(signum: int) -> str:
 
 
 def exit_command(code: int) -> NoReturn:
-    """End a command-line process (``python -m flows.<stage>``, the pipeline) with exit status ``code``.
-
-    Everything of a normal exit still happens (non-daemon threads joined, ``atexit`` handlers: Prefect's log
-    and event workers drained, MLflow's, logging's), but the objects alive now are frozen out of the garbage
-    collector first (:func:`gc.freeze`): the interpreter's last collections over the heap that Prefect,
-    MLflow, Great Expectations and torch leave (millions of objects) cost 1.4-2.5 CPU-seconds per stage,
-    for nothing, since the process is ending. Objects are still freed by reference counting, so files and
-    connections close as before.
-    """
+    """End a command with exit status ``code``: a normal exit (threads joined, ``atexit`` handlers run),
+    but with the live objects frozen out of the garbage collector first: the last collections over the heap
+    Prefect, MLflow and torch leave cost 1.4-2.5 CPU-seconds per stage, for nothing."""
     gc.freeze()
     sys.exit(code)
 
@@ -201,22 +169,10 @@ def run_stage(
     other_ranks: Callable[..., Any] | None = None,
     log_to_stderr: bool = False,
 ) -> int:
-    """Parse ``argv``, validate the stage's params, call ``flow(**options)``; return the exit code.
-
-    Args:
-        name: The stage (a row of the stage table).
-        flow: The stage's Prefect flow, called with one keyword argument per option.
-        argv: Command-line arguments (default ``sys.argv[1:]``).
-        doc: The flow module's docstring; its first paragraph is the ``--help`` description.
-        other_ranks: Under ``torchrun``, what ranks other than 0 run instead of ``flow`` (they only train:
-            no Prefect, no tracking); ``flow`` is then a zero-argument function that builds the flow, so
-            that those ranks never import Prefect.
-        log_to_stderr: Configure logging to stderr first.
-
-    An exception that carries ``signum`` and ``exit_code`` (``TrainingInterrupted``: stopped by a signal,
-    a checkpoint written) is an interrupt like a Ctrl-C anywhere else: Prefect marks the run Crashed, and
-    the exit code is the exception's.
-    """
+    """Parse ``argv``, validate the stage's params, call ``flow(**options)`` under the settled Prefect API;
+    return the exit code. ``doc``'s first paragraph is the ``--help`` text. Under ``torchrun``, ranks other
+    than 0 run ``other_ranks`` instead (no Prefect, no tracking), and ``flow`` is then a zero-argument
+    function that builds the flow, so that they never import Prefect."""
     old_handlers = install_signal_handlers()
     stage, where = get(name), ""
     try:

@@ -1,16 +1,10 @@
 """Independent DVC stages at once: which may run together, each one's share of the machine, the pool.
 
-The pipeline flow with ``jobs`` > 1 runs each stage as its own ``dvc repro --single-item <stage>`` (so DVC
-still decides, runs and records every stage: ``dvc.lock``, the run cache and ``dvc status`` are those of a
-sequential run), up to ``jobs`` at a time, a stage once every stage it needs has succeeded: the
-``finetune@<task>`` stages together after ``pretrain``, then ``evaluate``.
-
-Shares. Each of the ``jobs`` slots gets its own GPUs (``CUDA_VISIBLE_DEVICES``; two slots never share one
-unless ``share_gpus``) and its share of the CPU cores (``OMP_NUM_THREADS`` and the like, which torch and the
-tokenizers read when they start). A stage that can never run beside another (every other stage is before
-or after it: ``corpus`` ... ``pretrain``, ``evaluate``) gets the whole machine, as in a sequential run. Which
-stages get a share is a property of the graph, not of timing, so a rerun gives a stage the same threads
-and the same numbers.
+Each stage runs as its own ``dvc repro --single-item`` (so ``dvc.lock``, the run cache and ``dvc status``
+are those of a sequential run), once every stage it needs has succeeded. Each slot gets its own GPUs
+(``CUDA_VISIBLE_DEVICES``) and its share of the cores (``OMP_NUM_THREADS`` ...); a stage that can never run
+beside another gets the whole machine. The shares follow from the graph, not from timing, so a rerun gives
+a stage the same threads and the same numbers.
 """
 
 from __future__ import annotations

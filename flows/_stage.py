@@ -1,24 +1,12 @@
-"""The stage runner's half of every stage flow: outputs, tracking, reports and metrics, in one place.
+"""The stage runner's half of every stage flow: :func:`stage` owns outputs, tracking, reports and metrics.
 
 A stage flow is a recipe::
 
-    @flow(name="corpus", log_prints=True)
-    def corpus_flow(params_file: str = ..., out_dir: str = ..., metrics_path: str | None = None) -> dict:
-        params = STAGE.load_params(params_file)
-        with stage("corpus", params, out_dir, metrics_path=metrics_path,
-                   checks_dir=data_check_dir("corpus", out_dir, STAGE.outs[0])) as s:
-            stats = build_corpus(params, s[out_dir], report_dir=s.checks_dir / "corpus")  # the library entry
-            s.done(stats.as_metrics(), reports=[stats.check_report])
-        return s.metrics
+    with stage("corpus", params, out_dir, metrics_path=metrics_path, checks_dir=...) as s:
+        stats = build_corpus(params, s[out_dir], report_dir=s.checks_dir / "corpus")  # the library entry
+        s.done(stats.as_metrics(), reports=[stats.check_report])
 
-:func:`stage` owns what every stage repeats: the fail-fast check that every out can be written, a fresh
-data-check folder (logged to MLflow even when a check fails the stage), the MLflow run
-(:func:`stage_run`, with the Prefect flow-run id among its tags and the library's INFO lines shown), the
-staged outs and their all-or-nothing commit together with the DVC metrics file (the stage's headline
-figures) and its details file (every statistic, :func:`details_file`), the withdrawal of a model
-registered inside the block when the commit fails, and, once committed, the check reports, artifacts,
-tags and every statistic in MLflow and the headline metrics as a Prefect artifact. Signals, exit codes and argument parsing
-are the command line's (:mod:`flows._cli`).
+Signals, exit codes and argument parsing are the command line's (:mod:`flows._cli`).
 """
 
 from __future__ import annotations
@@ -46,12 +34,8 @@ METRICS_DIR = REPO_ROOT / "metrics"
 
 
 def in_repo(path: str | os.PathLike[str], what: str = "path") -> Path:
-    """A path from params or a run form: an absolute path as given (the user's explicit choice); a relative
-    one is relative to the repository and must stay inside it (a form's ``../..`` never leaves it).
-
-    Raises:
-        ValueError: naming ``what`` and the path, when a relative path leads out of the repository.
-    """
+    """A path from params or a run form: an absolute one as given; a relative one inside the repository
+    (a form's ``../..`` never leaves it: ``ValueError`` naming ``what``)."""
     p = Path(path).expanduser()
     if p.is_absolute():
         return p
@@ -80,14 +64,7 @@ def _in_run(record: logging.LogRecord) -> bool:
 @contextlib.contextmanager
 def library_logs(level: int = logging.INFO) -> Iterator[None]:
     """Within the block, the library's records at ``level`` and above reach the console and, inside a flow
-    run, the run's logs in Prefect; the loggers are restored afterwards.
-
-    Prefect's logging configuration leaves the root logger at WARNING, so ``bert_core``'s INFO lines
-    (progress, ``step N train: ...``) were dropped. ``PREFECT_LOGGING_EXTRA_LOGGERS=bert_core`` (set in
-    :mod:`flows`) attaches the API handler but keeps the level, and takes effect only when it is set
-    before Prefect configures logging: this sets the level and attaches the handler where it is missing
-    (records logged outside a flow run are then not sent: no "without a flow run id" warning).
-    """
+    run, the run's logs in Prefect (whose logging setup leaves them at WARNING); restored afterwards."""
     from prefect.logging.handlers import APILogHandler
 
     added: list[tuple[logging.Logger, logging.Handler | None, int]] = []
@@ -110,8 +87,7 @@ def library_logs(level: int = logging.INFO) -> Iterator[None]:
                 logger.removeHandler(handler)
 
 
-def prefect_tags() -> dict[str, str]:
-    """``{"prefect_flow_run_id": <id>}`` inside a Prefect flow run, else ``{}``."""
+def _prefect_tags() -> dict[str, str]:
     with contextlib.suppress(Exception):
         from prefect.runtime import flow_run
 
@@ -139,7 +115,7 @@ def stage_run(
             params,
             experiment=experiment,
             run_name=run_name,
-            tags={**prefect_tags(), **(tags or {})},
+            tags={**_prefect_tags(), **(tags or {})},
             nested=nested,
         ) as run,
     ):
@@ -156,59 +132,16 @@ CHECKS_DIR = REPO_ROOT / "reports" / "data_checks"
 
 
 def data_check_dir(stage: str, out: str | os.PathLike[str], default_out: str | os.PathLike[str]) -> Path:
-    """The folder for the data-check reports of one run of ``stage`` (``<stage>`` under ``data_checks``).
-
-    They follow the run's output: with the default output (``default_out``, relative to the repository),
-    ``reports/data_checks/<stage>`` in the repository, as DVC runs it; with an output elsewhere
-    (``--out /tmp/try/corpus``), ``reports/data_checks/<stage>`` beside it (``/tmp/try/reports/...``),
-    so that a trial run neither replaces the pipeline's reports nor writes into a repository it was not
-    asked to write into. The folder is the stage's own: the stage empties it before a run.
-    """
+    """The data-check folder of one run of ``stage``: ``reports/data_checks/<stage>`` in the repository for
+    the default output, else beside the output (``--out /tmp/try/corpus`` → ``/tmp/try/reports/...``), so
+    a trial run never replaces the pipeline's reports. The stage empties it before a run."""
     if Path(out).resolve() == (REPO_ROOT / default_out).resolve():
         return CHECKS_DIR / stage
     return Path(out).resolve().parent / "reports" / "data_checks" / stage
 
 
-@contextlib.contextmanager
-def stage_outputs(
-    stage: str,
-    *outs: str | os.PathLike[str],
-    metrics_path: str | os.PathLike[str] | None = None,
-    dirs: tuple[str | os.PathLike[str], ...] = (),
-) -> Iterator[OutputSet]:
-    """Stage every out of ``stage`` (``outs`` and its metrics file) and commit them all together, or none.
-
-    :func:`bert_core.atomic.atomic_outputs` over ``outs`` + :func:`metrics_file`: write each out to
-    ``staged[out]`` (a ``.<name>.tmp-*`` sibling; a builder that stages its own directory with
-    ``atomic_path(staged[out])`` only adds a rename) and the metrics with :func:`write_stage_metrics`
-    (``outputs=staged``). An error anywhere, the metrics file included, leaves every previous out in place
-    and no temporaries.
-    """
-    with atomic_outputs([*outs, metrics_file(stage, metrics_path)], dirs=dirs) as staged:
-        yield staged
-
-
-def write_stage_metrics(
-    stage: str,
-    metrics: dict[str, Any],
-    path: str | os.PathLike[str] | None = None,
-    *,
-    outputs: OutputSet | None = None,
-) -> Path:
-    """Write the stage's DVC metrics file (``metrics/<stage>.json``): atomically, or into ``outputs``'s
-    staged temporary (committed with the stage's other outs); return the final path."""
-    path = metrics_file(stage, path)
-    write_json_atomic(outputs[path] if outputs is not None else path, metrics)
-    return path
-
-
 def details_file(metrics_path: str | os.PathLike[str]) -> Path:
-    """The stage's detailed statistics beside its metrics file: ``details/<name>`` in the metrics file's
-    folder (``metrics/details/corpus.json``, ``metrics/finetune/details/sst2.json``).
-
-    The DVC metrics file holds the headline figures a user compares across runs (``dvc metrics show`` and
-    ``dvc metrics diff`` print every key as a column); everything else goes here, a plain JSON out.
-    """
+    """Every statistic of a stage, beside its headline metrics file: ``metrics/details/corpus.json``."""
     path = Path(metrics_path)
     return path.parent / "details" / path.name
 
@@ -220,17 +153,10 @@ MAX_HEADLINE = 20
 def headline(
     metrics: dict[str, Any], patterns: tuple[str, ...] | list[str], *, main: str | None = None
 ) -> dict[str, Any]:
-    """The headline figures of ``metrics``: its flat keys (:func:`bert_core.params.flatten`) matching
-    ``patterns`` (:mod:`fnmatch` patterns, e.g. ``phases.*.steps``; ``{main}`` stands for ``main``, a
-    task's main metric), in pattern order, each key once, at most :data:`MAX_HEADLINE` of them.
-
-    ``name=pattern`` puts the first key matching ``pattern`` under ``name``: ``score=dev.{main}`` gives
-    every task's metrics file the same columns (``dvc metrics show metrics/finetune`` lines the tasks up,
-    whatever their main metric).
-
-    More than :data:`MAX_HEADLINE` matches keep the first ones, with a warning naming the others (they
-    stay in the details file): a stage that has run for hours is not failed over a column of its summary.
-    """
+    """The flat keys of ``metrics`` matching the :mod:`fnmatch` ``patterns``, in pattern order, each once,
+    at most :data:`MAX_HEADLINE` (the rest with a warning: they stay in the details file). ``{main}`` stands
+    for a task's main metric; ``name=pattern`` puts the first match under ``name`` (``score=dev.{main}``
+    gives every task the same ``dvc metrics show`` columns)."""
     flat = flatten(metrics)
     out: dict[str, Any] = {}
     taken: set[str] = set()  # the flat keys already shown (under their name or an alias)
@@ -283,37 +209,10 @@ def publish_artifact(stage: str, metrics: dict[str, Any]) -> None:
         log.warning("could not publish Prefect artifact for %s: %s", stage, err)
 
 
-def finish_stage(
-    stage: str,
-    metrics: dict[str, Any],
-    run: StageRun | None = None,
-    metrics_path: str | os.PathLike[str] | None = None,
-    *,
-    written: bool = False,
-) -> Path:
-    """Log metrics to MLflow (if a run is given), write the DVC metrics file, publish the Prefect artifact.
-
-    ``written=True``: the metrics file was already committed with the stage's other outs
-    (:func:`stage_outputs`); it is not written again.
-    """
-    if run is not None:
-        run.log_metrics(metrics)
-    path = metrics_file(stage, metrics_path) if written else write_stage_metrics(stage, metrics, metrics_path)
-    publish_artifact(stage, metrics)
-    return path
-
-
 @dataclass
 class StageBody:
-    """What the body of a :func:`stage` block works with and hands back.
-
-    Attributes:
-        run: The stage's MLflow run.
-        staged: The staged outs: write the out ``out`` to ``body[out]``.
-        checks_dir: The run's data-check folder (``None`` for a stage without data checks).
-        metrics: Set by :meth:`done`: the headline figures, for the DVC metrics file and the Prefect artifact.
-        details: Set by :meth:`done`: every statistic, for the details file (:func:`details_file`) and MLflow.
-    """
+    """What a :func:`stage` block works with (``run``, ``body[out]`` the staged out, ``checks_dir``) and
+    hands back through :meth:`done`."""
 
     run: StageRun
     staged: OutputSet
@@ -330,16 +229,14 @@ class StageBody:
         return self.staged[out]
 
     def write_metrics(self, stage: str, metrics_path: Path, details_path: Path) -> None:
-        """The staged details and metrics files; the metrics in the headline's order (task scores first:
-        ``dvc metrics show`` prints the columns so)."""
+        """The staged details and metrics files (the metrics in the headline's order)."""
         if self.metrics is None:
             raise RuntimeError(f"stage {stage} finished without its metrics (StageBody.done)")
         write_json_atomic(details_path, self.details)
         write_text_atomic(metrics_path, json.dumps(self.metrics, indent=2, default=str) + "\n")
 
     def finish(self, label: str) -> None:
-        """After the commit: log the data-check reports, artifacts and tags, run the ``then`` steps, log
-        the details, and publish the headline as the Prefect artifact ``label``."""
+        """After the commit: reports, artifacts, tags, ``then`` steps, details; the headline to Prefect."""
         for report in self.reports:
             try:
                 self.run.log_check_report(report)
@@ -355,8 +252,7 @@ class StageBody:
         publish_artifact(label, self.metrics)
 
     def registered(self, registration: tracking.Registration) -> tracking.Registration:
-        """Keep a registration made inside the block: it is withdrawn if the outs are then not committed
-        (the registry never names a model the workspace does not hold)."""
+        """Keep a registration made inside the block: withdrawn if the outs are then not committed."""
         self.registrations.append(registration)
         return registration
 
@@ -370,11 +266,9 @@ class StageBody:
         tags: dict[str, Any] | None = None,
         then: Callable[[], None] | None = None,
     ) -> None:
-        """The stage's result: its headline ``metrics`` (the DVC metrics file: what a user compares across
-        runs, a handful of flat keys, see :func:`headline`) and its ``details`` (every statistic: the
-        details file and MLflow; default ``metrics``), data-check reports, and what to do once the outs
-        are committed: artifacts to log (final paths, with their MLflow artifact folder), tags to set, and
-        ``then`` (work on the committed outs, e.g. registering a model directory)."""
+        """The stage's result: headline ``metrics`` (the DVC metrics file), ``details`` (every statistic;
+        default ``metrics``), data-check reports, and what to do once the outs are committed: artifacts
+        (final paths, MLflow folder), tags, and ``then`` (e.g. registering the committed model)."""
         self.metrics = metrics
         self.details = details if details is not None else metrics
         self.reports += [r for r in reports if r is not None]
@@ -418,22 +312,10 @@ def stage(
     run_name: str | None = None,
     tags: dict[str, Any] | None = None,
 ) -> Iterator[StageBody]:
-    """One stage run, from the fail-fast checks to the committed outs (see the module docstring).
-
-    Args:
-        name: The stage (its metrics file is ``metrics/<name>.json`` unless ``metrics_path`` is given).
-        params: Logged as the MLflow run's params (a params model or a dict).
-        outs: The stage's outs; written to ``body[out]``, committed with the metrics and details files,
-            all or none.
-        metrics_path: The DVC metrics file (its details file: :func:`details_file`).
-        dirs: Outs created as empty directories before the block.
-        checks_dir: The run's data-check folder: emptied first, logged to MLflow afterwards (also on failure).
-        experiment, run_name, tags: The MLflow run's experiment, name (also the Prefect artifact's; default
-            ``name``) and extra tags.
-
-    Raises:
-        RuntimeError: the block ended without calling :meth:`StageBody.done`.
-    """
+    """One stage run: every out checked writable before any work, ``checks_dir`` emptied, one MLflow run
+    (``params`` its params), the ``outs`` (``dirs`` created empty) staged and committed with the metrics and
+    details files, all or none; a registration made in the block withdrawn when the commit fails; the
+    data-check folder logged even on failure."""
     final_metrics = metrics_file(name, metrics_path)
     final_details = details_file(final_metrics)
     check_writable(*outs, final_metrics, final_details)  # fail fast, before any work, naming the out

@@ -1,21 +1,9 @@
 """Prefect flow of the ``finetune`` stage, one task per run: ``python -m flows.finetune TASK``.
 
-Reads ``params/finetune.yaml`` (section ``finetune``), resolves the pretrained model (a local directory or
-an MLflow registry URI), and runs :func:`bert_core.finetune.finetune_task`. Tracking, in the MLflow
-experiment :data:`bert_core.tracking.FINETUNE_EXPERIMENT`:
-
-- one run per task (``finetune-<task>``) with the selected model's flat metrics (``dev.accuracy`` ...),
-  the predictions and summary as artifacts, and tags ``task``, ``init``, ``pretrained_*``, git commit,
-  DVC experiment, pipeline run id;
-- one nested run per trial (learning rate x seed x init) with the same metric keys;
-- the selected model registered as a new version of ``bert-<task>``; the alias (``champion``) moves only
-  when the new version beats it on the dev metric.
-
-DVC outputs: ``models/finetuned/<task>`` (model), ``results/finetune/<task>`` (predictions, summary) and
-``metrics/finetune/<task>.json`` (the headline figures under the same names for every task, so ``dvc
-metrics show/diff`` line the tasks up: ``score``, ``score_std``, ``best_baseline``, ``gap_random_init`` ...),
-``metrics/finetune/details/<task>.json`` (every figure, :meth:`FinetuneResult.metrics`) and
-``plots/finetune/<task>/{train,dev}.csv`` (the selected trial's learning curves, ``dvc plots show``).
+Resolves the pretrained model (a local directory or an MLflow registry URI), runs
+:func:`bert_core.finetune.finetune_task`, and records one MLflow run per task in
+:data:`bert_core.tracking.FINETUNE_EXPERIMENT` (one nested run per trial); the selected model becomes a new
+version of ``bert-<task>``, whose ``champion`` alias moves only on a better dev score. Outputs: the stage table.
 """
 
 from __future__ import annotations

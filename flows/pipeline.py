@@ -1,47 +1,17 @@
 """The whole pipeline as one Prefect flow over DVC: ``bert-pipeline``.
 
-The flow runs ``dvc exp run`` (default; ``dvc repro`` with ``as_experiment=False``) in the repository, so
-DVC's caching decides what reruns and every UI-triggered run is a DVC experiment (params recorded,
-``dvc exp apply <name>`` restores it). It follows DVC's output and shows each stage as a Prefect task run
-named after the stage, with the stage's log lines, its state (``Completed``, ``Cached`` when DVC skipped it,
-``Failed``) and its metrics (the stage's ``metrics:`` files) as a Markdown artifact; a summary artifact
-lists every stage.
-
-Params come from a named profile (``params/profiles/<name>.yaml``, see :mod:`flows.profiles`), the typed
-form fields below (preset, tasks, steps, learning rates, seeds, time budget) and free ``-S`` overrides,
-in that order. Every stage's MLflow run is tagged with ``pipeline_run_id`` (the Prefect flow run id), so
-``python -m flows.compare`` and the MLflow UI find one pipeline run's runs together.
-
-Stages at once (``jobs``; ``--jobs``; ``make pipeline JOBS=N``): with ``jobs`` > 1 the stages whose inputs
-are ready run up to ``jobs`` at a time, each its own ``dvc repro --single-item`` on its own GPUs or share of
-the cores (:mod:`flows._fanout`); DVC still runs and records every stage. The default is one per GPU, else
-:data:`flows._fanout.CPU_JOBS`; ``jobs=1`` runs one ``dvc repro`` / ``dvc exp run`` as described above. An
-experiment run that way writes the overrides into the params files, as ``dvc exp run`` leaves them, and
-is saved with ``dvc exp save``. A failed stage lets the others finish (``fail_fast`` starts no more) and
-keeps the stages after it from running.
-
-Runs of one workspace queue behind a file lock (``.dvc/tmp/bert-pipeline.lock``); ``make
-serve`` also serves with ``limit=1``. Nothing here is retried but a stage DVC refused, before running it,
-because another DVC process held a lock: a stage that fails once fails again with the same inputs (tracking
-calls inside stages are retried where they are made).
-
-Command line (what ``make pipeline`` runs)::
+It runs ``dvc repro`` (or ``dvc exp run``) and shows each stage as a Prefect task run with its log lines,
+state (``Completed``, ``Cached``, ``Failed``) and metrics; with ``jobs`` > 1 the stages whose inputs are
+ready run at once, each its own ``dvc repro --single-item`` on its own GPUs or share of the cores. Params
+come from a profile, the form fields and ``-S`` overrides, in that order; every stage's MLflow run is tagged
+with ``pipeline_run_id``. Behaviour under failures and signals: docs/reliability.md.
 
     python -m flows.pipeline                          # dvc repro, params as they are
     python -m flows.pipeline --profile gpu-base       # apply a profile, then dvc repro
     python -m flows.pipeline --experiment -S params/finetune.yaml:finetune.defaults.seeds=[1,2]
 
-Layout: this module is the flow and its command line; :mod:`flows._inputs` maps the form to params
-overrides and builds the stages' environment, :mod:`flows._driver` follows the DVC process as task runs,
-:mod:`flows._dvc` is the DVC plumbing (stage graph, process, workspace lock).
-
-From the command line the flow reports to ``PREFECT_API_URL`` (checked first: one that does not answer is
-an error within seconds), else to the Prefect server of ``make serve`` when one serves this repository (so
-the run shows in its UI), else to a temporary local server started in its own session (see
-:mod:`flows._prefect_api`). That one API is handed to DVC's environment (``PREFECT_API_URL``), so every
-stage command of the run reports to it and none starts a temporary server of its own (about 4.5 CPU-seconds
-each). Ctrl-C or SIGTERM stops DVC and the stage it runs (SIGTERM to DVC's process
-group; pretraining writes a checkpoint), marks the flow run Crashed and exits with 130 / 143.
+:mod:`flows._inputs` maps the form to overrides, :mod:`flows._driver` follows DVC as task runs,
+:mod:`flows._dvc` is the DVC plumbing, :mod:`flows._prefect_api` the one Prefect API every stage reports to.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""Prefect flow of the ``pretrain`` stage: ``python -m flows.pretrain`` (several GPUs/nodes: ``torchrun
---nproc-per-node=N -m flows.pretrain``).
+"""Prefect flow of the ``pretrain`` stage: ``python -m flows.pretrain`` (several GPUs or nodes:
+``torchrun --nproc-per-node=N -m flows.pretrain``; only rank 0 talks to Prefect and MLflow).
 
-Reads ``params/pretrain.yaml`` (section ``pretrain``), trains with :func:`bert_core.pretrain.pretrain` on
-``data/pretrain_data`` and ``data/vocab``, writes the model to ``models/pretrained`` (HF format), the
-loss curve and held-out evaluations to ``plots/`` (DVC plots) and the metrics to
-``metrics/pretrain.json``. When the vocab stage copied a checkpoint (``vocab.from_checkpoint``), the
-model starts from its weights (continued pretraining, :mod:`bert_core.pretrain.init`). Training metrics
-stream to the MLflow run through a sink that buffers and retries while the tracking server is
-unreachable. At the end the model directory is logged as the run's ``model`` artifact and registered as
-a new version of ``registered_model`` (tags: git commit, DVC params, data statistics, held-out metrics),
-and the alias ``registry_alias`` moves to it.
-
-Exit codes: 0 done; 1 error (message on stderr); 128 + N after signal N (SIGTERM 143, SIGINT 130): a
-checkpoint was written and the next run resumes from it. Under torchrun only rank 0 talks to Prefect
-and MLflow; the other ranks just train.
+Trains with :func:`bert_core.pretrain.pretrain` (from the checkpoint the vocab stage copied, for continued
+pretraining), writes ``models/pretrained`` in HF format and registers it (alias ``registry_alias``). A
+signal writes a checkpoint and exits 128 + N; the next run resumes from it.
 """
 
 from __future__ import annotations

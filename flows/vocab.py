@@ -1,15 +1,9 @@
 """Prefect flow of the ``vocab`` stage: ``python -m flows.vocab``.
 
-Reads ``params/vocab.yaml`` (section ``vocab``), trains the WordPiece vocab on ``data/corpus`` with
-:func:`bert_core.vocab.train_vocab`, writes ``data/vocab`` and records the run. The released
-bert-base-uncased ``vocab.txt`` used for the comparison metrics comes from the data root
-(``vocab.reference_local``) when ``BERT_DATA_ROOT`` is set, else from the Hub (``vocab.reference_hub``;
-skipped with a warning when it cannot be fetched — it only feeds a comparison metric).
-
-Continued pretraining (``vocab.from_checkpoint`` set): no vocabulary is trained; the checkpoint (a local
-directory, a Hub id downloaded here, or a ``models:/`` registry URI downloaded here) is resolved once and
-its tokenizer and weights are copied into ``data/vocab`` by :func:`bert_core.vocab.checkpoint.
-copy_checkpoint_vocab`, for the ``pretrain_data`` and ``pretrain`` stages.
+Trains the WordPiece vocab on ``data/corpus`` (:func:`bert_core.vocab.train_vocab`), compared with the
+released bert-base-uncased ``vocab.txt`` (from the data root, else the Hub; skipped with a warning when
+unreachable). With ``vocab.from_checkpoint`` (continued pretraining) it trains nothing: the checkpoint's
+tokenizer and weights are copied into ``data/vocab`` for the later stages.
 """
 
 from __future__ import annotations

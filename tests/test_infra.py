@@ -104,13 +104,11 @@ def test_checks_report_and_critical_failure(tmp_path):
 def test_stage_run_logs_to_mlflow(tmp_path):
     import mlflow
 
-    from flows._stage import finish_stage, stage_run
+    from flows._stage import stage, stage_run
 
-    with stage_run("unit", _P(), tags={"extra": "1"}) as run:
-        finish_stage(
-            "unit", {"a": 1, "nested": {"b": 2.5}, "text": "x"}, run, metrics_path=tmp_path / "m.json"
-        )
-    got = mlflow.get_run(run.run_id)
+    with stage("unit", _P(), metrics_path=tmp_path / "m.json", tags={"extra": "1"}) as s:
+        s.done({"a": 1, "nested": {"b": 2.5}, "text": "x"})
+    got = mlflow.get_run(s.run.run_id)
     assert got.info.status == "FINISHED"
     assert got.data.metrics == {"a": 1.0, "nested.b": 2.5}
     assert got.data.params["lr"] == "0.0001"

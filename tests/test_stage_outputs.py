@@ -1,4 +1,4 @@
-"""flows/_stage.py::stage_outputs: a stage's outs and its metrics file are committed together or not at all."""
+"""flows/_stage.py::stage: a stage's outs and its metrics files are committed together or not at all."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from bert_core.atomic import atomic_path
 from bert_core.owned import mark_output
-from flows._stage import stage_outputs, write_stage_metrics
+from flows._stage import stage
 
 
 def _previous(tmp_path: Path) -> tuple[Path, Path]:
@@ -40,13 +40,10 @@ def test_a_failing_metrics_write_keeps_every_previous_out(tmp_path, monkeypatch)
         Path(path).write_text(text[:3])
         raise OSError("disk error while writing the metrics")
 
-    monkeypatch.setattr("bert_core.atomic.write_text_atomic", failing)
-    with (
-        pytest.raises(OSError, match="disk error"),
-        stage_outputs("corpus", out, metrics_path=metrics) as staged,
-    ):
-        _build(staged[out])
-        write_stage_metrics("corpus", {"documents": 2}, metrics, outputs=staged)
+    monkeypatch.setattr("flows._stage.write_text_atomic", failing)
+    with pytest.raises(OSError, match="disk error"), stage("corpus", {}, out, metrics_path=metrics) as s:
+        _build(s[out])
+        s.done({"documents": 2})
     assert (out / "part.txt").read_text() == "old"
     assert metrics.read_text() == '{"old": true}'
     assert _names(tmp_path) == before  # no temporaries
@@ -54,11 +51,10 @@ def test_a_failing_metrics_write_keeps_every_previous_out(tmp_path, monkeypatch)
 
 def test_all_outs_are_committed_together(tmp_path):
     out, metrics = _previous(tmp_path)
-    with stage_outputs("corpus", out, metrics_path=metrics) as staged:
-        _build(staged[out])
-        path = write_stage_metrics("corpus", {"documents": 2}, metrics, outputs=staged)
+    with stage("corpus", {}, out, metrics_path=metrics) as s:
+        _build(s[out])
+        s.done({"documents": 2})
         assert metrics.read_text() == '{"old": true}'  # not before the block ends
-    assert path == metrics
     assert (out / "part.txt").read_text() == "new"
     assert json.loads(metrics.read_text()) == {"documents": 2}
     assert _names(tmp_path) == [
@@ -68,4 +64,6 @@ def test_all_outs_are_committed_together(tmp_path):
         "data/corpus/part.txt",
         "metrics",
         "metrics/corpus.json",
+        "metrics/details",
+        "metrics/details/corpus.json",
     ]

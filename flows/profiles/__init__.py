@@ -1,36 +1,12 @@
 """Named profiles: one set of params overrides per scale, selectable without editing code.
 
-The params files ``params/<stage>.yaml`` (top-level key ``<stage>``) hold the *default* profile: a tiny
-model and capped data that run end to end on a 2-core CPU. A named profile is an override file
-``params/profiles/<name>.yaml`` that maps a params file to dotted keys and their values::
-
-    # GPU recipe: BERT-Base as in the paper.            <- leading comment = description
-    params/pretrain.yaml:
-      pretrain.model.preset: base
-      pretrain.optimizer.lr: 1.0e-4
-
-A profile may also list ``targets:``, the DVC stages it runs (``released`` runs ``evaluate`` and the
-fine-tuning it depends on, no pretraining); without it the whole pipeline runs.
-
-A profile fully determines every key that *any* profile sets: keys it does not set itself go back to
-their committed default (``git show HEAD:<file>``). Switching from ``gpu-base`` back to ``cpu-small``
-therefore restores the defaults instead of leaving GPU values behind. Keys that no profile touches keep
-whatever value the workspace has.
-
-Dotted keys and the ``-S`` value syntax live in :mod:`flows.overrides`; the command line in
-:mod:`flows.profiles.cli`::
-
-    python -m flows.profiles list
-    python -m flows.profiles args gpu-base [-S params/finetune.yaml:finetune.seeds=[1,2]]
-    python -m flows.profiles apply gpu-base          # write the values into params/ (for `dvc repro`)
-    python -m flows.profiles check                   # every profile's keys exist and parse
-
-``args`` prints the ``-S`` arguments of ``dvc exp run`` (shell-quoted)::
-
-    eval dvc exp run $(python -m flows.profiles args gpu-base)
-
-Values use DVC's ``-S`` syntax (Hydra's override grammar, read and written by Hydra's parser), and
-``apply`` writes them with DVC's own implementation of ``-S``, so both paths produce the same files.
+The params files hold the default profile; ``params/profiles/<name>.yaml`` maps params files to dotted keys
+and values (its leading comment is its description), and may list ``targets:``, the DVC stages it runs.
+A profile determines every key that *any* profile sets: keys it does not set go back to their committed
+default (``git show HEAD:<file>``), so switching from ``gpu-base`` back to ``cpu-small`` leaves no GPU value
+behind; keys no profile touches keep the workspace's value. Values use DVC's ``-S`` syntax
+(:mod:`flows.overrides`), and ``apply`` writes them with DVC's own implementation of ``-S``, so ``dvc exp
+run -S`` and ``dvc repro`` after ``apply`` see the same files. Command line: ``python -m flows.profiles``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The declared stage table: every pipeline stage, in the order DVC runs them, and what it is made of.
 
-One row per stage: its name, the params file and section it reads (and the pydantic model that parses
-it), the library function that does the work, the flow module DVC runs (``python -m flows.<stage>``), its
-command-line options with their default paths, its DVC outputs, metrics and plots, and the data it takes
-from upstream stages. :mod:`flows.serve`, :mod:`flows.profiles`, the stage flows' shared runner
-(:mod:`flows._cli`) and the tests read this table; ``tests/test_stages.py`` checks it against
-``dvc.yaml``.
-
-The code deps of each stage in ``dvc.yaml`` are derived from the real imports of its flow module
-(:mod:`flows.stages.deps`, run by ``flows/stages/__main__.py``)::
-
-    python -m flows.stages sync-deps           # rewrite the deps of every stage in dvc.yaml
-    python -m flows.stages sync-deps --check   # exit 1 and name the stage and path when out of sync
-
-This module stays import-light (no ``bert_core``, no Prefect): every stage flow imports it.
+One row per stage: its params file, section and model, its library entry, the flow module DVC runs, its
+command-line options with their default paths, its outputs, metrics and plots, and the data it takes from
+upstream. The runner, the serving, the profiles and the tests read it; ``tests/test_stages.py`` checks it
+against ``dvc.yaml``, whose code deps ``python -m flows.stages sync-deps [--check]`` derives from the
+imports (:mod:`flows.stages.deps`). Import-light (no ``bert_core``, no Prefect): every stage flow imports it.
 """
 
 from __future__ import annotations

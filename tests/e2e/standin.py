@@ -28,7 +28,7 @@ from prefect import flow
 from bert_core.atomic import write_text_atomic
 from bert_core.params import StrictModel, load_params
 from bert_core.tracking import FINETUNE_EXPERIMENT
-from flows._stage import finish_stage, stage_run
+from flows._stage import stage as run_stage
 
 
 class StandinParams(StrictModel):
@@ -48,13 +48,13 @@ def standin_flow(stage: str = "prepare", task: str = "") -> dict:
     if params.fail_stage == name:
         raise RuntimeError(f"stage {name} failed on purpose")
     exp = {"experiment": FINETUNE_EXPERIMENT, "tags": {"task": task, "pretrained_model_version": "standin/1"}}
-    with stage_run(stage, params, **(exp if task else {})) as run:
+    suffix = "-" + task if task else ""
+    out, metrics_path = f"outputs/{stage}{suffix}.txt", f"metrics/{stage}{suffix}.json"
+    with run_stage(stage, params, out, metrics_path=metrics_path, **(exp if task else {})) as s:
         value = params.size * params.lr
-        out = f"outputs/{stage}{'-' + task if task else ''}.txt"
-        write_text_atomic(out, json.dumps({"run": os.environ.get("BERT_PIPELINE_RUN_ID"), "value": value}))
+        write_text_atomic(s[out], json.dumps({"run": os.environ.get("BERT_PIPELINE_RUN_ID"), "value": value}))
         metrics = {"dev.accuracy": value + len(task) * 0.1} if task else {"value": value}
-        finish_stage(name.replace("@", "-"), metrics, run,
-                     metrics_path=f"metrics/{stage}{'-' + task if task else ''}.json")
+        s.done(metrics)
     print(f"standin stage {name} done", flush=True)
     return metrics
 
