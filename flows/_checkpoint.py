@@ -1,10 +1,7 @@
 """The pipeline's starting checkpoint as a path DVC can track (``finetune.model.source``).
 
-The ``finetune@<task>`` stages depend on ``${finetune.model.source}`` (``dvc.yaml``): ``models/pretrained``
-links them to the pretrain stage; a released checkpoint's directory has no upstream stage, so DVC runs no
-pretraining and ``dvc status`` reports a changed checkpoint as a changed dep. Before DVC starts,
-:func:`track_model_source` turns a Hub id into that directory (``models/released/<owner>--<name>``,
-downloaded once; offline, an error within seconds) and refuses what DVC could not track.
+The ``finetune@<task>`` stages depend on ``${finetune.model.source}``: ``models/pretrained`` links them to
+the pretrain stage; a released checkpoint's directory has no upstream stage, so no pretraining runs.
 """
 
 from __future__ import annotations
@@ -21,7 +18,8 @@ PRETRAINED = "models/pretrained"  # the pretrain stage's output
 
 
 def track_model_source(overrides: Overrides, root: Path, log: Callable[[str], None] = print) -> Overrides:
-    """``overrides`` with ``finetune.model.source`` as a local directory DVC can use as a dep.
+    """``overrides`` with ``finetune.model.source`` as a local directory DVC can use as a dep: a Hub id is
+    downloaded once to ``models/released/<owner>--<name>`` (offline, an error within seconds).
 
     Raises:
         ProfileError: a registry URI, or a local directory that does not exist.

@@ -1,9 +1,6 @@
-"""The pipeline flow's inputs: form fields to params overrides, the DVC command, the stages' environment.
-
-The run form of ``bert-pipeline`` (typed fields: preset, tasks, steps, learning rates, seeds, time budget)
-maps to params keys through :data:`FORM_KEYS`; :func:`run_inputs` layers a profile, the form fields and
-free ``-S`` overrides (:mod:`flows.profiles`) into one :class:`RunInputs`, keeping only what differs from
-the workspace, and the DVC command, the checkpoint tracking and the stage list all read that.
+"""The pipeline flow's inputs: a profile, the form fields (:data:`FORM_KEYS`) and ``-S`` overrides layered
+into one :class:`RunInputs`, computed once, that the DVC command, the checkpoint tracking and the stage
+list all read; and the stages' environment.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Prefect flow of the ``corpus`` stage: ``python -m flows.corpus [--workers N]``.
 
-Reads ``params/corpus.yaml`` (section ``corpus``), builds ``data/corpus`` with
-:func:`bert_core.corpus.build_corpus` from the Hub sources, or from ``local_sources`` under
-``BERT_DATA_ROOT`` when it is set, and records the run (MLflow run, ``metrics/corpus.json``, Prefect
-artifact, data-check report).
+Builds ``data/corpus`` with :func:`bert_core.corpus.build_corpus`, from the Hub or, with
+``BERT_DATA_ROOT``, from ``local_sources``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Prefect flow of the ``evaluate`` stage: ``python -m flows.evaluate``.
 
-Reads ``params/evaluate.yaml`` (section ``evaluate``) and the task list of ``params/finetune.yaml``, and
-runs :func:`bert_core.evaluate.evaluate_results` over the finetune stages' summaries. Writes
-``metrics/evaluate.json`` (per-task dev metrics, the GLUE average without WNLI, the pretrained vs
-random-init gap), ``reports/evaluate.md`` (+ ``reports/evaluate/*.png``) and the self-contained
-``reports/evaluate.html``; the MLflow run (pipeline experiment) gets the metrics and the report.
+Summarises the fine-tuned tasks with :func:`bert_core.evaluate.evaluate_results`: ``metrics/evaluate.json``
+and the report ``reports/evaluate.{md,html}``.
 """
 
 from __future__ import annotations

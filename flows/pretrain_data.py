@@ -1,10 +1,7 @@
 """Prefect flow of the ``pretrain_data`` stage: ``python -m flows.pretrain_data [--workers N]``.
 
-Reads ``params/pretrain_data.yaml`` (section ``pretrain_data``), builds MLM + NSP instances for each phase
-from ``data/corpus`` and ``data/vocab`` into ``data/pretrain_data/<phase>/{train,heldout}`` with
-:func:`bert_core.pretrain_data.build_pretrain_data` (validated by the data checks before it is moved into
-place), and records the run: MLflow params/metrics/check reports/index files, ``metrics/pretrain_data.json``
-for DVC, and a Prefect artifact.
+Builds the MLM (+ NSP) instances of each phase with :func:`bert_core.pretrain_data.build_pretrain_data`,
+moved into place only when every critical data check passes.
 """
 
 from __future__ import annotations

@@ -39,15 +39,13 @@ def resolve(path: str) -> Any:
 class Stage:
     """One pipeline stage. Paths are relative to the repository root; ``${key}`` is the foreach item."""
 
-    name: str
-    params_file: str
-    section: str
+    name: str  # also its params file's section: params/<name>.yaml, key <name>
     params_model: str  # "module:Class", imported on demand
     entry: str  # the library function doing the stage's work, "module:function"
     flow: str  # "module:attribute": a Prefect flow, or a function that builds one (lazy Prefect import)
-    options: tuple[Option, ...]
+    options: tuple[Option, ...]  # besides --params and --metrics, which every stage has
     outs: tuple[str, ...]
-    metrics: tuple[str, ...]
+    metrics: tuple[str, ...] = ()  # default metrics/<name>.json
     plots: tuple[str, ...] = ()
     data_deps: tuple[str, ...] = ()  # outputs of upstream stages
     extra_params: tuple[tuple[str, str], ...] = ()  # (params file, dotted key) read besides the section
@@ -57,6 +55,29 @@ class Stage:
     # ``dvc metrics show/diff`` fit a terminal. Every other statistic goes to the details file (``details``)
     # and MLflow. (DVC itself sorts the columns by name.)
     headline: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        metrics = self.metrics or (f"metrics/{self.name}.json",)
+        first = [o for o in self.options if o.positional]
+        item = f"<{self.foreach.rpartition('.')[2].rstrip('s')}>" if self.foreach else ""
+        default = metrics[0].replace("${key}", item)
+        help_ = f"metrics JSON, the headline figures (default {default}); every statistic: details/<name> beside it"
+        options = (
+            *first,
+            Option("--params", "params_file", self.params_file),
+            *(o for o in self.options if not o.positional),
+            Option("--metrics", "metrics_path", None, help=help_),
+        )
+        object.__setattr__(self, "metrics", metrics)
+        object.__setattr__(self, "options", options)
+
+    @property
+    def params_file(self) -> str:
+        return f"params/{self.name}.yaml"
+
+    @property
+    def section(self) -> str:
+        return self.name
 
     @property
     def details(self) -> tuple[str, ...]:
@@ -103,35 +124,17 @@ class Stage:
         return params
 
 
-def _common(stage: str) -> tuple[Option, ...]:
-    return (Option("--params", "params_file", f"params/{stage}.yaml"),)
-
-
-def _metrics_option(path: str) -> Option:
-    return Option(
-        "--metrics",
-        "metrics_path",
-        None,
-        help=f"metrics JSON, the headline figures (default {path}); every statistic: details/<name> beside it",
-    )
-
-
 STAGES: tuple[Stage, ...] = (
     Stage(
         name="corpus",
-        params_file="params/corpus.yaml",
-        section="corpus",
         params_model="bert_core.corpus:CorpusParams",
         entry="bert_core.corpus:build_corpus",
         flow="flows.corpus:corpus_flow",
         options=(
-            *_common("corpus"),
             Option("--out", "out_dir", "data/corpus"),
             Option("--workers", "workers", None, int),
-            _metrics_option("metrics/corpus.json"),
         ),
         outs=("data/corpus",),
-        metrics=("metrics/corpus.json",),
         headline=(
             "documents",
             "documents_train",
@@ -151,19 +154,14 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         name="vocab",
-        params_file="params/vocab.yaml",
-        section="vocab",
         params_model="bert_core.vocab:VocabParams",
         entry="bert_core.vocab:train_vocab",
         flow="flows.vocab:vocab_flow",
         options=(
-            *_common("vocab"),
             Option("--corpus", "corpus_dir", "data/corpus"),
             Option("--out", "out_dir", "data/vocab"),
-            _metrics_option("metrics/vocab.json"),
         ),
         outs=("data/vocab",),
-        metrics=("metrics/vocab.json",),
         headline=(
             "vocab_size",
             "heldout.unk_rate",
@@ -180,21 +178,16 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         name="pretrain_data",
-        params_file="params/pretrain_data.yaml",
-        section="pretrain_data",
         params_model="bert_core.pretrain_data.params:PretrainDataParams",
         entry="bert_core.pretrain_data.build:build_pretrain_data",
         flow="flows.pretrain_data:pretrain_data_flow",
         options=(
-            *_common("pretrain_data"),
             Option("--corpus", "corpus_dir", "data/corpus"),
             Option("--vocab", "vocab_dir", "data/vocab"),
             Option("--out", "out_dir", "data/pretrain_data"),
             Option("--workers", "workers", None, int),
-            _metrics_option("metrics/pretrain_data.json"),
         ),
         outs=("data/pretrain_data",),
-        metrics=("metrics/pretrain_data.json",),
         headline=(
             "*.train.instances",
             "*.heldout.instances",
@@ -208,23 +201,18 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         name="pretrain",
-        params_file="params/pretrain.yaml",
-        section="pretrain",
         params_model="bert_core.pretrain:PretrainParams",
         entry="bert_core.pretrain:pretrain",
         flow="flows.pretrain:prefect_flow",  # built lazily: torchrun's worker ranks never import Prefect
         options=(
-            *_common("pretrain"),
             Option("--data", "data_dir", "data/pretrain_data"),
             Option("--vocab", "vocab_dir", "data/vocab"),
             Option("--out", "out_dir", "models/pretrained"),
             Option("--checkpoints", "checkpoint_root", "data/pretrain/checkpoints"),
             Option("--loss-plot", "loss_plot", "plots/pretrain_loss.csv"),
             Option("--heldout-plot", "heldout_plot", "plots/pretrain_heldout.csv"),
-            _metrics_option("metrics/pretrain.json"),
         ),
         outs=("models/pretrained",),
-        metrics=("metrics/pretrain.json",),
         headline=(
             "heldout.mlm_loss",
             "heldout.mlm_acc",
@@ -245,18 +233,14 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         name="finetune",
-        params_file="params/finetune.yaml",
-        section="finetune",
         params_model="bert_core.finetune.params:FinetuneParams",
         entry="bert_core.finetune.run:finetune_task",
         flow="flows.finetune:finetune_flow",
         options=(
             Option("task", "task", help="task name, e.g. sst2, mnli, squad_v1, conll2003"),
-            *_common("finetune"),
             Option("--model-source", "model_source", None, help="override finetune.model.source"),
             Option("--out", "out_dir", None, help="predictions dir (default results/finetune/<task>)"),
             Option("--model-out", "model_out", None, help="model dir (default models/finetuned/<task>)"),
-            _metrics_option("metrics/finetune/<task>.json"),
             Option("--plots", "plots_dir", None, help="learning-curve CSVs (default plots/finetune/<task>)"),
         ),
         outs=("models/finetuned/${key}", "results/finetune/${key}"),
@@ -287,18 +271,11 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         name="evaluate",
-        params_file="params/evaluate.yaml",
-        section="evaluate",
         params_model="bert_core.evaluate.params:EvaluateParams",
         entry="bert_core.evaluate.report:evaluate_results",
         flow="flows.evaluate:evaluate_flow",
-        options=(
-            *_common("evaluate"),
-            Option("--finetune-params", "finetune_params_file", "params/finetune.yaml"),
-            _metrics_option("metrics/evaluate.json"),
-        ),
+        options=(Option("--finetune-params", "finetune_params_file", "params/finetune.yaml"),),
         outs=("reports/evaluate.md", "reports/evaluate.html", "reports/evaluate"),
-        metrics=("metrics/evaluate.json",),
         # the rows' task scores come first (bert_core.evaluate.report.headline_metrics), then these
         headline=(
             "glue.average",

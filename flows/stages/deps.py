@@ -1,16 +1,10 @@
 """Code deps of every stage, derived from its real imports: ``python -m flows.stages sync-deps [--check]``.
 
-Starting from a stage's flow module (:data:`flows.stages.STAGES`), a static walk over the import
-statements (module level and inside functions; ``from pkg import mod``; relative imports; the lazy
-``__getattr__`` exports of a package ``__init__``) collects every file of ``bert_core/`` and ``flows/``
-that the stage can execute. Importing a module imports its packages, so their ``__init__.py`` count too.
-Code under ``if __name__ == "__main__":`` counts only in the flow module itself (it is the one run as a
-script). The files are listed one by one, and a package directory replaces them only when every ``.py``
-file in it (subpackages included) is imported.
-
-``sync-deps`` rewrites each stage's ``deps:`` block in ``dvc.yaml`` textually (the upstream data deps from
-the stage table first, then the code deps sorted), so the comments and layout of the file stay as they
-are. ``--check`` writes nothing and exits 1, naming each stage with a missing or superfluous path.
+A static walk from the stage's flow module over its import statements (inside functions too; relative
+ones; a package ``__init__``'s lazy ``__getattr__`` exports) collects every file of ``bert_core/`` and
+``flows/`` the stage can execute; ``if __name__ == "__main__":`` code counts only in the flow module. A
+package directory replaces its files only when every one is imported. ``sync-deps`` rewrites each
+``deps:`` block of ``dvc.yaml`` textually, keeping its comments and layout.
 """
 
 from __future__ import annotations
