@@ -22,6 +22,7 @@ it); ``pyproject.toml`` now names it too.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -36,7 +37,6 @@ OUTPUT_MARK = ".bert-output"
 #: Name of the checksum in each manifest entry.
 HASH_NAME = "xxh3_128"
 _WRITTEN_BY = "bert-pipeline (bert_core.owned); a later run of the same output may replace it"
-_CHUNK = 4 << 20
 #: Files already verified in this process, by (path, size, mtime, inode): a reader opened twice hashes once.
 _verified: set[tuple[str, int, int, int]] = set()
 
@@ -47,11 +47,8 @@ class CorruptOutputError(ValueError):
 
 def file_digest(path: str | os.PathLike[str]) -> str:
     """The XXH3-128 hex digest of a file's bytes."""
-    h = xxhash.xxh3_128()
     with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, xxhash.xxh3_128).hexdigest()
 
 
 def _entries(directory: Path) -> dict[str, dict[str, Any]]:

@@ -23,6 +23,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Completed
+from tabulate import tabulate
 
 from flows import _dvc, _fanout
 from flows._stage import markdown_table
@@ -370,8 +371,9 @@ def summary_markdown(
     lines = [f"## Pipeline run `{run_id}`: {'completed' if ok else 'FAILED'}", ""]
     if exp_name:
         lines += [f"DVC experiment **`{exp_name}`**: restore it with `dvc exp apply {exp_name}`.", ""]
-    lines += [f"Command: `{' '.join(command)}`", "", "| stage | outcome | seconds |", "|---|---|---|"]
-    lines += [f"| {r.stage} | {r.outcome} | {r.seconds:.1f} |" for r in reports]
+    rows = [(r.stage, r.outcome, f"{r.seconds:.1f}") for r in reports]
+    table = tabulate(rows, ["stage", "outcome", "seconds"], tablefmt="pipe", disable_numparse=True)
+    lines += [f"Command: `{' '.join(command)}`", "", table]
     lines += [
         "",
         f"MLflow: every stage run is tagged `pipeline_run_id={run_id}`; compare two runs with "

@@ -366,7 +366,7 @@ def test_flow_follows_stages(harness, scripted, repo):
     assert tasks == expected
     assert "| dev.accuracy | 81.5 |" in re.sub(r" {2,}", " ", artifacts["pipeline-finetune-sst2"])
     assert (
-        "| finetune@sst2 | ran |" in artifacts["pipeline-summary"]
+        re.search(r"\| finetune@sst2 +\| ran ", artifacts["pipeline-summary"])
         and "dvc exp apply e1" in artifacts["pipeline-summary"]
     )
     assert (
@@ -396,7 +396,7 @@ def test_flow_reports_the_failed_stage(harness, scripted, repo):
     assert tasks == {"prepare": "Failed"}
     assert (
         "FAILED" in artifacts["pipeline-summary"]
-        and "| evaluate | not run |" in artifacts["pipeline-summary"]
+        and re.search(r"\| evaluate +\| not run ", artifacts["pipeline-summary"])
     )
 
 

@@ -187,11 +187,8 @@ def _copy_weights(model_dir: Path, dest: Path) -> str:
             dest / "model.safetensors",
             metadata={"format": "pt"},
         )
-    digest = hashlib.sha256()
     with open(dest / "model.safetensors", "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def copy_checkpoint_vocab(

@@ -10,6 +10,7 @@ with nothing changed runs nothing; changing one task's param reruns only that ta
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -73,7 +74,7 @@ def test_first_run_produces_everything(served, first):
     )
     artifacts = served.artifacts(run.id)
     for stage in stages:
-        assert f"| {stage} | ran |" in artifacts["pipeline-summary"]
+        assert re.search(rf"\| {re.escape(stage)} +\| ran ", artifacts["pipeline-summary"])
     assert "pipeline-vocab" in artifacts and "pipeline-finetune-sst2" in artifacts
     assert "dvc exp apply e2e-1" in artifacts["pipeline-summary"]
 
