@@ -85,14 +85,14 @@ def test_dvc_yaml_code_deps_are_in_sync():
 def test_a_removed_dep_is_caught():
     text = (REPO_ROOT / "dvc.yaml").read_text(encoding="utf-8")
     evaluate = text.index("  evaluate:")
-    line = "      - bert_core/config.py\n"
+    line = "    - bert_core/config.py\n"
     at = text.index(line, evaluate)
     broken = text[:at] + text[at + len(line) :] + ""
     result = _deps.sync(REPO_ROOT, text=broken)
     assert result.problems == ["stage evaluate: missing dep bert_core/config.py"]
     assert result.wrong_stages == ["evaluate"]
     assert result.text == text  # the rewrite puts it back, nothing else changes
-    extra = text.replace("      - flows/evaluate.py\n", "      - flows/evaluate.py\n      - flows/serve.py\n")
+    extra = text.replace("    - flows/evaluate.py\n", "    - flows/evaluate.py\n    - flows/serve.py\n")
     assert _deps.sync(REPO_ROOT, text=extra).problems == ["stage evaluate: superfluous dep flows/serve.py"]
 
 
@@ -100,7 +100,7 @@ def test_the_check_command_names_stage_and_path(tmp_path, capsys):
     for name in ("bert_core", "flows"):
         (tmp_path / name).symlink_to(REPO_ROOT / name)
     text = (REPO_ROOT / "dvc.yaml").read_text(encoding="utf-8")
-    (tmp_path / "dvc.yaml").write_text(text.replace("      - flows/vocab.py\n", ""))
+    (tmp_path / "dvc.yaml").write_text(text.replace("    - flows/vocab.py\n", ""))
     assert _deps.main(["sync-deps", "--check"], root=tmp_path) == 1
     assert "stage vocab: missing dep flows/vocab.py" in capsys.readouterr().err
     assert _deps.main(["sync-deps"], root=tmp_path) == 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,53 +179,29 @@ def expected_deps(stage: Stage, root: Path = REPO_ROOT, graph: ImportGraph | Non
 # ------------------------------------------------------------------------------------ dvc.yaml rewrite
 
 
-_STAGE_RE = re.compile(r"^  (?P<name>[A-Za-z_][\w-]*):\s*(#.*)?$")
-_DEPS_RE = re.compile(r"^(?P<indent>\s+)deps:\s*(#.*)?$")
-_ITEM_RE = re.compile(r"^(?P<indent>\s*)- ")
-
-
 class DepsError(ValueError):
     """dvc.yaml cannot be brought in sync (a stage or its ``deps:`` block is missing)."""
 
 
 def rewrite(text: str, deps: dict[str, list[str]]) -> str:
-    """``dvc.yaml`` text with the ``deps:`` list of each stage in ``deps`` replaced (all else kept)."""
-    lines = text.splitlines(keepends=True)
-    out: list[str] = []
-    in_stages, stage, done = False, None, set()
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        bare = line.rstrip("\n")
-        if bare and not bare.startswith((" ", "#")):
-            in_stages, stage = bare.startswith("stages:"), None
-        elif in_stages and (m := _STAGE_RE.match(bare)):
-            stage = m.group("name")
-        out.append(line)
-        i += 1
-        m = _DEPS_RE.match(bare)
-        if not (in_stages and stage in deps and m):
-            continue
-        key_indent = len(m.group("indent"))
-        item_indent = None
-        while i < len(lines):
-            nxt = lines[i].rstrip("\n")
-            indent = len(nxt) - len(nxt.lstrip())
-            item = _ITEM_RE.match(nxt)
-            if item and indent >= key_indent:
-                item_indent = item_indent if item_indent is not None else item.group("indent")
-            elif indent > key_indent and nxt.lstrip().startswith("#"):
-                out.append(lines[i])  # a comment inside the block stays, above the list
-            else:
-                break
-            i += 1
-        indent_text = item_indent if item_indent is not None else " " * (key_indent + 2)
-        out += [f"{indent_text}- {dep}\n" for dep in deps[stage]]
-        done.add(stage)
-    missing = sorted(set(deps) - done)
+    """``dvc.yaml`` text with the ``deps:`` list of each stage in ``deps`` replaced, through DVC's own
+    round-trip YAML (what ``dvc stage add`` writes: comments and layout kept)."""
+    from dvc.utils.serialize._yaml import dumps_yaml, parse_yaml_for_update
+
+    data = parse_yaml_for_update(text, "dvc.yaml")
+    missing = []
+    for name, wanted in deps.items():
+        body = (data.get("stages") or {}).get(name)
+        body = body.get("do", body) if isinstance(body, dict) else None
+        if body is None or "deps" not in body:
+            missing.append(name)
+        else:
+            body["deps"][:] = wanted
     if missing:
-        raise DepsError(f"dvc.yaml: no `deps:` block found for stage(s) {', '.join(missing)}; add one")
-    return "".join(out)
+        raise DepsError(
+            f"dvc.yaml: no `deps:` block found for stage(s) {', '.join(sorted(missing))}; add one"
+        )
+    return dumps_yaml(data)
 
 
 def current_deps(text: str) -> dict[str, list[str]]:
