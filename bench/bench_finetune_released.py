@@ -120,7 +120,7 @@ def _rates(n: int, epochs: float, clock: _Clock) -> dict[str, float]:
 def run_ours(task: str, init: Path, data: dict, args: argparse.Namespace, seed: int) -> dict:
     from bert_core.finetune.collate import make_loader
     from bert_core.finetune.inference import predict
-    from bert_core.finetune.run import FinetuneObjective, _EpochLoader
+    from bert_core.finetune.trial import EpochLoader, FinetuneObjective
     from bert_core.kinds import get_kind
     from bert_core.tasks import get_task
     from bert_core.training import TrainConfig, Trainer
@@ -142,7 +142,7 @@ def run_ours(task: str, init: Path, data: dict, args: argparse.Namespace, seed: 
         precision="fp32",
         checkpoint_every=0,
     )
-    loader = _EpochLoader(
+    loader = EpochLoader(
         make_loader(
             train_f, args.batch_size, shuffle=True, seed=seed, group_by_length=settings.group_by_length
         )

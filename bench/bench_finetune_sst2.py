@@ -73,7 +73,7 @@ def run_ours(
 ) -> dict:
     from bert_core.finetune.collate import make_loader
     from bert_core.finetune.inference import predict
-    from bert_core.finetune.run import FinetuneObjective, _EpochLoader
+    from bert_core.finetune.trial import EpochLoader, FinetuneObjective
     from bert_core.model import BertForSequenceClassification
     from bert_core.training import TrainConfig, Trainer
 
@@ -91,7 +91,7 @@ def run_ours(
         device="cpu",
         precision="fp32",
     )
-    loader = _EpochLoader(make_loader(train_f, args.batch_size, shuffle=True, seed=seed))
+    loader = EpochLoader(make_loader(train_f, args.batch_size, shuffle=True, seed=seed))
     t0 = time.perf_counter()
     Trainer(model, FinetuneObjective(), loader, config).fit()
     seconds = time.perf_counter() - t0

@@ -55,14 +55,14 @@ def _peak_gib(device: str) -> float | None:
 
 def run_ours(init: Path, features: list[dict], args: argparse.Namespace) -> dict:
     from bert_core.finetune.collate import make_loader
-    from bert_core.finetune.run import FinetuneObjective, _EpochLoader
+    from bert_core.finetune.trial import EpochLoader, FinetuneObjective
     from bert_core.model import BertForSequenceClassification
     from bert_core.training import TrainConfig, Trainer
 
     model = BertForSequenceClassification.from_pretrained(init)
     config = TrainConfig(max_steps=args.steps, lr=2e-5, warmup_ratio=0.1, log_every=args.steps, device=args.device,
                          precision="bf16" if args.device == "cuda" else "fp32")  # fmt: skip
-    loader = _EpochLoader(make_loader(features, args.batch_size, shuffle=True, seed=1))
+    loader = EpochLoader(make_loader(features, args.batch_size, shuffle=True, seed=1))
     t0 = time.perf_counter()
     Trainer(model, FinetuneObjective(), loader, config).fit()
     if args.device == "cuda":

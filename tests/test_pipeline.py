@@ -394,9 +394,8 @@ def test_flow_reports_the_failed_stage(harness, scripted, repo):
     assert yaml.safe_load((repo / "params" / "pretrain.yaml").read_text())["pretrain"]["max_steps"] == 5
     tasks, artifacts = _task_states(state.state_details.flow_run_id, {"prepare": "Failed"})
     assert tasks == {"prepare": "Failed"}
-    assert (
-        "FAILED" in artifacts["pipeline-summary"]
-        and re.search(r"\| evaluate +\| not run ", artifacts["pipeline-summary"])
+    assert "FAILED" in artifacts["pipeline-summary"] and re.search(
+        r"\| evaluate +\| not run ", artifacts["pipeline-summary"]
     )
 
 

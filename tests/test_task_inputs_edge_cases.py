@@ -110,7 +110,7 @@ def test_stage_failed_line_is_bounded():
 def test_failed_data_check_points_at_a_report_that_exists(tmp_path):
     from bert_core.checks import DataCheckError
     from bert_core.finetune.params import FinetuneParams
-    from bert_core.finetune.run import load_task_data
+    from bert_core.finetune.trial import load_task_data
     from bert_core.tasks import get_task
 
     header = "index\tsentence1\tsentence2\tlabel\n"

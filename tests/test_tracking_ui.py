@@ -62,7 +62,7 @@ def test_a_kind_chosen_in_the_ui_is_kept():
 
 
 def test_task_data_become_dataset_inputs(tmp_path):
-    from bert_core.finetune.run import SplitData, TrialData
+    from bert_core.finetune.trial import SplitData, TrialData
 
     rows = [{"sentence": "good", "label": 1}, {"sentence": "bad", "label": 0}]
     data = TrialData(

@@ -57,7 +57,7 @@ def run_reference_trials(
 
     Args:
         load_data: ``tokenizer -> TrialData`` (the same rows, encoded with the reference's tokenizer).
-        run_trial: :func:`bert_core.finetune.run.run_trial`.
+        run_trial: :func:`bert_core.finetune.trial.run_trial`.
         open_trial: The tracker's ``trial`` (a nested MLflow run per trial in the flow).
         info: The task's model info (written to ``summary.json``).
     """

@@ -93,7 +93,7 @@ def log_dataset(
 
 def log_task_data(task: str, data: Any) -> None:
     """The fine-tuning data of ``task`` as dataset inputs: ``train`` (context ``training``), each dev split
-    (context ``evaluation``). ``data`` is a :class:`bert_core.finetune.run.TrialData`."""
+    (context ``evaluation``). ``data`` is a :class:`bert_core.finetune.trial.TrialData`."""
     splits = [("train", data.train, "training"), *((s, d, "evaluation") for s, d in data.dev.items())]
     for split, part, context in splits:
         log_dataset(

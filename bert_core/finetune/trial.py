@@ -1,0 +1,323 @@
+"""One fine-tuning trial: the task's data, the objective, and one run of the shared :class:`Trainer`.
+
+:func:`load_task_data` reads and encodes a task's splits once; :func:`run_trial` fine-tunes one (init,
+learning rate, seed) on them with :class:`bert_core.training.Trainer` (AdamW, warmup + linear decay,
+clipping) and a thin :class:`FinetuneObjective`, scoring dev after each epoch. Tracking is pluggable
+(:class:`TrialTracker`): the flow opens a nested MLflow run per trial; tests pass none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from bert_core.finetune.collate import make_loader
+from bert_core.finetune.inference import MODEL_INPUTS, TARGETS, predict
+from bert_core.finetune.params import TaskSettings
+from bert_core.finetune.results import TrialResult
+from bert_core.kinds import SplitScore, get_kind
+from bert_core.progress import Progress
+from bert_core.tasks import TaskSpec
+from bert_core.training import Objective, StepOutput, Trainer
+from bert_core.unpad import set_unpad
+
+log = logging.getLogger(__name__)
+
+
+# ====================================================================== tracking protocol
+class TrialRecorder(Protocol):
+    """Receives one trial's metrics (``dev.*`` and ``train.*`` keys)."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+
+class TrialTracker(Protocol):
+    """Opens a recorder per trial (the flow: a nested MLflow run)."""
+
+    def trial(
+        self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]
+    ) -> contextlib.AbstractContextManager[TrialRecorder]: ...
+
+
+class _NullRecorder:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def no_tracking(*_: Any, **__: Any) -> Iterator[TrialRecorder]:
+    yield _NullRecorder()
+
+
+# ====================================================================== the objective
+class FinetuneObjective(Objective):
+    """The loss of a task head on a batch; drops the bookkeeping keys the collator adds."""
+
+    def step(self, model: nn.Module, batch: dict[str, Any]) -> StepOutput:
+        inputs = {k: batch[k] for k in (*MODEL_INPUTS, *TARGETS) if k in batch}
+        out = model(**inputs)
+        n = batch["input_ids"].shape[0]
+        return StepOutput(
+            loss=out.loss,
+            stats={"loss_sum": out.loss.detach().float() * n, "examples": torch.tensor(float(n))},
+        )
+
+    def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        n = float(sums.get("examples", torch.tensor(0.0)))
+        return {"train_loss": float(sums["loss_sum"]) / n} if n else {}
+
+    def count(self, batch: dict[str, Any]) -> tuple[int, int]:
+        """(examples, real tokens): padding does not count as throughput."""
+        return int(batch["input_ids"].shape[0]), int(batch["attention_mask"].sum())
+
+
+class EpochLoader:
+    """A DataLoader the Trainer can re-seed per epoch (``set_epoch``) for a new length-grouped order; it
+    tells ``progress`` the steps done (one batch per step: when batch k+1 is drawn, k steps are done)."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader, progress: Progress | None = None) -> None:
+        self.loader, self.progress = loader, progress
+        self.drawn = self.examples = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        sampler = self.loader.batch_sampler
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.loader:
+            if self.progress is not None and self.drawn == 0:
+                self.progress.reset()  # the clock starts with training, not with the model's setup
+            elif self.progress is not None:
+                self.progress.update(self.drawn, examples=self.examples)
+            self.drawn += 1
+            self.examples += int(batch["input_ids"].shape[0])
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+# ====================================================================== data
+@dataclass
+class SplitData:
+    """Rows and features of one split."""
+
+    rows: list[dict[str, Any]]
+    features: list[dict[str, Any]]
+    source: str = ""
+
+
+@dataclass
+class TrialData:
+    """Everything a task's trials read: its splits' rows encoded as features, the data-check reports, notes
+    and where the rows came from. Not to be confused with the task files themselves, whose problems raise
+    :class:`bert_core.tasks.TaskDataError`."""
+
+    train: SplitData
+    dev: dict[str, SplitData]
+    test: dict[str, SplitData] = field(default_factory=dict)
+    check_reports: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    split_info: dict[str, Any] = field(default_factory=dict)  # where the rows came from (tasks.datasource)
+
+
+def load_task_data(
+    spec: TaskSpec,
+    settings: TaskSettings,
+    tokenizer: Any,
+    *,
+    data_root: str | Path | None = None,
+    data_checks: bool = True,
+    check_report_dir: str | Path | None = None,
+) -> TrialData:
+    """Load, check and encode the train, dev and (when wanted) test splits of a task.
+
+    A missing test split is noted and skipped (leaderboard files are optional); a missing train or dev
+    split, malformed rows or a failed critical data check raise.
+    """
+    from bert_core.tasks import TaskDataError
+    from bert_core.tasks.datasource import resolve_task_source
+
+    kind = get_kind(spec)
+    source = resolve_task_source(
+        spec,
+        dev_split=settings.dev_split,
+        train_file=settings.train_file,
+        dev_file=settings.dev_file,
+        data_root=data_root,
+    )
+    loaded: dict[str, Any] = {}
+
+    def load(split: str, limit: int | None) -> SplitData:
+        rows = loaded[split] = source.load(split, limit)
+        if data_checks and split in ("train", *spec.dev_splits):
+            from bert_core.kinds.checks import check_task_split
+
+            suite_dir = f"task-{spec.name}-{split}"  # the suite's name (one report folder per suite)
+            report_dir = Path(check_report_dir) / suite_dir if check_report_dir else None
+            report = check_task_split(rows, spec, split, report_dir=report_dir)
+            data.check_reports.append(report)
+            report.raise_for_critical()
+        t0 = time.perf_counter()
+        features = kind.encode(spec, list(rows), tokenizer, settings, training=split == "train")
+        log.info(
+            "%s %s: %d rows -> %d features in %.1fs",
+            spec.name,
+            split,
+            len(rows),
+            len(features),
+            time.perf_counter() - t0,
+        )
+        return SplitData(list(rows), features, rows.source)
+
+    data = TrialData(train=SplitData([], []), dev={})
+    data.train = load("train", settings.train_limit)
+    if not data.train.features:
+        raise ValueError(f"{spec.name}: the training split is empty")
+    for split in spec.dev_splits:
+        data.dev[split] = load(split, settings.eval_limit)
+    data.split_info = source.describe(loaded["train"], loaded[spec.main_dev_split])
+    if settings.predict_test:
+        for split in spec.test_splits:
+            try:
+                data.test[split] = load(split, settings.test_limit)
+            except (TaskDataError, FileNotFoundError) as err:
+                note = f"{spec.name}/{split}: no test predictions ({err})"
+                log.warning(note)
+                data.notes.append(note)
+    return data
+
+
+# ====================================================================== one trial
+@dataclass
+class TrialOutcome:
+    result: TrialResult
+    dev_score: SplitScore
+
+
+def run_trial(
+    spec: TaskSpec,
+    data: TrialData,
+    settings: TaskSettings,
+    source_dir: Path,
+    *,
+    init: str,
+    learning_rate: float,
+    seed: int,
+    device: str = "auto",
+    precision: str = "auto",
+    recorder: TrialRecorder | None = None,
+) -> tuple[TrialOutcome, nn.Module]:
+    """Train one model and score it on the main dev split; return the outcome and the trained model."""
+    recorder = recorder or _NullRecorder()
+    main_split = spec.dev_splits[0]
+    dev = data.dev[main_split]
+    name = f"{spec.name}-{init}-lr{learning_rate:g}-seed{seed}"  # as finetune_task names the trial
+    kind = get_kind(spec)
+    model = set_unpad(kind.build_model(spec, source_dir, init=init, seed=seed), settings.unpad)
+    n_train = len(data.train.features)
+    config = settings.train_config(
+        n_train, learning_rate=learning_rate, seed=seed, device=device, precision=precision
+    )
+    steps_per_epoch, max_steps = settings.steps_per_epoch(n_train), config.max_steps
+    assert max_steps is not None  # fine-tuning runs a number of epochs, never a time budget
+    log.info(
+        "%s: %d steps (%g epoch(s) of %d steps, batch %d), %d train features",
+        name,
+        max_steps,
+        settings.epochs,
+        steps_per_epoch,
+        settings.batch_size,
+        n_train,
+    )
+    progress = Progress(
+        f"{name} train",
+        max_steps,
+        logger=log,
+        detail=lambda step: f"epoch {step / steps_per_epoch:.2f}/{settings.epochs:g}",
+    )
+    loader = make_loader(
+        data.train.features,
+        settings.batch_size,
+        shuffle=True,
+        seed=seed,
+        group_by_length=settings.group_by_length,
+    )
+    eval_seconds: list[float] = []
+    last: dict[str, SplitScore] = {}
+
+    def evaluator(m: nn.Module) -> dict[str, float]:
+        if train_data.drawn >= max_steps:  # the final evaluation: training is over
+            progress.finish(done=max_steps, examples=train_data.examples)
+        t0 = time.perf_counter()
+        outputs = predict(
+            m,
+            dev.features,
+            batch_size=settings.eval_batch_size,
+            device=next(m.parameters()).device,
+            precision=precision,
+            label=f"{name} {main_split} eval",
+        )
+        result = kind.score(spec, dev.rows, dev.features, outputs, settings)
+        last["dev"] = result
+        eval_seconds.append(time.perf_counter() - t0)
+        return {
+            **{f"dev.{k}": v for k, v in result.metrics.items()},
+            **{f"dev.{k}": v for k, v in result.extra.items()},
+        }
+
+    def on_metrics(step: int, metrics: dict[str, float]) -> None:
+        renamed = {(k if k.startswith("dev.") else f"train.{k}"): float(v) for k, v in metrics.items()}
+        recorder.log_metrics(renamed, step=step)
+
+    train_data = EpochLoader(loader, progress)
+    fit = Trainer(
+        model, FinetuneObjective(), train_data, config, evaluator=evaluator, on_metrics=on_metrics
+    ).fit()
+    progress.finish(done=fit.step, examples=train_data.examples)
+    history, evals = [], []
+    for rec in fit.history:
+        epoch = rec["step"] / steps_per_epoch
+        if rec["kind"] == "train":
+            history.append(
+                {"step": rec["step"], "epoch": epoch, "loss": rec["loss"], "learning_rate": rec["lr"]}
+            )
+        else:
+            evals.append(
+                {
+                    "step": rec["step"],
+                    "epoch": epoch,
+                    **{k.removeprefix("dev."): v for k, v in rec.items() if k.startswith("dev.")},
+                }
+            )
+    score = last["dev"]
+    train_seconds = max(fit.elapsed_s - sum(eval_seconds[:-1]), 1e-9)
+    result = TrialResult(
+        init=init,
+        learning_rate=learning_rate,
+        seed=seed,
+        dev=dict(score.metrics),
+        history=history,
+        evals=evals,
+        train_examples=n_train,
+        train_seconds=train_seconds,
+        steps=fit.step,
+        epochs=fit.step / steps_per_epoch,
+        extra=dict(score.extra),
+    )
+    recorder.log_metrics(
+        {"train.examples_per_second": result.examples_per_second, "train.seconds": train_seconds}
+    )
+    return TrialOutcome(result, score), model
+
+
+# ====================================================================== the stage function
