@@ -30,6 +30,13 @@ import yaml
 from tabulate import tabulate
 
 from bert_core.atomic import TEMP_MARKER, write_text_atomic
+from bert_core.tracking.provenance import (
+    FINETUNE_STAGES,
+    PRETRAIN_STAGES,
+    corpus_datasets,
+    dvc_lineage,
+    under_dvc,
+)
 
 CARD_NAME = "README.md"
 LICENSE = "apache-2.0"
@@ -50,52 +57,6 @@ TASK_TYPES = {
     "token_classification": ("token-classification", "Token Classification"),
     "multiple_choice": ("multiple-choice", "Multiple Choice"),
 }
-#: ``dvc.lock`` stages behind the pretrained model, in pipeline order.
-PRETRAIN_STAGES = ("corpus", "vocab", "pretrain_data")
-#: ``dvc.lock`` stages behind a fine-tuned model (the stage itself is recorded only after it completes).
-FINETUNE_STAGES = (*PRETRAIN_STAGES, "pretrain")
-
-
-# ====================================================================== dvc.lock
-def dvc_lineage(lock_path: str | os.PathLike[str], stages: Sequence[str]) -> dict[str, Any] | None:
-    """The ``dvc.lock`` entries of ``stages`` (cmd, deps/outs hashes, params), or ``None`` without a lock.
-
-    Stages missing from the lock are left out (DVC records a stage only once it completes, so the stage
-    running now is recorded from its previous run, if any: the card says so). A lock that is not YAML
-    yields ``{"error": ...}`` rather than failing the stage: the card is documentation, not a gate.
-    """
-    path = Path(lock_path)
-    if not path.is_file():
-        return None
-    try:
-        lock = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        entries = lock.get("stages", {}) or {}
-    except (OSError, yaml.YAMLError, AttributeError) as err:
-        return {"error": f"{path}: not readable as a DVC lock file ({str(err)[:200]})"}
-    out: dict[str, Any] = {}
-    for stage in stages:
-        entry = entries.get(stage)
-        if not isinstance(entry, Mapping):
-            continue
-
-        def hashes(items: Any) -> dict[str, str]:
-            return {
-                str(i.get("path")): str(i.get("md5") or i.get("hash") or i.get("etag") or "")
-                for i in (items or []) if isinstance(i, Mapping)
-            }  # fmt: skip
-
-        out[stage] = {
-            "cmd": entry.get("cmd"),
-            "deps": hashes(entry.get("deps")),
-            "outs": hashes(entry.get("outs")),
-            "params": entry.get("params") or {},
-        }
-    return out
-
-
-def under_dvc() -> str | None:
-    """The DVC stage running this process (``DVC_STAGE``, set by ``dvc repro``), or ``None``."""
-    return os.environ.get("DVC_STAGE") or None
 
 
 # ====================================================================== rendering
@@ -136,8 +97,12 @@ def _lineage_section(
         )
     else:
         lines.append(f"- git commit: `{git_commit}`")
-        for key, label in (("pipeline_run_id", "pipeline run id"), ("mlflow_run_id", "MLflow run id"),
-                           ("mlflow_experiment", "MLflow experiment"), ("registered_model", "registered as")):  # fmt: skip
+        for key, label in (
+            ("pipeline_run_id", "pipeline run id"),
+            ("mlflow_run_id", "MLflow run id"),
+            ("mlflow_experiment", "MLflow experiment"),
+            ("registered_model", "registered as"),
+        ):
             if run_ids.get(key):
                 lines.append(f"- {label}: `{run_ids[key]}`")
     lines.append("")
@@ -214,16 +179,32 @@ def pretrained_card(
         "tags": ["bert", "fill-mask", "pretraining", "mlm", *(["nsp"] if nsp else []), f"bert-{preset}"],
         "datasets": list(datasets),
         "metrics": ["accuracy", "perplexity"],
-        "model-index": [{
-            "name": name,
-            "results": [{
-                "task": {"type": "fill-mask", "name": "Masked Language Modeling"},
-                "dataset": {"type": "held-out", "name": "held-out pretraining instances", "split": "heldout"},
-                "metrics": [{"type": ("perplexity" if k.endswith("ppl") else "accuracy"), "name": f"held-out {k}",
-                             "value": round(float(v), 4)} for k, v in values],
-            }],
-        }] if values else None,
-    }  # fmt: skip
+        "model-index": [
+            {
+                "name": name,
+                "results": [
+                    {
+                        "task": {"type": "fill-mask", "name": "Masked Language Modeling"},
+                        "dataset": {
+                            "type": "held-out",
+                            "name": "held-out pretraining instances",
+                            "split": "heldout",
+                        },
+                        "metrics": [
+                            {
+                                "type": ("perplexity" if k.endswith("ppl") else "accuracy"),
+                                "name": f"held-out {k}",
+                                "value": round(float(v), 4),
+                            }
+                            for k, v in values
+                        ],
+                    }
+                ],
+            }
+        ]
+        if values
+        else None,
+    }
     arch = ", ".join(f"{k}={config[k]}" for k in sorted(config))
     body = [
         f"# {name}",
@@ -307,17 +288,29 @@ def finetuned_card(
         "tags": ["bert", task, kind.replace("_", "-"), *([f"bert-{preset}"] if preset else [])],
         "datasets": list(datasets),
         "metrics": sorted({_metric_type(k) for k in shown}),
-        "model-index": [{
-            "name": name,
-            "results": [{
-                "task": {"type": task_type, "name": task_name},
-                "dataset": {"type": datasets[0] if datasets else task, "name": task,
-                            **({"config": hub_config} if hub_config else {}), "split": dev_split},
-                "metrics": [{"type": _metric_type(k), "name": f"dev {k}", "value": round(scores[k], 4)}
-                            for k in shown],
-            }],
-        }] if shown else None,
-    }  # fmt: skip
+        "model-index": [
+            {
+                "name": name,
+                "results": [
+                    {
+                        "task": {"type": task_type, "name": task_name},
+                        "dataset": {
+                            "type": datasets[0] if datasets else task,
+                            "name": task,
+                            **({"config": hub_config} if hub_config else {}),
+                            "split": dev_split,
+                        },
+                        "metrics": [
+                            {"type": _metric_type(k), "name": f"dev {k}", "value": round(scores[k], 4)}
+                            for k in shown
+                        ],
+                    }
+                ],
+            }
+        ]
+        if shown
+        else None,
+    }
     body = [
         f"# {name}",
         "",
@@ -341,8 +334,14 @@ def finetuned_card(
     body.append("")
     if pretraining:
         body += ["## Pretrained model", "", _yaml_block({k: str(v) for k, v in pretraining.items()}), ""]
-    body += _lineage_section(git_commit=git_commit, params=params, params_name="params/finetune.yaml",
-                             lineage=lineage, stage=f"finetune@{task}", run_ids=run_ids)  # fmt: skip
+    body += _lineage_section(
+        git_commit=git_commit,
+        params=params,
+        params_name="params/finetune.yaml",
+        lineage=lineage,
+        stage=f"finetune@{task}",
+        run_ids=run_ids,
+    )
     return _front_matter(meta) + "\n" + "\n".join(body).rstrip() + "\n"
 
 
@@ -400,19 +399,6 @@ def staged_with_card(model_dir: str | os.PathLike[str], text: str) -> Iterator[P
 
 
 # ====================================================================== the stages' cards
-def corpus_datasets(lock_path: str | os.PathLike[str]) -> list[str]:
-    """Hub ids of the corpora the ``corpus`` stage read, from its params in ``dvc.lock`` (else none)."""
-    lineage = dvc_lineage(lock_path, ("corpus",)) or {}
-    params = (lineage.get("corpus") or {}).get("params") or {}
-    sources = []
-    for values in params.values():
-        corpus = (
-            (values or {}).get("corpus.sources") or ((values or {}).get("corpus") or {}).get("sources") or []
-        )
-        sources += [s.get("path") for s in corpus if isinstance(s, Mapping) and s.get("kind") == "hf"]
-    return [s for s in dict.fromkeys(sources) if s]
-
-
 def finetuned_card_for(
     spec: Any,
     metrics: Mapping[str, float],
@@ -484,8 +470,17 @@ def pretrained_card_for(
 ) -> str:
     """:func:`pretrained_card` for the pretrain stage's params (``PretrainParams``), the trained model's
     ``BertConfig`` (its sizes come from the params and the inputs) and result."""
-    shape = {k: getattr(config, k) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                                             "intermediate_size", "max_position_embeddings", "vocab_size")}  # fmt: skip
+    shape = {
+        k: getattr(config, k)
+        for k in (
+            "num_hidden_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "vocab_size",
+        )
+    }
     return pretrained_card(
         name=params.registered_model,
         preset=params.model.preset if "init" not in metrics else "custom",  # continued: the checkpoint's size

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from bert_core import modelcard
+from bert_core.tracking import provenance
 from bert_core.evaluate.references import reference_for
 from bert_core.tasks import get_task
 from tests.test_pretrain import data  # noqa: F401 - the fixture
@@ -159,7 +160,7 @@ def test_cards_without_dvc_or_published_scores(tmp_path):
     assert "Not run under DVC" in body and "No published score" in body
     bad = tmp_path / "dvc.lock"
     bad.write_text("stages: [unclosed\n")
-    assert "not readable as a DVC lock file" in modelcard.dvc_lineage(bad, ["corpus"])["error"]
+    assert "not readable as a DVC lock file" in provenance.dvc_lineage(bad, ["corpus"])["error"]
 
 
 def test_huggingface_hub_parses_the_cards(lock):

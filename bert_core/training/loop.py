@@ -4,22 +4,7 @@
 newest checkpoint, ``torch.compile``, DDP) -> **train** (gradient accumulation, clipping, schedule,
 logging, periodic evaluation and checkpoints) -> **evaluate** -> **save** (a final checkpoint marked
 complete) -> **clean up** (signal handlers, global flags). What is trained on and what is measured is
-pluggable through an :class:`Objective`:
-
-.. code-block:: python
-
-    class MyObjective(Objective):
-        def step(self, model, batch):                  # batch: dict of tensors on the device
-            out = model(**batch)
-            correct = (out.logits.argmax(-1) == batch["labels"]).sum()
-            return StepOutput(loss=out.loss, stats={"loss_sum": out.loss.detach() * len(batch["labels"]),
-                                                    "correct": correct, "count": batch["labels"].numel()})
-
-        def summarize(self, sums):                     # sums: stats summed over batches and ranks
-            return {"loss": sums["loss_sum"] / sums["count"], "acc": sums["correct"] / sums["count"]}
-
-    result = Trainer(model, MyObjective(), train_loader, TrainConfig(max_steps=1000, lr=5e-5, warmup_steps=100),
-                     checkpoint_dir=Path("ckpt"), eval_data=dev_loader, on_metrics=print).fit()
+pluggable through an :class:`Objective` (an example: :mod:`bert_core.training.objective`).
 
 Data protocol: ``train_data`` is re-iterable; each ``iter()`` continues where the last one stopped and a
 new epoch begins when one is exhausted. A loader with ``state_dict()`` / ``load_state_dict()`` is resumed
@@ -31,10 +16,8 @@ Counting: ``step`` is the number of optimizer steps done; metrics logged "at ste
 to s, and checkpoint ``step-s`` holds the state after s steps. The global batch is
 ``micro_batch * grad_accum * world_size`` sequences.
 
-Faults: SIGTERM/SIGINT make the loop finish the current optimizer step, write a checkpoint and raise
-:class:`TrainingInterrupted` (the entry point exits with 128 + signal number). A non-finite loss or
-gradient norm raises :class:`NonFiniteLossError` naming the step, before the bad update is applied,
-leaving the last good checkpoint as the newest.
+Faults: SIGTERM/SIGINT finish the current step, write a checkpoint and raise :class:`TrainingInterrupted`;
+a non-finite loss or gradient norm raises :class:`NonFiniteLossError` before the bad update is applied.
 """
 
 from __future__ import annotations
@@ -217,9 +200,13 @@ class Trainer:
         if self.checkpoint_dir is None or not self.config.resume:
             return
         found = ckpt.resume_newest(
-            self.checkpoint_dir, model=self.model, optimizer=self.optimizer, scaler=self.scaler,
-            dist=self.dist, fingerprint=self.fingerprint,
-        )  # fmt: skip
+            self.checkpoint_dir,
+            model=self.model,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            dist=self.dist,
+            fingerprint=self.fingerprint,
+        )
         if found is None:
             return
         path, state, data_state = found
@@ -352,8 +339,8 @@ class Trainer:
             return bool(bad.item()), self._stop_signal is not None, self._now()
         stop = float(self._stop_signal is not None)
         clock = self._now() if self.dist.is_main else 0.0
-        flags = torch.stack([bad, torch.tensor(stop, dtype=torch.float64, device=self.device),
-                             torch.tensor(clock, dtype=torch.float64, device=self.device)])  # fmt: skip
+        flags = torch.tensor([0.0, stop, clock], dtype=torch.float64, device=self.device)
+        flags[0] = bad
         self.dist.all_reduce(flags, op="max")
         bad_any, stop_any, elapsed = flags.tolist()
         return bad_any > 0, stop_any > 0, elapsed
@@ -366,10 +353,8 @@ class Trainer:
     # ------------------------------------------------------------------ metrics
     def _reset_window(self) -> None:
         zero = torch.zeros((), device=self.device)
-        self._win: dict[str, Any] = {
-            "t0": time.perf_counter(), "steps": 0, "seqs": 0, "tokens": 0, "flops": 0.0,
-            "loss": zero.clone(), "grad_norm": zero.clone(), "lr": 0.0,
-        }  # fmt: skip
+        self._win: dict[str, Any] = dict(t0=time.perf_counter(), steps=0, seqs=0, tokens=0, flops=0.0, lr=0.0)
+        self._win |= {"loss": zero.clone(), "grad_norm": zero.clone()}
         self._win_stats: dict[str, Tensor] = {}
 
     def _log_train(self) -> None:
@@ -403,8 +388,14 @@ class Trainer:
         self.history.append({"step": self.step, "kind": kind, **metrics})
         if self.dist.is_main:
             # train windows at DEBUG: the callers' rate-limited progress lines (bert_core.progress) report them
-            level, text = logging.DEBUG if kind == "train" else logging.INFO, ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())  # fmt: skip
-            log.log(level, "step %d %s: %s", self.step, kind, text)
+            level = logging.DEBUG if kind == "train" else logging.INFO
+            log.log(
+                level,
+                "step %d %s: %s",
+                self.step,
+                kind,
+                ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()),
+            )
             if self.on_metrics is not None:
                 self.on_metrics(self.step, metrics)
 
@@ -428,9 +419,14 @@ class Trainer:
             else:
                 data = self.eval_data() if callable(self.eval_data) else self.eval_data
                 metrics = evaluate_objective(
-                    model, self.objective, data, device=self.device, dist=self.dist,
-                    max_batches=self.config.max_eval_batches, autocast=self._autocast,
-                )  # fmt: skip
+                    model,
+                    self.objective,
+                    data,
+                    device=self.device,
+                    dist=self.dist,
+                    max_batches=self.config.max_eval_batches,
+                    autocast=self._autocast,
+                )
         finally:
             model.train()
         self.eval_metrics = metrics
@@ -456,7 +452,7 @@ class Trainer:
                 "complete": self._complete,
                 "stop_reason": getattr(self, "_stop_reason", None),
                 "schedule": dataclasses.asdict(self.schedule),
-            }  # fmt: skip
+            }
             path = ckpt.save_checkpoint(
                 self.checkpoint_dir,
                 step=self.step,

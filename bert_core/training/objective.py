@@ -1,8 +1,23 @@
 """What the training loop trains: the :class:`Objective` protocol and its per-batch :class:`StepOutput`.
 
 An objective is the loss and the statistics of a batch (pretraining: MLM + NSP; fine-tuning: the task
-head's loss), not a downstream task: those are :class:`bert_core.tasks.TaskSpec`. See
-:mod:`bert_core.training.loop` for how the Trainer calls an objective.
+head's loss), not a downstream task: those are :class:`bert_core.tasks.TaskSpec`. The Trainer
+(:mod:`bert_core.training.loop`) calls ``step`` per micro-batch and ``summarize`` on the summed stats:
+
+.. code-block:: python
+
+    class MyObjective(Objective):
+        def step(self, model, batch):                  # batch: dict of tensors on the device
+            out = model(**batch)
+            correct = (out.logits.argmax(-1) == batch["labels"]).sum()
+            return StepOutput(loss=out.loss, stats={"loss_sum": out.loss.detach() * len(batch["labels"]),
+                                                    "correct": correct, "count": batch["labels"].numel()})
+
+        def summarize(self, sums):                     # sums: stats summed over batches and ranks
+            return {"loss": sums["loss_sum"] / sums["count"], "acc": sums["correct"] / sums["count"]}
+
+    result = Trainer(model, MyObjective(), train_loader, TrainConfig(max_steps=1000, lr=5e-5, warmup_steps=100),
+                     checkpoint_dir=Path("ckpt"), eval_data=dev_loader, on_metrics=print).fit()
 """
 
 from __future__ import annotations
