@@ -121,13 +121,13 @@ def finetune_flow(
         log.warning("task %s is not under finetune.tasks in %s; using the defaults", spec.name, params_file)
     check_source_built(source := model_source or params.model.source)  # before the run opens: nothing to undo
     o = _outs(spec.name, out_dir, model_out, metrics_path, plots_dir)
+    tags = {"task": spec.name, "init": params.model.init, "pretrained_source": source}
+    run = dict(experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}", tags=tags)
+    run |= dict(metrics_path=o.metrics, dirs=(o.results,), checks_dir=o.checks)
     with (
-        stage("finetune", params.run_params(spec.name), o.results, o.model, *o.curves, metrics_path=o.metrics,
-              dirs=(o.results,), checks_dir=o.checks, experiment=FINETUNE_EXPERIMENT,
-              run_name=f"finetune-{spec.name}",
-              tags={"task": spec.name, "init": params.model.init, "pretrained_source": source}) as s,
+        stage("finetune", params.run_params(spec.name), o.results, o.model, *o.curves, **run) as s,
         tempfile.TemporaryDirectory(prefix="finetune-source-") as download,
-    ):  # fmt: skip
+    ):
         resolved = resolve_checkpoint(source, download)
         s.run.set_tags({f"pretrained_{k}": v for k, v in resolved.info.items()})
         result = finetune_task(
