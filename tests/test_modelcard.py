@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from bert_core import modelcard
-from bert_core.tracking import provenance
 from bert_core.evaluate.references import reference_for
 from bert_core.tasks import get_task
+from bert_core.tracking import provenance
 from tests.test_pretrain import data  # noqa: F401 - the fixture
 
 LOCK = {
