@@ -60,8 +60,21 @@ def activate() -> dict[str, str]:
         marker = site / ".installed"
         names = "\n".join(w.name for w in wheels)
         if not marker.is_file() or marker.read_text() != names:
-            cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                   "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--no-cache-dir",
+                "--upgrade",
+                "--target",
+                str(site),
+                *map(str, wheels),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(

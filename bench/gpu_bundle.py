@@ -31,14 +31,38 @@ from bench._gpu_env import BUNDLE, DATA, REPO, WHEELS
 # data checks of every data stage and of fine-tuning) with the dependencies the image does not have.
 # blingfire (a 42 MB wheel) stays behind: the smoke segments with `lines` when it is missing.
 WHEELS_LIST = (
-    "pydantic", "pydantic_core", "annotated-types", "typing-inspection", "typing_extensions",
+    "pydantic",
+    "pydantic_core",
+    "annotated-types",
+    "typing-inspection",
+    "typing_extensions",
     "mwparserfromhell",
-    "great_expectations", "altair", "narwhals", "cryptography", "cffi", "pycparser", "jsonschema",
-    "jsonschema-specifications", "referencing", "rpds-py", "marshmallow", "mistune", "ruamel.yaml",
-    "ruamel.yaml.clib", "tzlocal",
-)  # fmt: skip
-PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64",
-             "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux1_x86_64")  # fmt: skip
+    "great_expectations",
+    "altair",
+    "narwhals",
+    "cryptography",
+    "cffi",
+    "pycparser",
+    "jsonschema",
+    "jsonschema-specifications",
+    "referencing",
+    "rpds-py",
+    "marshmallow",
+    "mistune",
+    "ruamel.yaml",
+    "ruamel.yaml.clib",
+    "tzlocal",
+)
+PLATFORMS = (
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux1_x86_64",
+)
 SST2_FILES = ("glue/SST-2/train.tsv", "glue/SST-2/dev.tsv")
 VOCAB_FILE = "checkpoints/bert-base-uncased/vocab.txt"
 
@@ -66,8 +90,21 @@ def download_wheels(python_version: str) -> None:
     if WHEELS.is_dir():
         shutil.rmtree(WHEELS)
     WHEELS.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--implementation", "cp", "--python-version", python_version, "-d", str(WHEELS)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        python_version,
+        "-d",
+        str(WHEELS),
+    ]
     for platform in PLATFORMS:
         cmd += ["--platform", platform]
     subprocess.run([*cmd, *pinned()], check=True)

@@ -44,8 +44,14 @@ from typing import Any  # noqa: E402
 REPO = gpu_env.REPO
 GPU_TESTS = ("tests/test_gpu_training.py", "tests/test_model.py::test_cuda_matches_cpu")
 # Seconds per part on a GPU (the sum stays under ~9 minutes); --tiny runs them all in well under a minute.
-CAPS = {"env": 25, "tests": 150, "pretrain_loop": 120, "pretrain_compare_128": 110, "pretrain_compare_512": 100,
-        "finetune": 40}  # fmt: skip
+CAPS = {
+    "env": 25,
+    "tests": 150,
+    "pretrain_loop": 120,
+    "pretrain_compare_128": 110,
+    "pretrain_compare_512": 100,
+    "finetune": 40,
+}
 
 
 # ---------------------------------------------------------------------------------------- the parts
@@ -56,15 +62,26 @@ def part_env(args: argparse.Namespace) -> dict:
     import transformers
 
     info: dict[str, Any] = {
-        "python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-        "transformers": transformers.__version__, "cuda_available": torch.cuda.is_available(), "bundle": BUNDLE,
-    }  # fmt: skip
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "transformers": transformers.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "bundle": BUNDLE,
+    }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info |= {"device": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
-                 "memory_gib": round(props.total_memory / 2**30, 1), "bf16": torch.cuda.is_bf16_supported(),
-                 "devices": torch.cuda.device_count()}  # fmt: skip
+        info |= {
+            "device": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "sms": props.multi_processor_count,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "bf16": torch.cuda.is_bf16_supported(),
+            "devices": torch.cuda.device_count(),
+        }
     smi = shutil.which("nvidia-smi")
     if smi:
         proc = subprocess.run([smi], capture_output=True, text=True, timeout=20)
@@ -74,8 +91,19 @@ def part_env(args: argparse.Namespace) -> dict:
 
 def part_tests(args: argparse.Namespace) -> dict:
     xml = Path(args.part_json).with_suffix(".xml")
-    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu", "--junitxml", str(xml),
-           *GPU_TESTS]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "gpu",
+        "--junitxml",
+        str(xml),
+        *GPU_TESTS,
+    ]
     # No third-party plugins: whatever the machine has installed (some fail to load without their package's
     # extras) has no part in these tests.
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
@@ -89,8 +117,14 @@ def part_tests(args: argparse.Namespace) -> dict:
                 node = case.find(kind)
                 if node is not None:
                     status, message = kind, (node.get("message") or "")[:300]
-            cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "status": status,
-                          "seconds": float(case.get("time") or 0), "message": message})  # fmt: skip
+            cases.append(
+                {
+                    "test": f"{case.get('classname')}::{case.get('name')}",
+                    "status": status,
+                    "seconds": float(case.get("time") or 0),
+                    "message": message,
+                }
+            )
         out["cases"] = cases
         out["counts"] = {
             s: sum(c["status"] == s for c in cases) for s in ("passed", "failure", "error", "skipped")
@@ -109,8 +143,10 @@ def part_pretrain_loop(args: argparse.Namespace) -> dict:
             {"preset": "tiny", "steps": 2, "warm": 1, "compile_": False, "precision": "fp32"},
         )
     else:
-        plan, kw = [(128, 256), (512, 64)], {"preset": "base", "steps": 20, "warm": 10, "compile_": True,
-                                             "precision": "bf16"}  # fmt: skip
+        plan, kw = (
+            [(128, 256), (512, 64)],
+            {"preset": "base", "steps": 20, "warm": 10, "compile_": True, "precision": "bf16"},
+        )
     rows = []
     for seq_len, batch in plan:
         row = run(seq_len=seq_len, batch=batch, device=args.device, **kw)
@@ -123,13 +159,46 @@ def _compare(args: argparse.Namespace, seq_len: int, batch: int) -> dict:
     from bench import bench_unpadded
 
     if args.tiny:
-        argv = ["--preset", "tiny", "--seq-len", "64", "--batch-size", "4", "--steps", "1", "--warmup", "1",
-                "--variants", "eager,unpad,transformers", "--lengths", "full", "--n-batches", "1"]  # fmt: skip
+        argv = [
+            "--preset",
+            "tiny",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "4",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--variants",
+            "eager,unpad,transformers",
+            "--lengths",
+            "full",
+            "--n-batches",
+            "1",
+        ]
     else:
         real = (bench_unpadded.SHARED / "corpus").is_dir() and bench_unpadded.VOCAB.is_file()
-        argv = ["--preset", "base", "--seq-len", str(seq_len), "--batch-size", str(batch), "--steps", "10",
-                "--warmup", "2", "--n-batches", "2", "--dtype", "bf16", "--lengths", "real" if real else "full",
-                "--corpus-docs", "200"]  # fmt: skip
+        argv = [
+            "--preset",
+            "base",
+            "--seq-len",
+            str(seq_len),
+            "--batch-size",
+            str(batch),
+            "--steps",
+            "10",
+            "--warmup",
+            "2",
+            "--n-batches",
+            "2",
+            "--dtype",
+            "bf16",
+            "--lengths",
+            "real" if real else "full",
+            "--corpus-docs",
+            "200",
+        ]
     table = Path(args.part_json).with_suffix(".table.json")
     argv += ["--device", args.device, "--json", str(table)]
     bench_unpadded.main(argv)
@@ -183,8 +252,18 @@ def run_part(name: str, args: argparse.Namespace, out: Path) -> dict:
     cap = CAPS[name] * args.cap_scale
     result_file = out / f"{name}.json"
     log_file = out / f"{name}.log"
-    cmd = [sys.executable, "-m", "bench.gpu_check", "--part", name, "--part-json", str(result_file),
-           "--device", args.device, *(["--tiny"] if args.tiny else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.gpu_check",
+        "--part",
+        name,
+        "--part-json",
+        str(result_file),
+        "--device",
+        args.device,
+        *(["--tiny"] if args.tiny else []),
+    ]
     t0 = time.perf_counter()
     print(f"[gpu-check] {name} (cap {cap:.0f} s) ...", flush=True)
     with log_file.open("w") as log:
@@ -252,18 +331,33 @@ def _table(rows: list[dict], columns: list[str]) -> list[str]:
 def markdown(summary: dict) -> str:
     parts = summary["parts"]
     env = parts.get("env", {}).get("result", {})
-    lines = [f"# GPU check {summary['started']}", "",
-             f"Device: {env.get('device', summary['device'])}; Python {env.get('python')}, torch {env.get('torch')}, "
-             f"CUDA {env.get('cuda')}, transformers {env.get('transformers')}.", "",
-             "| part | status | seconds |", "|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# GPU check {summary['started']}",
+        "",
+        f"Device: {env.get('device', summary['device'])}; Python {env.get('python')}, torch {env.get('torch')}, "
+        f"CUDA {env.get('cuda')}, transformers {env.get('transformers')}.",
+        "",
+        "| part | status | seconds |",
+        "|---|---|---|",
+    ]
     lines += [f"| {name} | {p['status']} | {p['seconds']} |" for name, p in parts.items()]
     tests = parts.get("tests", {}).get("result", {})
     if tests.get("cases"):
         lines += ["", "## GPU tests", "", *_table(tests["cases"], ["test", "status", "seconds", "message"])]
     loop = parts.get("pretrain_loop", {}).get("result", {})
     if loop.get("rows"):
-        cols = ["preset", "seq_len", "batch", "precision", "compile", "tokens_per_s", "seq_per_s", "mfu",
-                "step_time_ms", "peak_mem_gib"]  # fmt: skip
+        cols = [
+            "preset",
+            "seq_len",
+            "batch",
+            "precision",
+            "compile",
+            "tokens_per_s",
+            "seq_per_s",
+            "mfu",
+            "step_time_ms",
+            "peak_mem_gib",
+        ]
         lines += [
             "",
             "## Pretraining, the stage's loop (full-length batches)",
@@ -273,20 +367,40 @@ def markdown(summary: dict) -> str:
     for seq in (128, 512):
         cmp = parts.get(f"pretrain_compare_{seq}", {}).get("result", {})
         if cmp.get("rows"):
-            head = f"seq {cmp['seq_len']}, batch {cmp['batch']}, {cmp['dtype']}, lengths {cmp['lengths']} " \
-                   f"(padding {cmp['padding_share']:.0%})"  # fmt: skip
-            cols = ["variant", "s_per_step", "seq_per_s", "real_tok_s", "mfu", "speedup_vs_eager", "graph_breaks",
-                    "compile_s"]  # fmt: skip
+            head = (
+                f"seq {cmp['seq_len']}, batch {cmp['batch']}, {cmp['dtype']}, lengths {cmp['lengths']} "
+                f"(padding {cmp['padding_share']:.0%})"
+            )
+            cols = [
+                "variant",
+                "s_per_step",
+                "seq_per_s",
+                "real_tok_s",
+                "mfu",
+                "speedup_vs_eager",
+                "graph_breaks",
+                "compile_s",
+            ]
             lines += ["", f"## Pretraining step: {head}", "", *_table(cmp["rows"], cols)]
     fine = parts.get("finetune", {}).get("result", {})
     if fine.get("rows"):
-        lines += ["", f"## Fine-tuning, SST-2-shaped (batch {fine['batch']}, {fine['steps']} steps, "
-                      f"ours / transformers = {fine['ours_over_transformers']:.2f})", "",
-                  *_table(fine["rows"], ["contender", "examples_per_s", "seconds", "peak_mem_gib"])]  # fmt: skip
+        lines += [
+            "",
+            f"## Fine-tuning, SST-2-shaped (batch {fine['batch']}, {fine['steps']} steps, "
+            f"ours / transformers = {fine['ours_over_transformers']:.2f})",
+            "",
+            *_table(fine["rows"], ["contender", "examples_per_s", "seconds", "peak_mem_gib"]),
+        ]
     failed = {n: p for n, p in parts.items() if p["status"] != "ok"}
     for name, p in failed.items():
-        lines += ["", f"## {name}: {p['status']}", "", "```", (p.get("error") or "") + "\n" + p.get("log_tail", "")[-1500:],
-                  "```"]  # fmt: skip
+        lines += [
+            "",
+            f"## {name}: {p['status']}",
+            "",
+            "```",
+            (p.get("error") or "") + "\n" + p.get("log_tail", "")[-1500:],
+            "```",
+        ]
     return "\n".join(lines) + "\n"
 
 

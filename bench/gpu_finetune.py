@@ -45,8 +45,12 @@ def _pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
     for i, f in enumerate(features):
         ids[i, : len(f["input_ids"])] = torch.tensor(f["input_ids"])
         mask[i, : len(f["input_ids"])] = 1
-    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask,
-            "labels": torch.tensor([f["labels"] for f in features])}  # fmt: skip
+    return {
+        "input_ids": ids,
+        "token_type_ids": torch.zeros_like(ids),
+        "attention_mask": mask,
+        "labels": torch.tensor([f["labels"] for f in features]),
+    }
 
 
 def _peak_gib(device: str) -> float | None:
@@ -60,8 +64,14 @@ def run_ours(init: Path, features: list[dict], args: argparse.Namespace) -> dict
     from bert_core.training import TrainConfig, Trainer
 
     model = BertForSequenceClassification.from_pretrained(init)
-    config = TrainConfig(max_steps=args.steps, lr=2e-5, warmup_ratio=0.1, log_every=args.steps, device=args.device,
-                         precision="bf16" if args.device == "cuda" else "fp32")  # fmt: skip
+    config = TrainConfig(
+        max_steps=args.steps,
+        lr=2e-5,
+        warmup_ratio=0.1,
+        log_every=args.steps,
+        device=args.device,
+        precision="bf16" if args.device == "cuda" else "fp32",
+    )
     loader = EpochLoader(make_loader(features, args.batch_size, shuffle=True, seed=1))
     t0 = time.perf_counter()
     Trainer(model, FinetuneObjective(), loader, config).fit()
@@ -76,11 +86,24 @@ def run_transformers(init: Path, features: list[dict], args: argparse.Namespace)
     model = transformers.BertForSequenceClassification.from_pretrained(str(init), attn_implementation="sdpa")
     with tempfile.TemporaryDirectory() as tmp:
         targs = transformers.TrainingArguments(
-            output_dir=tmp, per_device_train_batch_size=args.batch_size, max_steps=args.steps, learning_rate=2e-5,
-            warmup_steps=max(1, args.steps // 10), weight_decay=0.01, max_grad_norm=1.0, lr_scheduler_type="linear", eval_strategy="no",
-            save_strategy="no", logging_strategy="no", report_to=[], seed=1, dataloader_num_workers=0,
-            disable_tqdm=True, bf16=args.device == "cuda", use_cpu=args.device == "cpu",
-        )  # fmt: skip
+            output_dir=tmp,
+            per_device_train_batch_size=args.batch_size,
+            max_steps=args.steps,
+            learning_rate=2e-5,
+            warmup_steps=max(1, args.steps // 10),
+            weight_decay=0.01,
+            max_grad_norm=1.0,
+            lr_scheduler_type="linear",
+            eval_strategy="no",
+            save_strategy="no",
+            logging_strategy="no",
+            report_to=[],
+            seed=1,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+            bf16=args.device == "cuda",
+            use_cpu=args.device == "cpu",
+        )
         trainer = transformers.Trainer(
             model=model, args=targs, train_dataset=features, data_collator=_pad_batch
         )
@@ -104,8 +127,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     vocab = 30522
     features = sst2_shaped(args.steps * args.batch_size, vocab)
-    result: dict = {"preset": args.preset, "batch": args.batch_size, "steps": args.steps, "device": args.device,
-                    "mean_tokens": float(np.mean([len(f["input_ids"]) for f in features])), "rows": []}  # fmt: skip
+    result: dict = {
+        "preset": args.preset,
+        "batch": args.batch_size,
+        "steps": args.steps,
+        "device": args.device,
+        "mean_tokens": float(np.mean([len(f["input_ids"]) for f in features])),
+        "rows": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         init = Path(tmp) / "init"

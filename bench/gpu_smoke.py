@@ -98,9 +98,15 @@ def smoke_caps(sections: dict[str, dict], args: argparse.Namespace) -> None:
     if args.device == "cpu":
         pre["precision"], pre["compile"] = "fp32", False
     fine = sections["finetune"]
-    settings = {"train_limit": args.train_rows, "eval_limit": args.eval_rows, "epochs": 1,
-                "learning_rates": [fine["defaults"]["learning_rates"][0]], "predict_test": False,
-                "random_init_baseline": False, "reference_baseline": False}  # fmt: skip
+    settings = {
+        "train_limit": args.train_rows,
+        "eval_limit": args.eval_rows,
+        "epochs": 1,
+        "learning_rates": [fine["defaults"]["learning_rates"][0]],
+        "predict_test": False,
+        "random_init_baseline": False,
+        "reference_baseline": False,
+    }
     fine["tasks"] = {args.task: settings}
     fine["small_task_seeds"] = [1]
     fine["device"] = args.device
@@ -113,8 +119,12 @@ def _run_stage(name: str, fn, summary: dict) -> Any:
     try:
         result, figures = fn()
     except Exception as err:  # recorded; the later stages need this one's output, so they are skipped
-        summary["stages"][name] = {"ok": False, "seconds": round(time.perf_counter() - t0, 1),
-                                   "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}  # fmt: skip
+        summary["stages"][name] = {
+            "ok": False,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "error": f"{type(err).__name__}: {err}",
+            "traceback": traceback.format_exc(),
+        }
         print(f"[gpu-smoke] {name} FAILED: {type(err).__name__}: {err}", flush=True)
         raise
     summary["stages"][name] = {"ok": True, "seconds": round(time.perf_counter() - t0, 1), **figures}
@@ -167,12 +177,20 @@ def load_in_transformers(pretrained: Path, finetuned: Path) -> dict:
 
 def write_summary(out: Path, summary: dict) -> None:
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    lines = [f"# GPU smoke ({summary['profile']}, {summary['device']})", "",
-             f"{summary['started']}; torch {summary['torch']}, CUDA {summary['cuda']}; device {summary['device_name']}",
-             "", "| stage | ok | seconds | figures / error |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# GPU smoke ({summary['profile']}, {summary['device']})",
+        "",
+        f"{summary['started']}; torch {summary['torch']}, CUDA {summary['cuda']}; device {summary['device_name']}",
+        "",
+        "| stage | ok | seconds | figures / error |",
+        "|---|---|---|---|",
+    ]
     for name, s in summary["stages"].items():
-        detail = s.get("error") or ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                             for k, v in s.items() if k not in ("ok", "seconds", "traceback"))  # fmt: skip
+        detail = s.get("error") or ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in s.items()
+            if k not in ("ok", "seconds", "traceback")
+        )
         lines.append(f"| {name} | {'yes' if s['ok'] else 'NO'} | {s['seconds']} | {detail} |")
     (out / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -207,16 +225,31 @@ def main(argv: list[str] | None = None) -> int:
     sections = recipe(profile)
     smoke_caps(sections, args)
     if tiny:  # the tiny profile's own sizes, smaller still
-        sections["pretrain"]["phases"] = [{"name": "seq128", "share": 1.0, "micro_batch": 8, "global_batch": 8,
-                                           "lr": 2.0e-3, "warmup_ratio": 0.1}]  # fmt: skip
+        sections["pretrain"]["phases"] = [
+            {
+                "name": "seq128",
+                "share": 1.0,
+                "micro_batch": 8,
+                "global_batch": 8,
+                "lr": 2.0e-3,
+                "warmup_ratio": 0.1,
+            }
+        ]
         sections["pretrain_data"]["phases"] = ["seq128"]
         sections["corpus"]["workers"] = sections["pretrain_data"]["num_workers"] = 1  # no pool to start
     summary: dict[str, Any] = {
-        "profile": profile, "device": args.device, "started": stamp, "torch": torch.__version__,
-        "cuda": torch.version.cuda, "python": sys.version.split()[0], "data_root": data_root,
+        "profile": profile,
+        "device": args.device,
+        "started": stamp,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "data_root": data_root,
         "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "params": sections, "stages": {}, "bundle": BUNDLE,
-    }  # fmt: skip
+        "params": sections,
+        "stages": {},
+        "bundle": BUNDLE,
+    }
     print(f"[gpu-smoke] {profile} on {summary['device_name']} -> {out}", flush=True)
     ok = False
     try:
@@ -264,22 +297,37 @@ def run(sections: dict, args: argparse.Namespace, data_root: Path, out: Path, su
         return stats, _flat(stats.as_metrics(), ("vocab_size", "tokens_per_word", "unk"))
 
     def pretrain_data():
-        result = build_pretrain_data(params("pretrain_data", PretrainDataParams), corpus_dir=corpus_dir,
-                                     vocab_dir=vocab_dir, output_dir=data_dir)  # fmt: skip
+        result = build_pretrain_data(
+            params("pretrain_data", PretrainDataParams),
+            corpus_dir=corpus_dir,
+            vocab_dir=vocab_dir,
+            output_dir=data_dir,
+        )
         return result, _flat(result.as_metrics(), ("instances", "tokens"))
 
     def pretraining():
-        result = pretrain(params("pretrain", PretrainParams), data_dir, vocab_dir, model_dir,
-                          checkpoint_root=out / "checkpoints")  # fmt: skip
+        result = pretrain(
+            params("pretrain", PretrainParams),
+            data_dir,
+            vocab_dir,
+            model_dir,
+            checkpoint_root=out / "checkpoints",
+        )
         return result, _flat(result.metrics, ("loss", "accuracy", "tokens_per_s", "mfu", "seq_per_s", "step"))
 
     def finetune():
-        result = finetune_task(args.task, params("finetune", FinetuneParams), model_dir, fine_dir,
-                               data_root=data_root)  # fmt: skip
+        result = finetune_task(
+            args.task, params("finetune", FinetuneParams), model_dir, fine_dir, data_root=data_root
+        )
         return result, _flat(result.metrics(), ("dev", "train", "seconds", "examples"))
 
-    for name, fn in (("corpus", corpus), ("vocab", vocab), ("pretrain_data", pretrain_data),
-                     ("pretrain", pretraining), ("finetune", finetune)):  # fmt: skip
+    for name, fn in (
+        ("corpus", corpus),
+        ("vocab", vocab),
+        ("pretrain_data", pretrain_data),
+        ("pretrain", pretraining),
+        ("finetune", finetune),
+    ):
         _run_stage(name, fn, summary)
     _run_stage(
         "load_in_transformers", lambda: (None, load_in_transformers(model_dir, fine_dir / "model")), summary

@@ -54,9 +54,18 @@ def test_the_blocking_hook_works(bare_env):
 
 def test_entry_modules_import_without_the_orchestration_stack_or_great_expectations(bare_env):
     """Great Expectations travels as a wheel for the data checks, but no module needs it at import."""
-    modules = ["bench.gpu_check", "bench.gpu_smoke", "bench.gpu_finetune", "bench.bench_gpu_pretrain",
-               "bench.bench_unpadded", "bert_core.corpus", "bert_core.vocab", "bert_core.pretrain_data.build",
-               "bert_core.pretrain", "bert_core.finetune.run"]  # fmt: skip
+    modules = [
+        "bench.gpu_check",
+        "bench.gpu_smoke",
+        "bench.gpu_finetune",
+        "bench.bench_gpu_pretrain",
+        "bench.bench_unpadded",
+        "bert_core.corpus",
+        "bert_core.vocab",
+        "bert_core.pretrain_data.build",
+        "bert_core.pretrain",
+        "bert_core.finetune.run",
+    ]
     code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
     code += "print(sorted({m.split('.')[0] for m in sys.modules} & {'great_expectations', 'prefect', 'mlflow', 'dvc'}))"
     proc = _run(["-c", code], bare_env)
@@ -96,16 +105,35 @@ def test_gpu_smoke_dry_run_trains_and_loads_in_transformers(bare_env, tmp_path, 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ok"] and list(summary["stages"]) == [
-        "corpus", "vocab", "pretrain_data", "pretrain", "finetune", "load_in_transformers"
-    ]  # fmt: skip
+        "corpus",
+        "vocab",
+        "pretrain_data",
+        "pretrain",
+        "finetune",
+        "load_in_transformers",
+    ]
     assert summary["stages"]["load_in_transformers"]["finetuned_class"] == "BertForSequenceClassification"
     assert (out / "models" / "pretrained" / "model.safetensors").is_file()
 
 
 def test_a_failing_part_is_recorded_and_the_rest_still_run(bare_env, tmp_path):
     out = tmp_path / "check"
-    proc = _run(["-m", "bench.gpu_check", "--device", "cpu", "--tiny", "--parts", "env,finetune", "--cap-scale",
-                 "0.01", "--out", str(out)], bare_env)  # fmt: skip
+    proc = _run(
+        [
+            "-m",
+            "bench.gpu_check",
+            "--device",
+            "cpu",
+            "--tiny",
+            "--parts",
+            "env,finetune",
+            "--cap-scale",
+            "0.01",
+            "--out",
+            str(out),
+        ],
+        bare_env,
+    )
     assert proc.returncode == 1
     parts = json.loads((out / "summary.json").read_text())["parts"]
     assert parts["env"]["status"].startswith("timeout") and parts["finetune"]["status"].startswith("timeout")
