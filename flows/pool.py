@@ -90,7 +90,7 @@ def build_deployments(pool: str) -> list[Any]:
     return deployments
 
 
-def resolve_api(home: Path | None = None) -> str:
+def resolve_api() -> str:
     """``PREFECT_API_URL`` (checked), else the API of this checkout's ``make serve``, else :class:`PoolError`."""
     from prefect.settings import PREFECT_API_URL
 
@@ -105,7 +105,7 @@ def resolve_api(home: Path | None = None) -> str:
         except PrefectApiUnreachable as err:
             raise PoolError(str(err)) from None
         return url
-    if url := served_api_url(home):
+    if url := served_api_url():
         return url
     raise PoolError(
         f"no Prefect server to talk to: set PREFECT_API_URL to the team's server ({_URL_HINT}), or start "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flows import TELEMETRY_OFF, stages
-from flows._cli import RECEIVED, install_signal_handlers, raise_interrupted
+from flows._cli import RECEIVED, configure_logging, install_signal_handlers, raise_interrupted
 from flows._prefect_api import set_parent_death_signal
 from flows._served import ServeError, is_healthy, prefect_home, serve_lock
 
@@ -176,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         "--home", type=Path, default=None, help="PREFECT_HOME (default: $PREFECT_HOME or .prefect)"
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)-7s | %(name)s - %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging()  # the stages' console format
     home = (args.home or prefect_home()).resolve()
     env = prefect_env(home, args.host, args.port)
     os.environ.update(env)  # before Prefect is imported: its settings come from the environment
