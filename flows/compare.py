@@ -76,11 +76,8 @@ def _model_matches(tags: dict[str, str], name: str, version: str) -> bool:
 
 
 def select(client: Any, spec: str, runs: list[Any]) -> Side:
-    """Resolve ``spec`` (a pipeline run id or unique prefix, ``latest[~N]``, or a model version) to its runs.
-
-    Raises:
-        CompareError: nothing matches, or a run-id prefix is ambiguous; lists the known pipeline runs.
-    """
+    """Resolve ``spec`` (a pipeline run id or unique prefix, ``latest[~N]``, or a model version) to its runs,
+    else :class:`CompareError` listing the known pipeline runs."""
     ids = pipeline_run_ids(runs)
     known = ", ".join(i[:12] for i in ids[:10]) or "none"
 

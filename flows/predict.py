@@ -96,12 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id-field", default=DEFAULT_ID_FIELD, help="input field copied to each output row")
     parser.add_argument("--no-prefect", action="store_true", help="run directly, not as a Prefect flow run")
     args = parser.parse_args(argv)
+    model = Path(args.model).expanduser()
     kwargs = {
         "input_path": str(Path(args.input).expanduser().resolve()),
         "output_path": str(Path(args.output).expanduser().resolve()),
-        "model": str(Path(args.model).expanduser().resolve())
-        if Path(args.model).expanduser().is_dir()
-        else args.model,
+        "model": str(model.resolve()) if model.is_dir() else args.model,
         "batch_size": args.batch_size,
         "id_field": args.id_field,
     }

@@ -55,12 +55,7 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def start_server(env: dict[str, str], log_path: Path, *, timeout_s: float = 180.0) -> subprocess.Popen[bytes]:
-    """Start ``prefect server start`` and wait until it is healthy.
-
-    Raises:
-        ServeError: the port is taken by something else, or the server did not become healthy in time
-            (its log file is named).
-    """
+    """Start ``prefect server start`` and wait until it is healthy, else :class:`ServeError` (naming its log)."""
     host, port = env["PREFECT_SERVER_API_HOST"], int(env["PREFECT_SERVER_API_PORT"])
     if port_in_use(host, port):
         raise ServeError(
