@@ -1,22 +1,7 @@
 """The Prefect API a command-line flow run reports to, settled before the flow starts.
 
-:func:`prefect_api` is entered by every command line that runs a flow (the stage CLIs through
-:func:`flows._cli.run_stage`, ``python -m flows.pipeline``):
-
-- ``PREFECT_API_URL`` set (environment or Prefect profile): a pre-flight ``<url>/health`` check with a
-  few bounded attempts (about 10 s in all). A URL that does not answer is a :class:`PrefectApiUnreachable`
-  naming the URL and what to do, instead of minutes of the Prefect client's silent retries. The check
-  sends what Prefect's own client sends (``PREFECT_API_AUTH_STRING`` as basic auth, else
-  ``PREFECT_API_KEY`` as a bearer token, credentials in the URL, the TLS settings), so a server behind an
-  authenticating proxy passes it; credentials it refuses (401/403) are named as such. No message shows
-  a password, an auth string or a key.
-- else the server of ``make serve`` when one serves this repository (``.prefect/serve.lock``);
-- else a temporary local server, started here **in its own session** (process group), so that a Ctrl-C in
-  the terminal (SIGINT to the foreground process group) reaches the stage but not the server: the flow
-  run can still be marked Crashed and the process exits at once with 130, instead of retrying a dead API
-  for minutes. It is Prefect's own temporary server (``SubprocessASGIServer``: uvicorn on a free loopback
-  port, no UI), stopped when the block ends; on Linux it also gets SIGTERM when this process dies (even by
-  SIGKILL), so it never outlives the run.
+``PREFECT_API_URL`` (checked: one that does not answer fails within seconds), else the server of
+``make serve``, else a temporary local server in its own session. docs/reliability.md has the behaviour.
 """
 
 from __future__ import annotations
@@ -36,17 +21,13 @@ from typing import Any
 
 from flows._served import free_port, served_api_url
 
-HEALTH_ATTEMPTS = 3
-HEALTH_TIMEOUT_S = 3.0
-HEALTH_PAUSE_S = 1.0
 ADVICE = (
     "Start the server (`make serve`), fix PREFECT_API_URL, or unset it to report to a temporary local server."
 )
 
 
 class PrefectApiUnreachable(RuntimeError):
-    """``PREFECT_API_URL`` does not answer, or refuses the credentials; the message names the URL (its
-    password masked) and what to do."""
+    """``PREFECT_API_URL`` does not answer or refuses the credentials; the message masks the password."""
 
 
 def mask_url(url: str) -> str:
@@ -80,11 +61,8 @@ def _masked(text: str, secrets: list[str]) -> str:
 
 
 def _client_settings() -> dict[str, Any]:
-    """Headers and TLS verification as Prefect's client builds them (``PrefectClient.__init__``).
-
-    ``PREFECT_API_AUTH_STRING`` wins over ``PREFECT_API_KEY``, as there. Credentials in the URL need
-    nothing here: httpx sends them as basic auth, for this probe as for Prefect's client.
-    """
+    """Headers and TLS verification as ``PrefectClient.__init__`` builds them (the auth string wins over
+    the key; httpx sends credentials in the URL as basic auth by itself)."""
     from prefect.settings import (
         PREFECT_API_AUTH_STRING,
         PREFECT_API_KEY,
@@ -122,14 +100,13 @@ def _health(url: str, timeout_s: float) -> tuple[str | None, int | None]:
 def check_api(
     url: str,
     *,
-    attempts: int = HEALTH_ATTEMPTS,
-    timeout_s: float = HEALTH_TIMEOUT_S,
-    pause_s: float = HEALTH_PAUSE_S,
+    attempts: int = 3,
+    timeout_s: float = 3.0,
+    pause_s: float = 1.0,
     advice: str = ADVICE,
 ) -> None:
-    """Raise :class:`PrefectApiUnreachable` unless ``<url>/health`` answers within ``attempts`` tries;
-    its message ends with ``advice`` (what to do). Refused credentials (HTTP 401/403) fail at once: a
-    retry would send the same ones."""
+    """Raise :class:`PrefectApiUnreachable` ending with ``advice`` unless ``<url>/health`` answers within
+    ``attempts`` tries; refused credentials (HTTP 401/403) fail at once."""
     started = time.monotonic()
     secrets = _secrets(url)
     shown = _masked(mask_url(url), secrets)
@@ -171,24 +148,11 @@ def _temporary_server_class() -> type:
         def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
             import prefect
 
+            command = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent)]
+            command += ["--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"]
+            command += ["--port", str(self.port), "--log-level", "error", "--lifespan", "on"]
             return subprocess.Popen(
-                args=[
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "--app-dir",
-                    str(prefect.__module_path__.parent),
-                    "--factory",
-                    "prefect.server.api.server:create_app",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                    "--log-level",
-                    "error",
-                    "--lifespan",
-                    "on",
-                ],
+                args=command,
                 env={
                     **os.environ,
                     "PREFECT_UI_ENABLED": "0",
@@ -206,11 +170,7 @@ def _temporary_server_class() -> type:
 
 @contextlib.contextmanager
 def prefect_api(home: Path | None = None, *, announce: bool = True) -> Iterator[str | None]:
-    """Settle the Prefect API for the flow runs of this block; yields its URL (``None``: Prefect decides).
-
-    Raises:
-        PrefectApiUnreachable: ``PREFECT_API_URL`` is set and does not answer.
-    """
+    """Settle the Prefect API for the flow runs of this block; yields its URL (``None``: Prefect decides)."""
     from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     if url := PREFECT_API_URL.value():
@@ -220,9 +180,6 @@ def prefect_api(home: Path | None = None, *, announce: bool = True) -> Iterator[
     if not get_current_settings().server.ephemeral.enabled:  # Prefect gives its own error
         yield None
         return
-    from bert_core.constants import REPO_ROOT
-
-    home = home or Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")
     server = None
     if url := served_api_url(home):
         if announce:
@@ -247,11 +204,8 @@ def prefect_api(home: Path | None = None, *, announce: bool = True) -> Iterator[
 
 
 def _drain_workers(timeout_s: float = 5.0) -> None:
-    for module, name in (
-        ("prefect.logging.handlers", "APILogWorker"),
-        ("prefect.events.worker", "EventsWorker"),
-    ):
-        with contextlib.suppress(Exception):
-            worker = getattr(sys.modules[module], name) if module in sys.modules else None
-            if worker is not None:
-                worker.drain_all(timeout=timeout_s, at_exit=False)
+    for worker in ("prefect.logging.handlers.APILogWorker", "prefect.events.worker.EventsWorker"):
+        module, _, name = worker.rpartition(".")
+        if module in sys.modules:
+            with contextlib.suppress(Exception):
+                getattr(sys.modules[module], name).drain_all(timeout=timeout_s, at_exit=False)

@@ -1,8 +1,4 @@
-"""Which Prefect server serves this repository: the ``flows.serve`` lock file and the health check.
-
-Shared by :mod:`flows.serve` (which holds the lock while it serves) and :mod:`flows.pipeline` (whose
-command line reports to that server when one is running), so neither imports the other's module.
-"""
+"""Which Prefect server serves this repository: the ``flows.serve`` lock file and the health check."""
 
 from __future__ import annotations
 
@@ -15,9 +11,16 @@ from pathlib import Path
 import httpx
 from filelock import FileLock, Timeout
 
+from bert_core.constants import REPO_ROOT
+
 
 class ServeError(RuntimeError):
     """The server could not be started or reached; the message says what to do."""
+
+
+def prefect_home() -> Path:
+    """``$PREFECT_HOME``, else the repository's ``.prefect`` (where ``make serve`` keeps its server)."""
+    return Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -28,7 +31,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def is_healthy(url: str, timeout: float = 2.0) -> bool:
-    """``True`` when a Prefect API answers ``/health`` at ``url``."""
+    """``True`` when ``<url>/health`` answers 200 (a Prefect API, or an MLflow server's root)."""
     try:
         return httpx.get(f"{url}/health", timeout=timeout).status_code == 200
     except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError):
@@ -37,10 +40,9 @@ def is_healthy(url: str, timeout: float = 2.0) -> bool:
 
 @contextlib.contextmanager
 def serve_lock(home: Path, api: str):
-    """One ``flows.serve`` per repository: a second runner would run a second flow at the same time.
+    """One ``flows.serve`` per repository (a second runner would defeat ``limit=1``).
 
-    The lock is :class:`filelock.FileLock`, an ``flock`` on Unix (released by the kernel when the holder
-    dies); the file names the holder and its API URL for :func:`served_api_url`.
+    An ``flock`` (released by the kernel when the holder dies); the file names the holder and its API URL.
     """
     home.mkdir(parents=True, exist_ok=True)
     path = home / "serve.lock"
@@ -61,9 +63,9 @@ def serve_lock(home: Path, api: str):
         lock.release()
 
 
-def served_api_url(home: Path) -> str | None:
+def served_api_url(home: Path | None = None) -> str | None:
     """The API URL of the ``flows.serve`` now serving the repository whose PREFECT_HOME is ``home``, if any."""
-    path = home / "serve.lock"
+    path = (home or prefect_home()) / "serve.lock"
     if not path.is_file():
         return None
     # A shared ``flock`` probe, which filelock does not offer (its read-write lock is a SQLite file, not

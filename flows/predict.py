@@ -1,30 +1,6 @@
 """Batch prediction with a registered model over a JSON Lines file: ``python -m flows.predict``.
 
-::
-
-    python -m flows.predict --model models:/bert-sst2@champion --input in.jsonl --output out.jsonl
-    python -m flows.predict --model models/finetuned/sst2 --input in.jsonl --output out.jsonl
-
-``--model`` takes any model the pipeline produced: a registry URI (``models:/<name>@<alias>``,
-``models:/<name>/<version>``, ``runs:/<run>/model``), an MLflow Model directory, or a stage's Hugging Face
-model directory (``models/finetuned/<task>``, ``models/pretrained``), whose task is read from the directory
-itself (its ``task.json``, else its model card) and which predicts exactly what its registered version
-predicts (:mod:`bert_core.serving.local`). Works with any MLflow pyfunc model (every task kind): each input line is a JSON object with the model's
-input fields (its signature: ``text`` [+ ``text_pair``] for a classifier, ``question`` + ``context`` for
-SQuAD ...) and optionally an ``id``; each output line holds that id and the prediction, in input order.
-The model is loaded only as a model from code (a URI is downloaded first and its ``MLmodel`` checked; a
-pickled model is refused: :mod:`bert_core.serving.trusted`). Every row is checked before the first
-prediction, as the model itself would check it (a bad row: ``<input>:<line>: field '<name>': ...``, the
-line 1-based), the input is streamed in chunks, progress (rows, rows/s, ETA) is logged, and the output appears whole or not at
-all (:mod:`bert_core.serving.batch`). Relative paths are relative to the current directory (to the
-repository in the Prefect deployment ``predict/local``, which ``make serve`` serves with a run form).
-
-From the command line the run is a Prefect flow run when a Prefect server is there to show it
-(``PREFECT_API_URL`` set, or ``make serve`` running for this repository), else it runs directly; pass
-``--no-prefect`` to always run directly.
-
-Exit codes: 0 done; 1 error (one line on stderr: ``predict failed: <Type>: <message>``); 130 / 143 when
-stopped by SIGINT / SIGTERM (no output is left behind).
+Models, file formats, Prefect and exit codes: docs/serving.md ("Batch prediction").
 """
 
 from __future__ import annotations
@@ -41,16 +17,12 @@ from typing import Annotated, Any
 from prefect import flow
 from pydantic import Field
 
-from bert_core.constants import REPO_ROOT
 from bert_core.serving.batch import DEFAULT_BATCH_SIZE, DEFAULT_ID_FIELD, predict_file
 from flows._cli import failure_line, install_signal_handlers, restore_signal_handlers, signal_of
 from flows._stage import in_repo, library_logs
 
-FLOW_NAME = "predict"
-log = logging.getLogger("bert_core.flows.predict")
 
-
-@flow(name=FLOW_NAME, log_prints=True, retries=0, validate_parameters=True)
+@flow(name="predict", log_prints=True, retries=0, validate_parameters=True)
 def predict_flow(
     input_path: str,
     output_path: str,
@@ -101,7 +73,7 @@ def _prefect_settings(no_prefect: bool) -> contextlib.AbstractContextManager[Any
         return contextlib.nullcontext()
     from flows._served import served_api_url
 
-    url = served_api_url(Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect"))
+    url = served_api_url()
     if not url:
         return None
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -124,12 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id-field", default=DEFAULT_ID_FIELD, help="input field copied to each output row")
     parser.add_argument("--no-prefect", action="store_true", help="run directly, not as a Prefect flow run")
     args = parser.parse_args(argv)
+    model = Path(args.model).expanduser()
     kwargs = {
         "input_path": str(Path(args.input).expanduser().resolve()),
         "output_path": str(Path(args.output).expanduser().resolve()),
-        "model": str(Path(args.model).expanduser().resolve())
-        if Path(args.model).expanduser().is_dir()
-        else args.model,
+        "model": str(model.resolve()) if model.is_dir() else args.model,
         "batch_size": args.batch_size,
         "id_field": args.id_field,
     }

@@ -1,26 +1,6 @@
-"""Serve the pipeline and its stages from a local Prefect server: ``make serve``.
+"""Serve the pipeline, each stage and batch prediction from a local Prefect server: ``make serve``.
 
-Starts ``prefect server start`` on 127.0.0.1 (port 4200; SQLite database under ``.prefect/`` in the
-repository) unless a Prefect server already answers there, then serves these deployments in this process
-(``prefect.serve(..., limit=1)``: one flow run at a time, further runs wait in the queue):
-
-* ``bert-pipeline/local``: the whole pipeline through DVC (:mod:`flows.pipeline`);
-* ``<stage>/local`` for each stage of the stage table (:mod:`flows.stages`; what ``dvc.yaml`` runs as
-  ``python -m flows.<stage>``): the stage on its own, outside DVC (DVC reruns it on the next
-  ``dvc repro`` if its outputs changed). To run one stage *through* DVC, run ``bert-pipeline/local``
-  with ``targets: [<stage>]``;
-* ``predict/local``: batch prediction of a JSON Lines file with a registered model (:mod:`flows.predict`).
-
-Their typed parameters are the UI's run form ("Run" -> "Custom run"). Stop with Ctrl-C or SIGTERM (exit
-130 / 143), to this process or to its whole process group (a terminal, systemd): the runner pauses the
-deployments, then the server this command started stops. That server runs in its own session, so a
-signal to the group reaches this process only and the pausing talks to a live server; it still gets
-SIGTERM if this process dies. The pausing is bounded (:data:`PAUSE_TIMEOUT_S`) and skipped when the
-server is already gone (one the user started and stopped), instead of the Prefect client's minute of
-retries. Only one ``flows.serve`` may serve a repository at a time (a second runner would defeat
-``limit=1``).
-
-    python -m flows.serve [--host 127.0.0.1] [--port 4200] [--home .prefect]
+What it serves, and how it starts and stops: docs/work-pools.md ("One machine") and docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -38,11 +18,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bert_core.constants import REPO_ROOT
 from flows import TELEMETRY_OFF, stages
-from flows._cli import RECEIVED, install_signal_handlers, raise_interrupted
+from flows._cli import RECEIVED, configure_logging, install_signal_handlers, raise_interrupted
 from flows._prefect_api import set_parent_death_signal
-from flows._served import ServeError, is_healthy, serve_lock
+from flows._served import ServeError, is_healthy, prefect_home, serve_lock
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
@@ -76,12 +55,7 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def start_server(env: dict[str, str], log_path: Path, *, timeout_s: float = 180.0) -> subprocess.Popen[bytes]:
-    """Start ``prefect server start`` and wait until it is healthy.
-
-    Raises:
-        ServeError: the port is taken by something else, or the server did not become healthy in time
-            (its log file is named).
-    """
+    """Start ``prefect server start`` and wait until it is healthy, else :class:`ServeError` (naming its log)."""
     host, port = env["PREFECT_SERVER_API_HOST"], int(env["PREFECT_SERVER_API_PORT"])
     if port_in_use(host, port):
         raise ServeError(
@@ -89,19 +63,9 @@ def start_server(env: dict[str, str], log_path: Path, *, timeout_s: float = 180.
         )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     logfile = open(log_path, "ab")  # noqa: SIM115 - the child keeps writing to it
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prefect",
-            "server",
-            "start",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--analytics-off",
-        ],
+        [*command, "--analytics-off"],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=logfile,
@@ -134,14 +98,9 @@ def stop_process(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> None:
         proc.wait(timeout=10)
 
 
-def stage_modules() -> list[str]:
-    """The ``flows.<stage>`` modules of the stage table (what ``dvc.yaml`` runs), in pipeline order."""
-    return [stage.module_name for stage in stages.STAGES]
-
-
 def stage_flows(table: Iterable[stages.Stage] = stages.STAGES) -> list[Any]:
-    """The Prefect flows of the stage table (``Stage.flow``: a flow, or a function that builds one). A stage
-    whose module fails to import or whose ``flow`` is not a Prefect flow is skipped with a warning."""
+    """The Prefect flows of the stage table (``Stage.flow``: a flow, or a function that builds one); a stage
+    whose flow fails to import or build, or is no Prefect flow, is skipped with a warning."""
     from prefect import Flow
 
     found = []
@@ -149,15 +108,10 @@ def stage_flows(table: Iterable[stages.Stage] = stages.STAGES) -> list[Any]:
         try:
             obj = stages.resolve(stage.flow)
             built = obj if isinstance(obj, Flow) or not callable(obj) else obj()
+            if not isinstance(built, Flow):
+                raise TypeError(f"{built!r} is not a Prefect flow (nor a function returning one)")
         except Exception as err:
             log.warning("not serving %s: %s failed (%s: %s)", stage.name, stage.flow, type(err).__name__, err)
-            continue
-        if not isinstance(built, Flow):
-            log.warning(
-                "not serving %s: %s is not a Prefect flow (nor a function returning one)",
-                stage.name,
-                stage.flow,
-            )
             continue
         found.append(built)
     return found
@@ -170,42 +124,27 @@ EXTRA_FLOWS = (
 
 
 def build_deployments() -> list[Any]:
-    """The pipeline deployment first, then one per stage flow, then :data:`EXTRA_FLOWS` (module
-    entrypoints, so any cwd works)."""
+    """The pipeline's deployment, one per stage flow, then :data:`EXTRA_FLOWS` (module entrypoints: any cwd)."""
     from prefect.deployments.runner import EntrypointType
 
     from flows.pipeline import pipeline_flow
 
-    deployments = [
-        pipeline_flow.to_deployment(
+    pipeline = "The whole pipeline through DVC (dvc exp run): what reruns is DVC's decision."
+    served = [(pipeline_flow, pipeline, ["bert", "pipeline"])]
+    for flow in stage_flows():
+        through_dvc = f"run bert-pipeline/{DEPLOYMENT_NAME} with targets=[{flow.name!r}]"
+        outside = f"Stage flow {flow.name} on its own, outside DVC. To run it through DVC, {through_dvc}."
+        served.append((flow, outside, ["bert", "stage"]))
+    served += [(stages.resolve(path), description, ["bert"]) for path, description in EXTRA_FLOWS]
+    return [
+        flow.to_deployment(
             name=DEPLOYMENT_NAME,
-            description="The whole pipeline through DVC (dvc exp run): what reruns is DVC's decision.",
-            tags=["bert", "pipeline"],
+            description=description,
+            tags=tags,
             entrypoint_type=EntrypointType.MODULE_PATH,
         )
+        for flow, description, tags in served
     ]
-    for stage_flow in stage_flows():
-        deployments.append(
-            stage_flow.to_deployment(
-                name=DEPLOYMENT_NAME,
-                description=(
-                    f"Stage flow {stage_flow.name} on its own, outside DVC. To run it through DVC, run "
-                    f"bert-pipeline/{DEPLOYMENT_NAME} with targets=[{stage_flow.name!r}]."
-                ),
-                tags=["bert", "stage"],
-                entrypoint_type=EntrypointType.MODULE_PATH,
-            )
-        )
-    for path, description in EXTRA_FLOWS:
-        deployments.append(
-            stages.resolve(path).to_deployment(
-                name=DEPLOYMENT_NAME,
-                description=description,
-                tags=["bert"],
-                entrypoint_type=EntrypointType.MODULE_PATH,
-            )
-        )
-    return deployments
 
 
 def bounded_pause(pause: Any, api: str, timeout_s: float = PAUSE_TIMEOUT_S) -> Any:
@@ -232,9 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         "--home", type=Path, default=None, help="PREFECT_HOME (default: $PREFECT_HOME or .prefect)"
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)-7s | %(name)s - %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    home = (args.home or Path(os.environ.get("PREFECT_HOME") or REPO_ROOT / ".prefect")).resolve()
+    configure_logging()  # the stages' console format
+    home = (args.home or prefect_home()).resolve()
     env = prefect_env(home, args.host, args.port)
     os.environ.update(env)  # before Prefect is imported: its settings come from the environment
     # The stage runner's handlers: a SIGINT that the parent left ignored (`make serve &`) still stops it.

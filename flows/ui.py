@@ -1,79 +1,49 @@
-"""``make ui``: the MLflow UI over the pipeline's tracking store, opened on the runs tables.
+"""``make ui``: the MLflow UI over the pipeline's tracking store, with links that open its runs tables.
 
-MLflow 3.17's UI picks between its GenAI and Model-training views with one global switch (the
-``workflowType`` URL parameter, else the browser's last choice, GenAI by default) and does not read the
-``mlflow.experimentKind`` tag the pipeline sets on its experiments. So this command starts ``mlflow ui``,
-waits until it answers, and prints the links that open the experiment list and each pipeline experiment
-on its runs table in the Model-training view (:func:`bert_core.tracking.ui.experiment_url`); once opened
-that way the browser keeps the choice. The fine-tuning experiment's link opens a saved view that this
-command writes into the experiment first (:func:`bert_core.tracking.ui.save_runs_view`): one row per task
-run with its trials collapsed under it, the headline metric ``dev.main`` in the first column. MLflow keeps
-no default columns per experiment and drops the nesting under any sort but start time, so neither the URL
-alone nor a sort by ``dev.main`` can show that (docs/model-cards.md).
-
-Usage::
-
-    python -m flows.ui [--backend-store-uri URI] [--host 127.0.0.1] [--port 5000] [--workers 1]
-
-Ctrl-C (or SIGTERM) stops the UI; the exit status is the UI server's (130 / 143 after a signal).
+Why links, and the saved view of the fine-tuning runs: docs/model-cards.md. Ctrl-C or SIGTERM stops the
+UI; the exit status is the UI server's (130 / 143 after a signal).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-import httpx
-
-from bert_core.constants import REPO_ROOT
-
-if TYPE_CHECKING:
-    from bert_core.tracking.ui import RunsView
+from flows._served import is_healthy
 
 #: How long the UI server may take to answer ``/health`` (seconds; its first start migrates the store).
 START_TIMEOUT_S = 180.0
-
-
-def default_store() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
+#: After Ctrl-C / SIGTERM, how long the UI server may take to shut down before it is killed (seconds).
+STOP_TIMEOUT_S = 10.0
 
 
 class Listed(NamedTuple):
-    """A pipeline experiment as ``make ui`` links it."""
+    """A pipeline experiment and the saved runs-table view its link opens (``None``: MLflow's default)."""
 
     name: str
     experiment_id: str
-    #: The id of the saved runs-table view its link opens (``None``: MLflow's default table).
     view: str | None = None
 
 
-def runs_view(name: str) -> RunsView | None:
-    """The saved runs-table view of the pipeline experiment called ``name`` (``None``: the default table)."""
-    from bert_core.tracking import FINETUNE_EXPERIMENT
-    from bert_core.tracking.ui import TASK_RUNS_VIEW
-
-    return TASK_RUNS_VIEW if name == FINETUNE_EXPERIMENT else None
-
-
 def pipeline_experiments(store: str) -> list[Listed]:
-    """The store's experiments that the pipeline made (tagged model-training), by name, each with its saved
-    runs-table view, written into the experiment now (:func:`bert_core.tracking.ui.save_runs_view`)."""
+    """The store's experiments that the pipeline made (tagged model-training), by name; the fine-tuning
+    experiment's saved view is written into it now (:func:`bert_core.tracking.ui.save_runs_view`)."""
     from mlflow import MlflowClient
 
+    from bert_core.tracking import FINETUNE_EXPERIMENT
     from bert_core.tracking.run import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
-    from bert_core.tracking.ui import save_runs_view
+    from bert_core.tracking.ui import TASK_RUNS_VIEW, save_runs_view
 
     client = MlflowClient(tracking_uri=store)
     found = client.search_experiments(filter_string=f"tags.`{EXPERIMENT_KIND_TAG}` = '{EXPERIMENT_KIND}'")
     listed = []
     for experiment in sorted(found, key=lambda e: e.name):
-        view = runs_view(experiment.name)
+        view = TASK_RUNS_VIEW if experiment.name == FINETUNE_EXPERIMENT else None
         saved = view.view_id if view is not None and save_runs_view(client, experiment, view) else None
         listed.append(Listed(experiment.name, experiment.experiment_id, saved))
     return listed
@@ -98,17 +68,6 @@ def _lines(url: str, store: str) -> list[str]:
         return [f"MLflow UI: {url} (could not list the experiments: {type(err).__name__}: {err})"]
 
 
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=5).status_code == 200
-    except (httpx.HTTPError, OSError):
-        return False
-
-
-#: After Ctrl-C / SIGTERM, how long the UI server may take to shut down before it is killed (seconds).
-STOP_TIMEOUT_S = 10.0
-
-
 def _wait(proc: subprocess.Popen[bytes], stopped: list[int]) -> int:
     """The server's exit status; once a signal was forwarded, it is killed if still up after a grace period."""
     while True:
@@ -121,6 +80,8 @@ def _wait(proc: subprocess.Popen[bytes], stopped: list[int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bert_core.tracking.run import tracking_uri
+
     parser = argparse.ArgumentParser(prog="python -m flows.ui", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--backend-store-uri", default=None, help="default: $MLFLOW_TRACKING_URI or ./mlflow.db"
@@ -129,22 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--workers", type=int, default=1, help="UI server processes (default 1: one user)")
     args = parser.parse_args(argv)
-    store = args.backend_store_uri or default_store()
-    cmd = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "ui",
-        "--backend-store-uri",
-        store,
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-        "--workers",
-        str(args.workers),
-    ]
-    proc = subprocess.Popen(cmd)
+    store = args.backend_store_uri or tracking_uri()
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store, "--host", args.host]
+    proc = subprocess.Popen([*cmd, "--port", str(args.port), "--workers", str(args.workers)])
     stopped: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
@@ -160,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=lambda: listed.append(_lines(url, store)), daemon=True).start()
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not stopped and proc.poll() is None and not (listed and _answers(url)):
+        while not stopped and proc.poll() is None and not (listed and is_healthy(url, timeout=5)):
             if time.monotonic() > deadline:
                 print(
                     f"ui: mlflow ui did not answer on {url} within {START_TIMEOUT_S:.0f} s", file=sys.stderr

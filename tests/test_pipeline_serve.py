@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from bert_core.constants import REPO_ROOT
 from flows import _served, serve, stages
 
 
@@ -15,7 +16,7 @@ def test_deployments_cover_the_pipeline_and_every_stage_flow():
     deployments = serve.build_deployments()
     names = [f"{d.flow_name}/{d.name}" for d in deployments]
     assert names[0] == "bert-pipeline/local"
-    stage_modules = serve.stage_modules()
+    stage_modules = [s.module_name for s in stages.STAGES]
     assert {"corpus", "vocab"} <= set(stage_modules)
     served_modules = {d.entrypoint.rsplit(".", 1)[0] for d in deployments[1:]}
     unserved = sorted(f"flows.{m}" for m in stage_modules if f"flows.{m}" not in served_modules)
@@ -29,9 +30,13 @@ def test_deployments_cover_the_pipeline_and_every_stage_flow():
     assert {"profile", "preset", "tasks", "pretrain_steps", "learning_rates", "seeds"} <= set(form)
 
 
-def test_stage_modules_come_from_the_stage_table():
-    assert serve.stage_modules() == ["corpus", "vocab", "pretrain_data", "pretrain", "finetune", "evaluate"]
-    assert serve.stage_modules() == [s.module_name for s in stages.STAGES]
+def test_the_stage_flows_are_served_in_pipeline_order():
+    order = ["corpus", "vocab", "pretrain_data", "pretrain", "finetune", "evaluate"]
+    assert [s.module_name for s in stages.STAGES] == order
+    flows = serve.stage_flows()
+    assert len(flows) == len(order)
+    names = [d.flow_name for d in serve.build_deployments()]
+    assert names == ["bert-pipeline", *(f.name for f in flows), "predict"]
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
@@ -68,10 +73,10 @@ def test_one_serve_per_repository_and_cli_runs_find_it(tmp_path, health_server):
 def test_a_port_taken_by_something_else_is_refused(health_server):
     port = int(health_server.rsplit(":", 1)[1].split("/")[0])
     assert serve.is_healthy(health_server) and serve.port_in_use("127.0.0.1", port)
-    env = serve.prefect_env(serve.REPO_ROOT / ".prefect", "127.0.0.1", port, base={})
+    env = serve.prefect_env(REPO_ROOT / ".prefect", "127.0.0.1", port, base={})
     assert env["PREFECT_API_URL"] == health_server and env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
     with pytest.raises(serve.ServeError, match="in use"):
-        serve.start_server(env, serve.REPO_ROOT / ".prefect" / "never.log", timeout_s=1)
+        serve.start_server(env, REPO_ROOT / ".prefect" / "never.log", timeout_s=1)
 
 
 def _lazy_fn(x: int = 1) -> int:

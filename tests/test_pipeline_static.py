@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from bert_core.constants import REPO_ROOT
-from flows import _dvc, overrides, pipeline, profiles, serve
+from flows import _dvc, overrides, pipeline, profiles
+from flows.stages import STAGES
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_every_stage_command_resolves(stages):
 
 
 def test_every_stage_is_served(stages):
-    modules = set(serve.stage_modules())
+    modules = {s.module_name for s in STAGES}
     used = {m for s in stages for m in re.findall(r"-m\s+flows\.(\w+)", s.cmd)}
     assert used == modules
 

@@ -1,9 +1,5 @@
 """Command line of the named profiles (:mod:`flows.profiles`): ``python -m flows.profiles``.
 
-    python -m flows.profiles list
-    python -m flows.profiles show|args|apply NAME [-S FILE:KEY=VALUE ...]
-    python -m flows.profiles check
-
 Exit codes: 0 ok, 1 ``check`` found problems, 2 a wrong profile or override (message on stderr).
 """
 
