@@ -42,6 +42,9 @@ def _isolated_tracking(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # set_experiment exports it for subprocesses
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
+    # A SQLite store's artifacts default to ./mlruns of the working directory, the repository's own: beside
+    # the test's store instead (MLflow's variable for a server's artifact root; unset, tests would only leak).
+    monkeypatch.setenv("_MLFLOW_SERVER_ARTIFACT_ROOT", str(store / "mlruns"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("DO_NOT_TRACK", "true")
