@@ -205,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         pass
+    except Exception:
+        if not RECEIVED:
+            raise
+        # the signal arrived while a library ran and came out as its own error (pydantic, importing fastapi)
     finally:
         if server is not None:
             log.info("stopping the Prefect server this command started")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import signal
 import sys
 import threading
 
@@ -99,3 +100,21 @@ def test_a_module_that_builds_its_flow_lazily_is_served(monkeypatch):
     assert serve.stage_flows(table) == []  # skipped with a warning
     missing = dataclasses.replace(table[0], flow="flows.no_such_module:flow")
     assert serve.stage_flows([missing]) == []
+
+
+def test_a_signal_a_library_turned_into_its_own_error_still_stops_serve_as_interrupted(monkeypatch, tmp_path):
+    for key, value in serve.prefect_env(tmp_path, "127.0.0.1", 4299).items():
+        monkeypatch.setenv(key, value)  # what main exports, restored after the test
+    received: list[int] = []
+    monkeypatch.setattr(serve, "RECEIVED", received)
+    monkeypatch.setattr(serve, "install_signal_handlers", lambda: None)
+    monkeypatch.setattr(serve, "is_healthy", lambda url: True)  # a server runs already: none is started
+
+    def build_deployments():  # a library was importing when SIGTERM arrived, and raised its own error
+        raise ValueError("schema error")
+
+    monkeypatch.setattr(serve, "build_deployments", build_deployments)
+    with pytest.raises(ValueError, match="schema error"):  # no signal: the error is the error
+        serve.main(["--home", str(tmp_path), "--port", "4299"])
+    received.append(signal.SIGTERM)
+    assert serve.main(["--home", str(tmp_path), "--port", "4299"]) == 128 + signal.SIGTERM
