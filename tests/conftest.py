@@ -27,6 +27,16 @@ def shared_data() -> Path:
     return root
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _artifacts_outside_the_repository(tmp_path_factory):
+    """A SQLite store's artifacts default to ``./mlruns`` of the working directory, the repository's own; the
+    tests' stores (module fixtures' too) keep theirs in a temporary folder instead, through MLflow's variable
+    for a server's artifact root (were it renamed, tests would only leak again)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("_MLFLOW_SERVER_ARTIFACT_ROOT", str(tmp_path_factory.mktemp("mlruns")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_tracking(tmp_path_factory, monkeypatch):
     """Every test gets its own MLflow store; nothing touches the repo's mlflow.db."""
@@ -42,9 +52,6 @@ def _isolated_tracking(tmp_path_factory, monkeypatch):
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # set_experiment exports it for subprocesses
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}/mlflow.db")
-    # A SQLite store's artifacts default to ./mlruns of the working directory, the repository's own: beside
-    # the test's store instead (MLflow's variable for a server's artifact root; unset, tests would only leak).
-    monkeypatch.setenv("_MLFLOW_SERVER_ARTIFACT_ROOT", str(store / "mlruns"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("DO_NOT_TRACK", "true")
