@@ -63,9 +63,9 @@ def start_server(env: dict[str, str], log_path: Path, *, timeout_s: float = 180.
         )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     logfile = open(log_path, "ab")  # noqa: SIM115 - the child keeps writing to it
-    command = [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
+    command = [sys.executable, "-m", "prefect", "server", "start", "--analytics-off"]
     proc = subprocess.Popen(
-        [*command, "--analytics-off"],
+        [*command, "--host", host, "--port", str(port)],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=logfile,

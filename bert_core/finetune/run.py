@@ -33,6 +33,7 @@ from bert_core.finetune.params import FinetuneParams, TaskSettings
 from bert_core.finetune.reference import run_reference_trials
 from bert_core.finetune.results import FinetuneResult, TrialResult
 from bert_core.finetune.trial import (
+    SplitData,
     TrialData,
     TrialOutcome,
     TrialTracker,
@@ -40,7 +41,7 @@ from bert_core.finetune.trial import (
     no_tracking,
     run_trial,
 )
-from bert_core.kinds import get_kind, max_seq_length
+from bert_core.kinds import SplitScore, get_kind, max_seq_length
 from bert_core.kinds.task_json import serving_task
 from bert_core.released import check_checkpoint
 from bert_core.tasks import TaskSpec
@@ -266,31 +267,28 @@ def _write_outputs(
         spec, spec.dev_splits[0], data.dev[spec.dev_splits[0]].rows, selected.dev_score, tmp_out
     )
     details = {spec.dev_splits[0]: selected.dev_score.details}
-    for split in spec.dev_splits[1:]:
-        d = data.dev[split]
+
+    def predicted(split: str, d: SplitData) -> SplitScore:
+        """The selected model's score on one more split, its prediction files written."""
+        label = f"{spec.name} {split} predict"
         outputs = predict(
             model,
             d.features,
             batch_size=settings.eval_batch_size,
             device=device,
             precision=params.precision,
-            label=f"{spec.name} {split} predict",
+            label=label,
         )
         score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
+        paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
+        return score
+
+    for split in spec.dev_splits[1:]:
+        score = predicted(split, data.dev[split])
         result.selected.other_splits[split] = dict(score.metrics)
         details[split] = score.details
-        paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
     for split, d in data.test.items():
-        outputs = predict(
-            model,
-            d.features,
-            batch_size=settings.eval_batch_size,
-            device=device,
-            precision=params.precision,
-            label=f"{spec.name} {split} predict",
-        )
-        score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
-        paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
+        predicted(split, d)
     rel = {k: str(Path(out_dir) / Path(v).relative_to(tmp_out)) for k, v in paths.items()}
     result.outputs = {"model": str(model_out), **rel}
     summary = result.to_json()

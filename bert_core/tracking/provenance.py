@@ -73,21 +73,22 @@ def dvc_lineage(lock_path: str | os.PathLike[str], stages: Sequence[str]) -> dic
         entry = entries.get(stage)
         if not isinstance(entry, Mapping):
             continue
-
-        def hashes(items: Any) -> dict[str, str]:
-            return {
-                str(i.get("path")): str(i.get("md5") or i.get("hash") or i.get("etag") or "")
-                for i in (items or [])
-                if isinstance(i, Mapping)
-            }
-
         out[stage] = {
             "cmd": entry.get("cmd"),
-            "deps": hashes(entry.get("deps")),
-            "outs": hashes(entry.get("outs")),
+            "deps": _hashes(entry.get("deps")),
+            "outs": _hashes(entry.get("outs")),
             "params": entry.get("params") or {},
         }
     return out
+
+
+def _hashes(items: Any) -> dict[str, str]:
+    """``{path: hash}`` of a ``dvc.lock`` deps or outs list."""
+    return {
+        str(i.get("path")): str(i.get("md5") or i.get("hash") or i.get("etag") or "")
+        for i in (items or [])
+        if isinstance(i, Mapping)
+    }
 
 
 def under_dvc() -> str | None:

@@ -4,7 +4,7 @@ A static walk from the stage's flow module over its import statements (inside fu
 ones; a package ``__init__``'s lazy ``__getattr__`` exports) collects every file of ``bert_core/`` and
 ``flows/`` the stage can execute; ``if __name__ == "__main__":`` code counts only in the flow module. A
 package directory replaces its files only when every one is imported. ``sync-deps`` rewrites each
-``deps:`` block of ``dvc.yaml`` textually, keeping its comments and layout.
+``deps:`` list of ``dvc.yaml`` through DVC's round-trip YAML, keeping its comments and layout.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class DepsError(ValueError):
 def rewrite(text: str, deps: dict[str, list[str]]) -> str:
     """``dvc.yaml`` text with the ``deps:`` list of each stage in ``deps`` replaced, through DVC's own
     round-trip YAML (what ``dvc stage add`` writes: comments and layout kept)."""
-    from dvc.utils.serialize._yaml import dumps_yaml, parse_yaml_for_update
+    from dvc.utils.serialize import dumps_yaml, parse_yaml_for_update
 
     data = parse_yaml_for_update(text, "dvc.yaml")
     missing = []
