@@ -263,10 +263,13 @@ def unpack_minilm(out: str | Path = MINILM_DIR, *, zip_path: str | Path | None =
     return out
 
 
-def resolve_checkpoint(source: str, download_dir: str | Path, *, key: str = "finetune.model.source") -> Any:
+def resolve_checkpoint(
+    source: str, download_dir: str | Path, *, key: str = "finetune.model.source", provenance: bool = True
+) -> Any:
     """A starting checkpoint on local disk with its provenance (``.path``, ``.info``): a local directory, a
     registry URI (:func:`bert_core.tracking.resolve_model_source`) or a Hub id (downloaded into
     ``download_dir``; offline it fails in seconds). Errors name ``key`` (the params key that gave ``source``).
+    ``provenance=False`` skips hashing the weights and the registry lookup (the caller keeps only the path).
 
     Raises:
         CheckpointSourceError: a Hub id that cannot be downloaded.
@@ -277,7 +280,7 @@ def resolve_checkpoint(source: str, download_dir: str | Path, *, key: str = "fin
 
     if is_hub_id(source):
         local = download_hub_checkpoint(source, Path(download_dir) / "hub", key=key)
-        resolved = resolve_model_source(str(local), download_dir)
+        resolved = resolve_model_source(str(local), download_dir, provenance=provenance)
         resolved.info.update(uri=f"hf://{source}", model=source)
         return resolved
     if not source.startswith("models:/") and not Path(source).expanduser().exists():
@@ -287,6 +290,6 @@ def resolve_checkpoint(source: str, download_dir: str | Path, *, key: str = "fin
             "models:/ URI"
         )
     try:
-        return resolve_model_source(source, download_dir)
+        return resolve_model_source(source, download_dir, provenance=provenance)
     except ValueError as err:
         raise ValueError(f"{key}: {err}") from None

@@ -73,7 +73,10 @@ def vocab_flow(
             from bert_core.vocab.checkpoint import copy_checkpoint_vocab
 
             with tempfile.TemporaryDirectory(prefix="vocab-checkpoint-") as download:
-                resolved = resolve_checkpoint(params.from_checkpoint, download, key="vocab.from_checkpoint")
+                # Only the path: copy_checkpoint_vocab hashes the weights it copies (weights_sha256).
+                resolved = resolve_checkpoint(
+                    params.from_checkpoint, download, key="vocab.from_checkpoint", provenance=False
+                )
                 stats = copy_checkpoint_vocab(
                     params,
                     resolved.path,

@@ -388,9 +388,16 @@ def test_the_continued_profile_parses_and_names_one_checkpoint_for_vocab_and_ref
     assert finetune["finetune.defaults.reference_baseline"] is True
 
 
-def test_vocab_flow_copies_the_checkpoint_and_records_it(synthetic, tmp_path):
-    """The stage runner's half: the outs (the checkpoint subdirectory included) and the metrics files."""
+def test_vocab_flow_copies_the_checkpoint_and_records_it(synthetic, tmp_path, monkeypatch):
+    """The stage runner's half: the outs (the checkpoint subdirectory included) and the metrics files. The
+    weights are read for their hash once, as they are copied (no provenance fingerprint besides)."""
+    from bert_core.tracking import source
     from flows.vocab import vocab_flow
+
+    def no_fingerprint(path):
+        raise AssertionError(f"the vocab stage fingerprinted {path}: its copy is hashed already")
+
+    monkeypatch.setattr(source, "fingerprint", no_fingerprint)
 
     corpus, vocab = synthetic
     ckpt = _checkpoint(tmp_path / "ckpt", vocab, heads=False)
@@ -406,5 +413,6 @@ def test_vocab_flow_copies_the_checkpoint_and_records_it(synthetic, tmp_path):
         metrics_path=str(metrics),
     )
     assert details["checkpoint"]["source"] == str(ckpt) and details["checkpoint"]["mlm_head"] == 0
+    assert len(details["checkpoint"]["weights_sha256"]) == 64
     assert json.loads(metrics.read_text())["vocab_size"] == _vocab_size(vocab)
     assert (tmp_path / "vocab" / "checkpoint" / "model.safetensors").is_file()

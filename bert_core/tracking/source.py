@@ -25,7 +25,7 @@ class ResolvedSource:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_model_source(source: str, download_dir: str | Path) -> ResolvedSource:
+def resolve_model_source(source: str, download_dir: str | Path, *, provenance: bool = True) -> ResolvedSource:
     """A local directory for ``source`` (downloading registry models) and its provenance.
 
     Args:
@@ -33,6 +33,8 @@ def resolve_model_source(source: str, download_dir: str | Path) -> ResolvedSourc
             ``models:/<name>/<version>`` in the MLflow registry (``MLFLOW_TRACKING_URI``);
             ``@latest`` and ``/latest`` mean the newest version (MLflow reserves the alias "latest").
         download_dir: Where registry artifacts are downloaded.
+        provenance: Also fingerprint the weights (``info["sha"]``) and look a local directory up in the
+            registry; off for a caller that keeps only the path and hashes what it copies itself.
 
     Raises:
         FileNotFoundError: a local source that is not a model directory.
@@ -75,7 +77,8 @@ def resolve_model_source(source: str, download_dir: str | Path) -> ResolvedSourc
         )
         path = _model_root(local)
         info = {"uri": source, "model": name, "model_version": str(mv.version), "run_id": mv.run_id or ""}
-        info["sha"] = fingerprint(path)
+        if provenance:
+            info["sha"] = fingerprint(path)
         return ResolvedSource(path, info)
     path = Path(source).expanduser()
     if not (path / "config.json").is_file():
@@ -84,6 +87,8 @@ def resolve_model_source(source: str, download_dir: str | Path) -> ResolvedSourc
             f"pretrain stage (dvc repro pretrain), or set finetune.model.source to a local BERT directory or "
             f"to a registry URI such as models:/bert-pretrained@latest"
         )
+    if not provenance:
+        return ResolvedSource(path, {"uri": str(path)})
     sha = fingerprint(path)
     return ResolvedSource(path, {"uri": str(path), "sha": sha, **registered_version(path, sha)})
 
