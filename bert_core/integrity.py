@@ -80,11 +80,6 @@ def _write_marker(directory: Path, files: dict[str, dict[str, Any]]) -> Path:
     return mark
 
 
-def build_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of every regular file under ``directory`` (markers excluded; links are not followed)."""
-    return {"written_by": _WRITTEN_BY, "files": _entries(Path(directory))}
-
-
 def write_manifest(directory: str | os.PathLike[str]) -> Path:
     """Write the manifest of ``directory`` into its marker file and return the marker's path.
 

@@ -710,17 +710,3 @@ class BertForMultipleChoice(BertPreTrainedModel):
         logits = self.classifier(self.dropout(pooled)).view(B, C)  # (B, C)
         loss = F.cross_entropy(logits, labels) if labels is not None else None
         return ClassifierOutput(loss=loss, logits=logits)
-
-
-MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
-    cls.__name__: cls
-    for cls in (
-        BertModel,
-        BertForPreTraining,
-        BertForMaskedLM,
-        BertForSequenceClassification,
-        BertForTokenClassification,
-        BertForQuestionAnswering,
-        BertForMultipleChoice,
-    )
-}

@@ -32,21 +32,3 @@ def data_root() -> Path | None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     return root
-
-
-def local_path(relative: str | os.PathLike[str], root: Path | None = None) -> Path:
-    """Resolve ``relative`` under the data root and check it exists.
-
-    Raises:
-        FileNotFoundError: naming the missing path and the root it was looked up in.
-    """
-    root = root if root is not None else data_root()
-    if root is None:
-        raise RuntimeError(f"local_path({relative!s}) needs {ENV_VAR} to be set")
-    path = root / relative
-    if not path.exists():
-        raise FileNotFoundError(
-            f"{path} does not exist (looked up under {ENV_VAR}={root}). Put the file there in its official "
-            f"format, or unset {ENV_VAR} to load the source from the Hugging Face Hub."
-        )
-    return path

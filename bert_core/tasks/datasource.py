@@ -31,9 +31,6 @@ from bert_core.tasks.base import TaskDataError, TaskRows, resolve_data_root
 from bert_core.tasks.loader import load_task_split, read_local
 from bert_core.tasks.registry import TaskSpec
 
-#: ``TaskSource.origin`` values.
-ORIGINS = ("official", "dev_split", "own_files")
-
 
 @dataclass
 class TaskSource:

@@ -67,7 +67,6 @@ class TaskSpec:
         submission_files: Test split -> GLUE leaderboard file name (``"MNLI-m.tsv"``).
         submission_labels: How a predicted index is written in the submission (the official label strings;
             empty for STS-B, which writes the float score).
-        paper_reference: The BERT paper's reported score, for reports.
         dev_split: How to split the official dev file into train and evaluation halves when the train file
             is unobtainable (``None``: the task has no such option).
     """
@@ -87,7 +86,6 @@ class TaskSpec:
     local_files: dict[str, str]
     submission_files: dict[str, str] = field(default_factory=dict)
     submission_labels: tuple[str, ...] = ()
-    paper_reference: str = ""
     dev_split: DevSplit | None = None
 
     def __post_init__(self) -> None:
@@ -128,7 +126,6 @@ def _glue(
     submission: str,
     *,
     kind: str = "classification",
-    paper: str = "",
 ) -> TaskSpec:
     return TaskSpec(
         name=name,
@@ -146,24 +143,23 @@ def _glue(
         local_files={s: f"glue/{folder}/{s}.tsv" for s in ("train", "dev", "test")},
         submission_files={"test": submission},
         submission_labels=submission_labels,
-        paper_reference=paper,
     )
 
 
 _BIN = ("0", "1")
 _NLI2 = ("entailment", "not_entailment")
 
-# name, folder under glue/, labels, their spelling in the TSVs and submissions, metric keys (headline first),
-# BERT-Base GLUE test score (paper Table 1).
-_GLUE_TABLE: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], tuple[str, ...], str], ...] = (
-    ("cola", "CoLA", ("unacceptable", "acceptable"), _BIN, ("matthews_corr",), "BERT-Base test 52.1"),
-    ("sst2", "SST-2", ("negative", "positive"), _BIN, ("accuracy",), "BERT-Base test 93.5"),
-    ("mrpc", "MRPC", ("not_equivalent", "equivalent"), _BIN, ("f1", "accuracy"), "BERT-Base test F1 88.9"),
-    ("stsb", "STS-B", (), (), ("spearman", "pearson"), "BERT-Base test Spearman 85.8"),
-    ("qqp", "QQP", ("not_duplicate", "duplicate"), _BIN, ("f1", "accuracy"), "BERT-Base test F1 71.2"),
-    ("qnli", "QNLI", _NLI2, _NLI2, ("accuracy",), "BERT-Base test 90.5"),
-    ("rte", "RTE", _NLI2, _NLI2, ("accuracy",), "BERT-Base test 66.4"),
-    ("wnli", "WNLI", ("not_entailment", "entailment"), _BIN, ("accuracy",), "not in the GLUE average"),
+# name, folder under glue/, labels, their spelling in the TSVs and submissions, metric keys (headline first).
+# The paper's scores are in bert_core/evaluate/references.py.
+_GLUE_TABLE: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
+    ("cola", "CoLA", ("unacceptable", "acceptable"), _BIN, ("matthews_corr",)),
+    ("sst2", "SST-2", ("negative", "positive"), _BIN, ("accuracy",)),
+    ("mrpc", "MRPC", ("not_equivalent", "equivalent"), _BIN, ("f1", "accuracy")),
+    ("stsb", "STS-B", (), (), ("spearman", "pearson")),
+    ("qqp", "QQP", ("not_duplicate", "duplicate"), _BIN, ("f1", "accuracy")),
+    ("qnli", "QNLI", _NLI2, _NLI2, ("accuracy",)),
+    ("rte", "RTE", _NLI2, _NLI2, ("accuracy",)),
+    ("wnli", "WNLI", ("not_entailment", "entailment"), _BIN, ("accuracy",)),
 )
 
 TASKS: dict[str, TaskSpec] = {
@@ -178,9 +174,8 @@ TASKS: dict[str, TaskSpec] = {
                 keys,
                 f"{folder}.tsv",
                 kind="regression" if name == "stsb" else "classification",
-                paper=paper,
             )
-            for name, folder, labels, spelled, keys, paper in _GLUE_TABLE
+            for name, folder, labels, spelled, keys in _GLUE_TABLE
         ),
         TaskSpec(
             name="mnli",
@@ -224,7 +219,6 @@ TASKS: dict[str, TaskSpec] = {
                 "diagnostic": "AX.tsv",
             },
             submission_labels=MNLI_LABELS,
-            paper_reference="BERT-Base test 84.6 (m) / 83.4 (mm)",
         ),
         TaskSpec(
             name="squad_v1",
@@ -240,7 +234,6 @@ TASKS: dict[str, TaskSpec] = {
             hub_config=None,
             hub_splits={"train": "train", "dev": "validation"},
             local_files={"train": "squad/train-v1.1.json", "dev": "squad/dev-v1.1.json"},
-            paper_reference="BERT-Base dev EM 80.8 / F1 88.5",
             dev_split=DevSplit(train_articles=24, eval_articles=24),  # dev-v1.1.json: 48 articles
         ),
         TaskSpec(
@@ -257,7 +250,6 @@ TASKS: dict[str, TaskSpec] = {
             hub_config=None,
             hub_splits={"train": "train", "dev": "validation"},
             local_files={"train": "squad/train-v2.0.json", "dev": "squad/dev-v2.0.json"},
-            paper_reference="BERT-Large dev EM 78.7 / F1 81.9",
             dev_split=DevSplit(train_articles=17, eval_articles=18),  # dev-v2.0.json: 35 articles
         ),
         TaskSpec(
@@ -274,7 +266,6 @@ TASKS: dict[str, TaskSpec] = {
             hub_config="regular",
             hub_splits={"train": "train", "dev": "validation", "test": "test"},
             local_files={"train": "swag/train.csv", "dev": "swag/val.csv", "test": "swag/test.csv"},
-            paper_reference="BERT-Base dev 81.6",
         ),
         TaskSpec(
             name="conll2003",
@@ -294,7 +285,6 @@ TASKS: dict[str, TaskSpec] = {
                 "dev": "conll2003/eng.testa",
                 "test": "conll2003/eng.testb",
             },
-            paper_reference="BERT-Base F1 dev 96.4 / test 92.4",
         ),
     )
 }
