@@ -26,15 +26,11 @@ from prefect.states import Cancelled, Completed
 from tabulate import tabulate
 
 from flows import _dvc, _fanout
-from flows._stage import markdown_table
+from flows._stage import metrics_artifact
 
 
 class PipelineFailed(RuntimeError):
     """DVC exited non-zero; the message names the failed stage and DVC's last lines."""
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"-+", "-", "".join(c if c.isalnum() else "-" for c in text.lower())).strip("-")
 
 
 # ------------------------------------------------------------------------------------ per-stage tasks
@@ -83,16 +79,6 @@ def read_stage_metrics(root: Path, files: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def markdown_artifact(key: str, markdown: str, description: str) -> None:
-    """A Markdown artifact in the Prefect UI: a convenience, so a failure to create one is only logged."""
-    try:
-        from prefect.artifacts import create_markdown_artifact
-
-        create_markdown_artifact(key=key, markdown=markdown, description=description)
-    except Exception as err:
-        get_run_logger().warning("could not create the Prefect artifact %s: %s", key, err)
-
-
 #: The stamp a stage's console line starts with: Prefect's console format (``21:43:43.399 | INFO    | ``) or
 #: :func:`flows._cli.configure_logging`'s (the same), or Python's default ``logging.basicConfig`` with a date
 #: (``2026-11-24 21:43:43,399 INFO ``).
@@ -124,9 +110,7 @@ def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[st
         logger.log(*relayed(line))
     metrics = read_stage_metrics(Path(root), metrics_files)
     if metrics:
-        markdown_artifact(
-            f"pipeline-{_slug(stage)}", markdown_table(metrics, f"{stage} metrics"), f"Metrics of {stage}"
-        )
+        metrics_artifact(f"pipeline-{stage}", stage, metrics)
     result = {"stage": stage, "outcome": feed.outcome, "metrics": metrics}
     if feed.outcome == "interrupted":
         return Cancelled(

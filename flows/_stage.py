@@ -16,6 +16,7 @@ import fnmatch
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -191,22 +192,24 @@ def markdown_table(metrics: dict[str, Any], title: str | None = None) -> str:
     return f"### {title}\n\n{table}" if title else table
 
 
-def publish_artifact(stage: str, metrics: dict[str, Any]) -> None:
-    """Show the stage's metrics as a Markdown table artifact in the Prefect UI (no-op outside a flow run)."""
+def markdown_artifact(key: str, markdown: str, description: str) -> None:
+    """A Markdown artifact of the current Prefect run in its UI (none outside a run); ``key`` is made a
+    valid artifact key. A convenience: a failure to create one is only logged."""
     try:
         from prefect.artifacts import create_markdown_artifact
-        from prefect.context import FlowRunContext
+        from prefect.context import FlowRunContext, TaskRunContext
 
-        if FlowRunContext.get() is None:
+        if FlowRunContext.get() is None and TaskRunContext.get() is None:
             return
-        key = "".join(c if c.isalnum() else "-" for c in stage.lower())
-        create_markdown_artifact(
-            key=f"{key}-metrics",
-            markdown=markdown_table(metrics, f"{stage} metrics"),
-            description=f"Metrics of stage {stage}",
-        )
-    except Exception as err:  # the UI artifact is a convenience, never fatal
-        log.warning("could not publish Prefect artifact for %s: %s", stage, err)
+        key = re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", key.lower())).strip("-")
+        create_markdown_artifact(key=key, markdown=markdown, description=description)
+    except Exception as err:
+        log.warning("could not create the Prefect artifact %s: %s", key, err)
+
+
+def metrics_artifact(key: str, stage: str, metrics: dict[str, Any]) -> None:
+    """The stage's metrics as a Markdown table artifact (:func:`markdown_artifact`)."""
+    markdown_artifact(key, markdown_table(metrics, f"{stage} metrics"), f"Metrics of {stage}")
 
 
 @dataclass
@@ -249,7 +252,7 @@ class StageBody:
         for step in self.after_commit:
             step()
         self.run.log_metrics(self.details)
-        publish_artifact(label, self.metrics)
+        metrics_artifact(f"{label}-metrics", label, self.metrics)
 
     def registered(self, registration: tracking.Registration) -> tracking.Registration:
         """Keep a registration made inside the block: withdrawn if the outs are then not committed."""

@@ -32,15 +32,9 @@ from pydantic import Field
 
 from bert_core.constants import REPO_ROOT
 from flows import _dvc, _fanout, profiles
-from flows._driver import (
-    PipelineFailed,
-    StageReport,
-    drive,
-    fan_out,
-    markdown_artifact,
-    summary_markdown,
-)
+from flows._driver import PipelineFailed, StageReport, drive, fan_out, summary_markdown
 from flows._inputs import FORM_KEYS, dvc_command, run_inputs, stage_env
+from flows._stage import markdown_artifact
 from flows.overrides import ProfileError
 
 FLOW_NAME = "bert-pipeline"

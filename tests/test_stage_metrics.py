@@ -176,3 +176,19 @@ def test_the_runner_writes_the_headline_to_the_metrics_file_and_every_statistic_
     assert json.loads((tmp_path / "m" / "details" / "corpus.json").read_text()) == details
     run = mlflow.search_runs(experiment_names=["bert-pipeline"]).iloc[0]
     assert run["metrics.sources.wikipedia.documents"] == 75  # MLflow keeps every statistic
+
+
+def test_a_metrics_artifact_is_made_only_inside_a_prefect_run_under_a_valid_key(monkeypatch):
+    import prefect.artifacts
+    from prefect.context import FlowRunContext
+
+    from flows._stage import metrics_artifact
+
+    made = []
+    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda **kw: made.append(kw))
+    metrics_artifact("pipeline-finetune@sst2", "finetune@sst2", {"dev": {"accuracy": 81.5}})
+    assert made == []  # outside a flow or task run (a stage function called directly)
+    monkeypatch.setattr(FlowRunContext, "get", classmethod(lambda cls: object()))
+    metrics_artifact("Pipeline-finetune@SST2 (dev)", "finetune@sst2", {"dev": {"accuracy": 81.5}})
+    assert made[0]["key"] == "pipeline-finetune-sst2-dev"  # lowercase letters, digits and single dashes
+    assert "dev.accuracy" in made[0]["markdown"] and made[0]["description"] == "Metrics of finetune@sst2"
