@@ -8,14 +8,8 @@ version of ``bert-<task>``, whose ``champion`` alias moves only on a better dev 
 
 from __future__ import annotations
 
-import os
-
-# OpenMP threads that spin while waiting made a training step ~7x slower on the shared 2-core machine
-# (973 ms vs 143 ms per tiny-model step with 2 threads); passive waiting costs little on an idle machine.
-# Must be set before torch loads its OpenMP runtime; OMP_WAIT_POLICY=ACTIVE in the environment overrides it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import logging
+import os
 import tempfile
 from functools import partial
 from pathlib import Path

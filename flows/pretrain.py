@@ -8,13 +8,6 @@ signal writes a checkpoint and exits 128 + N; the next run resumes from it.
 
 from __future__ import annotations
 
-import os
-
-# CPU threads that spin while waiting (OpenMP's default) made training 4-6x slower on a shared 2-core
-# machine (other processes running); passive waiting costs little when the machine is idle. Must be set
-# before torch loads its OpenMP runtime; OMP_WAIT_POLICY=ACTIVE in the environment overrides it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import logging
 from functools import partial
 from pathlib import Path

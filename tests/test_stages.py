@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bert_core.constants import REPO_ROOT
@@ -196,3 +198,14 @@ def test_editing_an_imported_file_makes_dvc_report_the_stage(tmp_path):
         fh.write("# touched\n")
     status = _run([*dvc, "status", "evaluate"], repo)
     assert "evaluate:" in status and "bert_core/config.py" in status, status
+
+
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_a_stage_process_has_openmp_wait_passively_before_torch_loads_unless_told(given, expected):
+    """Stages run side by side on a CPU's cores: spinning OpenMP waits would slow each one several-fold.
+    The default is set by the ``flows`` package, so every ``python -m flows.<stage>`` has it before torch."""
+    code = "import os, flows.finetune; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env |= {"OMP_WAIT_POLICY": given} if given else {}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [expected]
