@@ -1,7 +1,8 @@
 """The one command-line runner of the stage flows (``python -m flows.<stage>``): the parser from the stage
 table, the params checked before Prefect starts, and the exit code DVC sees: 0 done; 1 any error, with one
 line ``<stage> stage failed[ (<task>)]: <Type>: <message>``; 128 + signal number for SIGINT / SIGTERM
-(or a stage's own interrupt that wrote a checkpoint), with one ``<stage> stage interrupted`` line.
+(or a stage's own interrupt that wrote a checkpoint), with one ``<stage> stage interrupted`` line. The
+pipeline and ``predict`` exit by the same rule (:func:`run_command`).
 """
 
 from __future__ import annotations
@@ -141,18 +142,51 @@ def signal_of(err: BaseException) -> int | None:
     return None
 
 
-def interrupted_message(signum: int) -> str:
-    return (
-        f"stopped by {signal.Signals(signum).name} before it finished; run it again (`dvc repro` reruns it)"
-    )
-
-
 def exit_command(code: int) -> NoReturn:
     """End a command with exit status ``code``: a normal exit (threads joined, ``atexit`` handlers run),
     but with the live objects frozen out of the garbage collector first: the last collections over the heap
     Prefect, MLflow and torch leave cost 1.4-2.5 CPU-seconds per stage, for nothing."""
     gc.freeze()
     sys.exit(code)
+
+
+def run_command(
+    body: Callable[[], int | None],
+    name: str,
+    *,
+    after_stop: str,
+    instance: Callable[[], str] = lambda: "",
+    errors: tuple[type[Exception], ...] = (Exception,),
+) -> int:
+    """Run a command's ``body`` under the stop-signal handlers and return its exit status, with one line on
+    stderr for anything but success (``name``: ``predict``, ``finetune stage``; ``instance()``: `` (sst2)``):
+
+    - ``body``'s own status (``None``: 0);
+    - 1 for an error of ``errors``: ``<name> failed<instance>: <Type>: <message>`` (others are raised);
+    - 128 + N for signal N: ``<name> interrupted<instance>: stopped by <SIGNAL><after_stop>``, also when the
+      signal arrives while an error is being reported;
+    - an interrupt's own ``exit_code`` (training that stopped itself after writing a checkpoint):
+      ``<name> interrupted<instance>: <message>``.
+    """
+    old_handlers = install_signal_handlers()
+    try:
+        try:
+            return body() or 0
+        except errors as err:
+            print(failure_line(f"{name} failed{instance()}", err), file=sys.stderr)
+            return 1
+    except BaseException as err:  # SIGINT/SIGTERM, also one arriving while an error above is handled
+        if not isinstance(err, Interrupted) and isinstance(getattr(err, "exit_code", None), int):
+            print(f"{name} interrupted{instance()}: {err}", file=sys.stderr)
+            return err.exit_code
+        signum = signal_of(err)
+        if signum is None:
+            raise
+        stopped = f"stopped by {signal.Signals(signum).name}{after_stop}"
+        print(f"{name} interrupted{instance()}: {stopped}", file=sys.stderr)
+        return 128 + signum
+    finally:
+        restore_signal_handlers(old_handlers)
 
 
 def _uses_prefect() -> bool:
@@ -173,35 +207,26 @@ def run_stage(
     return the exit code. ``doc``'s first paragraph is the ``--help`` text. Under ``torchrun``, ranks other
     than 0 run ``other_ranks`` instead (no Prefect, no tracking), and ``flow`` is then a zero-argument
     function that builds the flow, so that they never import Prefect."""
-    old_handlers = install_signal_handlers()
-    stage, where = get(name), ""
-    try:
-        try:
-            kwargs = vars(build_parser(stage, doc.split("\n\n")[0] if doc else None).parse_args(argv))
-            if log_to_stderr:
-                configure_logging()
-            instance = [str(kwargs[o.dest]) for o in stage.options if o.positional]
-            where = f" ({', '.join(instance)})" if instance else ""
-            stage.load_params(kwargs["params_file"])  # fail fast on bad params, before Prefect starts
-            if not _uses_prefect() and other_ranks is not None:
-                other_ranks(**kwargs)
-            else:
-                from flows._prefect_api import prefect_api
+    stage, where = get(name), [""]
 
-                with prefect_api(announce=False):
-                    (flow() if other_ranks is not None else flow)(**kwargs)
-        except Exception as err:  # a clear one-line reason and a non-zero exit for DVC
-            print(failure_line(f"{stage.name} stage failed{where}", err), file=sys.stderr)
-            return 1
-    except BaseException as err:  # SIGINT/SIGTERM, also one arriving while an error above is handled
-        if not isinstance(err, Interrupted) and isinstance(getattr(err, "exit_code", None), int):
-            print(f"{stage.name} stage interrupted: {err}", file=sys.stderr)  # the stage's own message
-            return err.exit_code
-        signum = signal_of(err)
-        if signum is None:
-            raise
-        print(f"{stage.name} stage interrupted{where}: {interrupted_message(signum)}", file=sys.stderr)
-        return 128 + signum
-    finally:
-        restore_signal_handlers(old_handlers)
-    return 0
+    def body() -> None:
+        kwargs = vars(build_parser(stage, doc.split("\n\n")[0] if doc else None).parse_args(argv))
+        if log_to_stderr:
+            configure_logging()
+        instance = [str(kwargs[o.dest]) for o in stage.options if o.positional]
+        where[0] = f" ({', '.join(instance)})" if instance else ""
+        stage.load_params(kwargs["params_file"])  # fail fast on bad params, before Prefect starts
+        if not _uses_prefect() and other_ranks is not None:
+            other_ranks(**kwargs)
+        else:
+            from flows._prefect_api import prefect_api
+
+            with prefect_api(announce=False):
+                (flow() if other_ranks is not None else flow)(**kwargs)
+
+    return run_command(
+        body,
+        f"{stage.name} stage",
+        instance=lambda: where[0],
+        after_stop=" before it finished; run it again (`dvc repro` reruns it)",
+    )

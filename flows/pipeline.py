@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
-import signal
 import sys
 import uuid
 from pathlib import Path
@@ -267,11 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give 1 (one stage at a time) or more")
-    from flows._cli import install_signal_handlers, restore_signal_handlers, signal_of
+    from flows._cli import run_command
     from flows._prefect_api import PrefectApiUnreachable, prefect_api
 
-    old_handlers = install_signal_handlers()  # Ctrl-C / SIGTERM: DVC and its stage are stopped, exit 130/143
-    try:
+    def body() -> int:
         try:
             with prefect_api():
                 result = pipeline_flow(
@@ -286,25 +284,16 @@ def main(argv: list[str] | None = None) -> int:
                     fail_fast=args.fail_fast,
                 )
         except (PipelineFailed, ProfileError, _dvc.WorkspaceBusy, ValueError, PrefectApiUnreachable) as err:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {err}", file=sys.stderr)  # the reason is the message: the type adds nothing
             return 1
-    except BaseException as err:
-        signum = signal_of(err)
-        if signum is None:
-            raise
-        name = signal.Signals(signum).name
-        print(
-            f"pipeline interrupted: stopped by {name}; DVC and the running stage were stopped (pretraining "
-            "keeps its last checkpoint): run it again to go on",
-            file=sys.stderr,
-        )
-        return 128 + signum
-    finally:
-        restore_signal_handlers(old_handlers)
-    for stage, info in result["stages"].items():
-        print(f"{stage:28s} {info['outcome']}")
-    print(f"pipeline_run_id={result['pipeline_run_id']}")
-    return 0
+        for stage, info in result["stages"].items():
+            print(f"{stage:28s} {info['outcome']}")
+        print(f"pipeline_run_id={result['pipeline_run_id']}")
+        return 0
+
+    # Ctrl-C / SIGTERM: DVC and its stage are stopped (exit 130 / 143); any other error is a bug: raised.
+    stopped = "; DVC and the running stage were stopped (pretraining keeps its last checkpoint): run it again"
+    return run_command(body, "pipeline", after_stop=f"{stopped} to go on", errors=())
 
 
 if __name__ == "__main__":

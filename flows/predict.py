@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,7 +17,7 @@ from prefect import flow
 from pydantic import Field
 
 from bert_core.serving.batch import DEFAULT_BATCH_SIZE, DEFAULT_ID_FIELD, predict_file
-from flows._cli import failure_line, install_signal_handlers, restore_signal_handlers, signal_of
+from flows._cli import run_command
 from flows._stage import in_repo, library_logs
 
 
@@ -104,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size,
         "id_field": args.id_field,
     }
-    old_handlers = install_signal_handlers()
-    try:
+
+    def body() -> None:
         settings = _prefect_settings(args.no_prefect)
         if settings is None:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -113,23 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with settings:
                 result = predict_flow(**kwargs)
-    except BaseException as err:  # the stage runner's rule: a signal -> 128 + its number, an error -> 1
-        signum = signal_of(err)
-        if signum is not None:
-            name = signal.Signals(signum).name
-            print(f"predict interrupted: stopped by {name}; no output was written", file=sys.stderr)
-            return 128 + signum
-        if not isinstance(err, Exception):
-            raise
-        print(failure_line("predict failed", err), file=sys.stderr)
-        return 1
-    finally:
-        restore_signal_handlers(old_handlers)
-    print(
-        f"predicted {result['rows']} row(s) in {result['seconds']:.1f}s -> {result['output']}",
-        file=sys.stderr,
-    )
-    return 0
+        rows, seconds, output = result["rows"], result["seconds"], result["output"]
+        print(f"predicted {rows} row(s) in {seconds:.1f}s -> {output}", file=sys.stderr)
+
+    return run_command(body, "predict", after_stop="; no output was written")
 
 
 if __name__ == "__main__":

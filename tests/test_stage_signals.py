@@ -58,3 +58,44 @@ def test_other_swallowed_exceptions_only_reach_the_previous_hook(stage_handlers)
     _swallowed(ValueError("a finaliser's own error"))
     time.sleep(0.2)  # nothing is sent: no Interrupted here
     assert [type(u.exc_value) for u in stage_handlers] == [ValueError]
+
+
+def _error_then_signal() -> None:
+    """An error whose report is cut short by SIGTERM (the signal lands while the error line is built)."""
+
+    class Slow(ValueError):
+        def __str__(self) -> str:
+            signal.raise_signal(signal.SIGTERM)
+            return "never shown"
+
+    raise Slow()
+
+
+@pytest.mark.parametrize(
+    "body, errors, code, line",
+    [
+        (lambda: None, (Exception,), 0, None),
+        (lambda: 3, (Exception,), 3, None),
+        (lambda: int("x"), (Exception,), 1, "predict failed (in.jsonl): ValueError: invalid literal"),
+        (lambda: signal.raise_signal(signal.SIGINT), (Exception,), 130, "predict interrupted (in.jsonl): "),
+        (lambda: signal.raise_signal(signal.SIGTERM), (), 143, "stopped by SIGTERM; nothing written"),
+        (_error_then_signal, (Exception,), 143, "predict interrupted (in.jsonl): stopped by SIGTERM"),
+    ],
+    ids=["done", "own status", "error", "SIGINT", "SIGTERM", "signal while an error is reported"],
+)
+def test_every_command_exits_by_one_rule_with_one_line(body, errors, code, line, capsys):
+    """``run_command`` (stages, ``predict``, the pipeline): 0 or the body's status; 1 and one line for an
+    error; 128 + N and one line for signal N, also when it lands while an error is being reported."""
+    got = _cli.run_command(
+        body, "predict", instance=lambda: " (in.jsonl)", after_stop="; nothing written", errors=errors
+    )
+    lines = capsys.readouterr().err.splitlines()
+    assert got == code
+    assert lines == [] if line is None else (len(lines) == 1 and line in lines[0]), lines
+    assert signal.getsignal(signal.SIGTERM) is not _cli.raise_interrupted  # handlers restored
+
+
+def test_an_error_outside_the_commands_errors_is_raised_not_reported(capsys):
+    with pytest.raises(KeyError):
+        _cli.run_command(lambda: {}["x"], "pipeline", after_stop="", errors=(ValueError,))
+    assert capsys.readouterr().err == ""
