@@ -227,12 +227,6 @@ def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
 # ------------------------------------------------------------------------------------------- checking
 
 
-def params_model(file: str) -> type | None:
-    """The pydantic model of the stage whose params section lives in ``file`` (the stage table), or ``None``."""
-    stage = stages.by_params_file(file)
-    return stage.model() if stage is not None else None
-
-
 @dataclass
 class CheckReport:
     problems: list[str] = field(default_factory=list)
@@ -244,17 +238,15 @@ class CheckReport:
 
 
 def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> CheckReport:
-    """Validate profiles: every key exists in its file and the resulting params parse with the stage model.
-
-    A params file that no stage of :mod:`flows.stages` owns is checked for keys only, with a note.
-    """
+    """Validate profiles: every key exists in its file and the resulting params parse with the model of the
+    stage that owns the file (:mod:`flows.stages`); a params file no stage owns is checked for keys only."""
     from bert_core.params import ParamsError, parse_params
 
     report = CheckReport()
     names = list_profiles(root) if names is None else names
     if not names:
         report.problems.append(f"no profiles found in {profiles_dir(root)}")
-    models: dict[str, type | None] = {}  # per params file
+    files = {str(p.relative_to(root)) for p in (root / "params").glob("*.yaml")}
     for name in names:
         try:
             profile = load(name, root).overrides
@@ -262,10 +254,7 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
             report.problems.append(str(err))
             continue
         where = f"profile '{name}'"
-        stage_files = sorted(
-            {*profile, *(str(p.relative_to(root)) for p in (root / "params").glob("*.yaml"))}
-        )
-        for file in stage_files:
+        for file in sorted({*profile, *files}):
             keys = profile.get(file, {})
             try:
                 data = read_params_file(file, root)
@@ -275,27 +264,17 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
             if missing := [k for k in keys if not has_dotted(data, k)]:
                 report.problems += [f"{where}: {file} has no key '{k}'" for k in missing]
                 continue
-            data = _with(data, keys, file)[0]
             owner = stages.by_params_file(file)
-            if file not in models:
-                try:
-                    models[file] = params_model(file)
-                    if models[file] is None:
-                        report.notes.append(f"no stage reads {file}; checked key names only")
-                except Exception as err:
-                    models[file] = None
-                    report.problems.append(
-                        f"the params model of {file} failed to import: {type(err).__name__}: {err}"
-                    )
-            model = models[file]
-            if model is None or owner is None:
+            if owner is None:
+                if (note := f"no stage reads {file}; checked key names only") not in report.notes:
+                    report.notes.append(note)
                 continue
-            section = owner.section
-            if section not in data:
-                report.problems.append(f"{where}: {file} has no top-level section '{section}'")
+            section = _with(data, keys, file)[0].get(owner.section)
+            if section is None:
+                report.problems.append(f"{where}: {file} has no top-level section '{owner.section}'")
                 continue
             try:
-                parse_params(data[section], model, where=f"{file} with {where}", prefix=section)
+                parse_params(section, owner.model(), where=f"{file} with {where}", prefix=owner.section)
             except ParamsError as err:
                 report.problems.append(str(err))
     return report
