@@ -30,8 +30,7 @@ from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_js
 from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
 from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
-
-METRICS_DIR = REPO_ROOT / "metrics"
+from flows.stages import get
 
 
 def in_repo(path: str | os.PathLike[str], what: str = "path") -> Path:
@@ -124,8 +123,8 @@ def stage_run(
 
 
 def metrics_file(stage: str, path: str | os.PathLike[str] | None = None) -> Path:
-    """The stage's DVC metrics file: ``path``, or ``metrics/<stage>.json`` in the repository."""
-    return Path(path) if path is not None else METRICS_DIR / f"{stage}.json"
+    """The stage's DVC metrics file: ``path``, or the stage table's (``metrics/<stage>.json``) in the repository."""
+    return Path(path) if path is not None else REPO_ROOT / get(stage).metrics[0]
 
 
 #: Where a stage's data-check reports (Data Docs) go when it writes its outputs where DVC puts them.

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from pathlib import Path
 
 from prefect import flow
 
-from bert_core.constants import DVC_LOCK, REPO_ROOT
+from bert_core.constants import DVC_LOCK
 from bert_core.evaluate.params import EvaluateParams
 from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
 from flows._cli import exit_command, run_stage
-from flows._stage import headline, in_repo, stage
+from flows._stage import headline, in_repo, metrics_file, stage
 from flows.stages import get
 
 STAGE = get("evaluate")
@@ -44,15 +43,14 @@ def evaluate_flow(
     params: EvaluateParams = STAGE.load_params(params_file)
     finetune = load_params(finetune_params_file, "finetune", FinetuneParams)
     tasks = sorted(finetune.tasks) or None
-    (default_metrics,) = STAGE.metrics
-    metrics_file = Path(metrics_path) if metrics_path else REPO_ROOT / default_metrics
+    metrics = metrics_file("evaluate", metrics_path)
     report_dir = in_repo(params.report_dir, "evaluate.report_dir")
     outs = [report_dir / "evaluate.md", report_dir / "evaluate.html", report_dir / "evaluate"]
     run_params = {**params.model_dump(mode="json"), "tasks": tasks}
-    with stage("evaluate", run_params, *outs, metrics_path=metrics_file, dirs=(outs[2],)) as s:
-        metrics, _ = evaluate_results(
+    with stage("evaluate", run_params, *outs, metrics_path=metrics, dirs=(outs[2],)) as s:
+        summary, _ = evaluate_results(
             in_repo(params.results_dir, "evaluate.results_dir"),
-            metrics_file,
+            metrics,
             report_dir,
             tasks=tasks,
             reference_size=params.reference_size,
@@ -61,8 +59,8 @@ def evaluate_flow(
             outputs=s.staged,
         )
         s.done(
-            headline(metrics, [*score_keys(metrics), *STAGE.headline]),
-            details=metrics,
+            headline(summary, [*score_keys(summary), *STAGE.headline]),
+            details=summary,
             artifacts=[(outs[1], "report"), (outs[0], "report"), (outs[2], "report/evaluate")],
         )
     return s.details
