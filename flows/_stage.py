@@ -30,7 +30,7 @@ from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_js
 from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
 from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
-from flows.stages import get
+from flows.stages import details_file, get
 
 
 def in_repo(path: str | os.PathLike[str], what: str = "path") -> Path:
@@ -138,12 +138,6 @@ def data_check_dir(stage: str, out: str | os.PathLike[str], default_out: str | o
     if Path(out).resolve() == (REPO_ROOT / default_out).resolve():
         return CHECKS_DIR / stage
     return Path(out).resolve().parent / "reports" / "data_checks" / stage
-
-
-def details_file(metrics_path: str | os.PathLike[str]) -> Path:
-    """Every statistic of a stage, beside its headline metrics file: ``metrics/details/corpus.json``."""
-    path = Path(metrics_path)
-    return path.parent / "details" / path.name
 
 
 #: At most this many flat keys in a stage's DVC metrics file (one terminal-wide ``dvc metrics show`` row).

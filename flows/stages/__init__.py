@@ -10,8 +10,16 @@ imports (:mod:`flows.stages.deps`). Import-light (no ``bert_core``, no Prefect):
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+
+def details_file(metrics_path: str | os.PathLike[str]) -> Path:
+    """Every statistic of a stage, beside its headline metrics file: ``metrics/details/corpus.json``."""
+    path = Path(metrics_path)
+    return path.parent / "details" / path.name
 
 
 @dataclass(frozen=True)
@@ -81,9 +89,8 @@ class Stage:
 
     @property
     def details(self) -> tuple[str, ...]:
-        """The details file of each metrics file: ``details/<name>`` beside it (a plain JSON out, not a
-        DVC metric; ``flows._stage.details_file``)."""
-        return tuple(f"{m.rpartition('/')[0]}/details/{m.rpartition('/')[2]}" for m in self.metrics)
+        """The details file of each metrics file (:func:`details_file`; a plain JSON out, not a DVC metric)."""
+        return tuple(details_file(m).as_posix() for m in self.metrics)
 
     @property
     def flow_module(self) -> str:
