@@ -12,9 +12,10 @@ from pathlib import Path
 from bert_core.released import MINILM_DIR, download_hub_checkpoint, hub_local_dir, is_hub_id
 from flows import profiles
 from flows.overrides import Overrides, ProfileError, get_dotted
+from flows.stages import get
 
-FILE, KEY = "params/finetune.yaml", "finetune.model.source"
-PRETRAINED = "models/pretrained"  # the pretrain stage's output
+FILE, KEY = get("finetune").params_file, "finetune.model.source"
+PRETRAINED = get("pretrain").outs[0]  # models/pretrained
 
 
 def track_model_source(overrides: Overrides, root: Path, log: Callable[[str], None] = print) -> Overrides:
