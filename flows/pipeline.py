@@ -292,8 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     # Ctrl-C / SIGTERM: DVC and its stage are stopped (exit 130 / 143); any other error is a bug: raised.
-    stopped = "; DVC and the running stage were stopped (pretraining keeps its last checkpoint): run it again"
-    return run_command(body, "pipeline", after_stop=f"{stopped} to go on", errors=())
+    stopped = (
+        "; DVC and the running stage were stopped (pretraining keeps its last checkpoint): "
+        "run it again to go on"
+    )
+    return run_command(body, "pipeline", after_stop=stopped, errors=())
 
 
 if __name__ == "__main__":
