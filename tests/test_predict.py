@@ -311,6 +311,10 @@ def test_unknown_model_and_missing_input_are_clear_errors(tmp_path):
         BatchPredictionError, match=r"cannot load model 'models:/nope@champion' .*Check the name"
     ):
         predict_file("models:/nope@champion", src, tmp_path / "out.jsonl")
+    with pytest.raises(
+        BatchPredictionError, match=r"model '/no/such/model': /no/such/model is not a directory"
+    ):
+        predict_file("/no/such/model", src, tmp_path / "out.jsonl")
     with pytest.raises(BatchPredictionError, match=r"missing.jsonl: no such input file"):
         predict_file("models:/nope@champion", tmp_path / "missing.jsonl", tmp_path / "out.jsonl")
     assert not (tmp_path / "out.jsonl").exists()

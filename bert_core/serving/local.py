@@ -34,11 +34,14 @@ class ModelDirectoryError(ValueError):
     """A local model directory is neither an MLflow Model nor a Hugging Face directory with a known task."""
 
 
+def is_uri(model_uri: str) -> bool:
+    """Whether ``model_uri`` is an MLflow URI with a scheme other than ``file:`` (``models:/``, ``runs:/``)."""
+    return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", model_uri)) and not model_uri.startswith("file:")
+
+
 def is_local_model(model_uri: str) -> bool:
     """Whether ``model_uri`` names an existing local directory (not ``models:/``, ``runs:/``, ...)."""
-    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/", model_uri) and not model_uri.startswith("file:"):
-        return False
-    return Path(model_uri.removeprefix("file://")).expanduser().is_dir()
+    return not is_uri(model_uri) and Path(model_uri.removeprefix("file://")).expanduser().is_dir()
 
 
 def _card_params(body: str) -> dict[str, Any] | None:

@@ -157,10 +157,17 @@ def load_model(model_uri: str) -> Any:
 
     import mlflow
 
-    from bert_core.serving.local import ModelDirectoryError, is_local_model
+    from bert_core.serving.local import ModelDirectoryError, is_local_model, is_uri
     from bert_core.tracking.run import tracking_uri
 
     local = is_local_model(model_uri)
+    if not local and not is_uri(model_uri):  # a path: MLflow would try it as an artifact URI, saying so
+        where = Path(model_uri.removeprefix("file://")).expanduser()
+        raise ModelLoadError(
+            f"model {model_uri!r}: {where} is not a directory. Give an existing model directory (an MLflow "
+            "Model, or models/finetuned/<task>, models/pretrained) or a registry URI (models:/<name>@<alias>, "
+            "models:/<name>/<version>, runs:/<run id>/model)"
+        )
     uri = None if local else tracking_uri()
     if uri is not None:
         mlflow.set_tracking_uri(uri)
