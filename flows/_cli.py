@@ -55,8 +55,9 @@ MAX_REASON_CHARS = 2000
 
 def failure_line(prefix: str, err: BaseException, limit: int = MAX_REASON_CHARS) -> str:
     """``<prefix>: <Type>: <message>``, the message cut to ``limit`` characters (saying so): a library's
-    message that embeds a whole file never becomes a megabyte-long line in DVC's log."""
-    message = str(err)
+    message that embeds a whole file never becomes a megabyte-long line in DVC's log. A ``KeyError``'s
+    message is its text, not the key's repr (which quotes it)."""
+    message = str(err.args[0]) if isinstance(err, KeyError) and len(err.args) == 1 else str(err)
     if len(message) > limit:
         message = f"{message[:limit]} ... [truncated: {len(message)} characters in all]"
     return f"{prefix}: {type(err).__name__}: {message}"

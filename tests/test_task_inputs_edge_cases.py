@@ -105,6 +105,11 @@ def test_stage_failed_line_is_bounded():
     assert line.startswith("finetune stage failed (rte): ValueError: zzz")
     assert len(line) < MAX_REASON_CHARS + 200 and "[truncated: 4000000 characters in all]" in line
     assert failure_line("x stage failed", OSError("short")) == "x stage failed: OSError: short"
+    unknown = KeyError("unknown task 'x'; valid tasks: cola, sst2")
+    assert (
+        failure_line("x stage failed", unknown)
+        == "x stage failed: KeyError: unknown task 'x'; valid tasks: cola, sst2"
+    )
 
 
 def test_failed_data_check_points_at_a_report_that_exists(tmp_path):
