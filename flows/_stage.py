@@ -124,7 +124,7 @@ def stage_run(
 
 def metrics_file(stage: str, path: str | os.PathLike[str] | None = None) -> Path:
     """The stage's DVC metrics file: ``path``, or the stage table's (``metrics/<stage>.json``) in the repository."""
-    return Path(path) if path is not None else REPO_ROOT / get(stage).metrics[0]
+    return Path(path) if path else REPO_ROOT / get(stage).metrics[0]  # an empty form field: the default
 
 
 #: Where a stage's data-check reports (Data Docs) go when it writes its outputs where DVC puts them.
