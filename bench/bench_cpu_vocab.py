@@ -35,7 +35,8 @@ def one(size: int, corpus: Path, out: Path, steps: int, eval_every: int) -> dict
 
     from bert_core.params import parse_params, read_yaml
     from bert_core.pretrain import PretrainParams, pretrain
-    from bert_core.pretrain_data import PretrainDataParams, build_pretrain_data
+    from bert_core.pretrain_data.build import build_pretrain_data
+    from bert_core.pretrain_data.params import PretrainDataParams
     from bert_core.vocab import VocabParams, train_vocab
 
     torch.set_num_threads(1)

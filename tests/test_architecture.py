@@ -1,4 +1,5 @@
-"""The structure docs/architecture.md describes, held against the code (static: nothing is imported).
+"""The structure docs/architecture.md describes, held against the code's import graph (grimp's static read of
+every import statement, function-level ones included: nothing is imported).
 
 - ``bert_core`` never imports Prefect or DVC (the orchestrators live in ``flows/``);
 - shared libraries never import a stage package, and a stage package never imports a later stage;
@@ -11,7 +12,6 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
@@ -25,45 +25,21 @@ MAX_LINES = 500
 LONGER_ALLOWED = {"bert_core/model.py"}
 
 
-def _modules(root: Path = REPO_ROOT) -> dict[str, Path]:
-    out = {}
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            out[".".join(parts)] = path
-    return out
-
-
-def _imports(path: Path, name: str, modules: dict[str, Path]) -> list[tuple[str, int]]:
-    """(module of ours, line) for every import statement in the file, resolved to the deepest module."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join([*parts[: len(parts) - node.level + 1], *([base] if base else [])])
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in modules and target.split(".")[0] in PACKAGES:
-                target = target.rpartition(".")[0]
-            if target in modules or target.split(".")[0] in {"prefect", "dvc"}:
-                found.append((target, node.lineno))
-    return found
-
-
 @pytest.fixture(scope="module")
 def graph() -> dict[str, list[tuple[str, int]]]:
-    modules = _modules()
-    return {name: _imports(path, name, modules) for name, path in modules.items()}
+    """Module of ours -> (imported module of ours, or ``prefect`` / ``dvc`` / ..., line) for each import."""
+    import grimp
+
+    imports = grimp.build_graph(*PACKAGES, include_external_packages=True, cache_dir=None)
+    return {
+        name: [
+            (target, detail["line_number"])
+            for target in sorted(imports.find_modules_directly_imported_by(name))
+            for detail in imports.get_import_details(importer=name, imported=target)
+        ]
+        for name in sorted(imports.modules)
+        if name.split(".")[0] in PACKAGES
+    }
 
 
 def test_bert_core_never_imports_an_orchestrator(graph):
@@ -100,40 +76,11 @@ def test_layers_point_down(graph):
 
 
 def test_no_import_circles(graph):
-    edges = {
-        name: sorted({t for t, _ in targets if t in graph and t != name}) for name, targets in graph.items()
-    }
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    circles: list[list[str]] = []
+    import networkx as nx
 
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in edges[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                circles.append(sorted(component))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+    edges = [(name, t) for name, targets in graph.items() for t, _ in targets if t in graph and t != name]
+    circles = [sorted(c) for c in nx.strongly_connected_components(nx.DiGraph(edges)) if len(c) > 1]
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in sorted(circles))
 
 
 def _package_edges(graph, source: str, target: str) -> list[str]:
@@ -172,7 +119,23 @@ def test_tasks_and_metrics_do_not_import_each_other(graph):
 def test_no_module_over_500_lines():
     long = {
         str(path.relative_to(REPO_ROOT)): n
-        for path in _modules().values()
+        for package in PACKAGES
+        for path in (REPO_ROOT / package).rglob("*.py")
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not {k: v for k, v in long.items() if k not in LONGER_ALLOWED}, long
+
+
+def test_no_package_exports_names_through_getattr():
+    """A package ``__init__`` with a module-level ``__getattr__`` loads a module that no import statement
+    names, so the stages' code deps (flows/stages/deps.py, from the import graph) could miss it."""
+    lazy = [
+        str(path.relative_to(REPO_ROOT))
+        for package in PACKAGES
+        for path in (REPO_ROOT / package).rglob("__init__.py")
+        if any(
+            isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+        )
+    ]
+    assert not lazy, f"import the modules themselves instead of exporting through __getattr__: {lazy}"

@@ -110,58 +110,45 @@ def test_the_check_command_names_stage_and_path(tmp_path, capsys):
     assert _deps.main(["sync-deps", "--check"], root=tmp_path) == 0
 
 
-def test_the_walk_follows_every_kind_of_import(tmp_path):
-    pkg = tmp_path / "bert_core"
-    (pkg / "sub").mkdir(parents=True)
-    files = {
-        "bert_core/__init__.py": "",
-        "bert_core/a.py": "import os\n\ndef f():\n    from bert_core.sub import c\n",
-        "bert_core/b.py": "from . import a\n",
-        "bert_core/sub/__init__.py": (
-            "_EXPORTS = {'Thing': 'lazy'}\n\ndef __getattr__(name):\n    import importlib\n"
-        ),
-        "bert_core/sub/c.py": "from ..b import x\n",
-        "bert_core/sub/lazy.py": "",
-        "bert_core/sub/unused.py": "import bert_core.never\n",
-        "bert_core/never.py": "",
-        "flows/__init__.py": "",
-        "flows/s.py": (
-            "from bert_core.sub import Thing\nimport bert_core.a\n"
-            "if __name__ == '__main__':\n    import bert_core.never\n"
-        ),
-        "flows/helper.py": "import flows.s\n",
-    }
-    for rel, body in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(body)
-    graph = _deps.ImportGraph(tmp_path)
-    found = graph.closure("flows.helper")  # flows.s imported, not run: its __main__ block does not count
-    assert found == {
-        "flows",
-        "flows.helper",
+def test_the_closure_takes_every_import_and_the_parent_packages():
+    import grimp
+
+    graph = grimp.ImportGraph()
+    for package in ("flows", "bert_core", "bert_core.sub"):
+        graph.add_module(package)
+    for importer, imported in [
+        ("flows.helper", "flows.s"),
+        ("flows.s", "bert_core.sub.c"),
+        ("bert_core.sub.c", "bert_core.b"),
+        ("bert_core.b", "bert_core.a"),
+        ("bert_core.unused", "bert_core.never"),
+    ]:
+        graph.add_import(importer=importer, imported=imported)
+    assert _deps.closure(graph, "flows.s") == {
+        "flows",  # the parent package of flows.s, run before it
         "flows.s",
         "bert_core",
-        "bert_core.a",
-        "bert_core.b",
         "bert_core.sub",
         "bert_core.sub.c",
-        "bert_core.sub.lazy",
+        "bert_core.b",
+        "bert_core.a",
     }
-    assert graph.closure("flows.s") == found - {"flows.helper"} | {"bert_core.never"}  # run: it counts
-    found -= {"flows.helper"}
-    files_found = {_deps.module_file(m, tmp_path) for m in found}
-    assert _deps.collapse(files_found, tmp_path) == [
-        "bert_core/__init__.py",
-        "bert_core/a.py",
-        "bert_core/b.py",
-        "bert_core/sub/__init__.py",
-        "bert_core/sub/c.py",
-        "bert_core/sub/lazy.py",
-        "flows/__init__.py",
-        "flows/s.py",
-    ]
-    (pkg / "sub" / "unused.py").unlink()
-    assert "bert_core/sub" in _deps.collapse(files_found, tmp_path)
+
+
+def test_the_graph_sees_imports_inside_functions():
+    # flows.pretrain imports the continued-pretraining init inside its flow function
+    assert "bert_core.pretrain.init" in _deps.closure(_deps.import_graph(), "flows.pretrain")
+
+
+def test_a_package_whose_files_are_all_imported_collapses_to_its_directory(tmp_path):
+    files = ["bert_core/__init__.py", "bert_core/a.py", "bert_core/sub/__init__.py", "bert_core/sub/c.py"]
+    for rel in [*files, "bert_core/sub/unused.py"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    found = {tmp_path / rel for rel in files}
+    assert _deps.collapse(found, tmp_path) == files  # sub/unused.py is not imported: files, one by one
+    (tmp_path / "bert_core/sub/unused.py").unlink()
+    assert _deps.collapse(found, tmp_path) == ["bert_core/__init__.py", "bert_core/a.py", "bert_core/sub"]
 
 
 def _run(cmd: list[str], cwd: Path) -> str:

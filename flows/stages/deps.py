@@ -1,19 +1,19 @@
 """Code deps of every stage, derived from its real imports: ``python -m flows.stages sync-deps [--check]``.
 
-A static walk from the stage's flow module over its import statements (inside functions too; relative
-ones; a package ``__init__``'s lazy ``__getattr__`` exports) collects every file of ``bert_core/`` and
-``flows/`` the stage can execute; ``if __name__ == "__main__":`` code counts only in the flow module. A
-package directory replaces its files only when every one is imported. ``sync-deps`` rewrites each
+The import graph of ``bert_core/`` and ``flows/`` is grimp's (every import statement, inside functions
+too, relative ones resolved); a stage's code is its flow module and everything it imports, transitively,
+with each module's parent packages (importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``).
+A package directory replaces its files only when every one is imported. ``sync-deps`` rewrites each
 ``deps:`` list of ``dvc.yaml`` through DVC's round-trip YAML, keeping its comments and layout.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -35,111 +35,25 @@ def module_file(name: str, root: Path) -> Path | None:
     return None
 
 
-def _is_main_guard(node: ast.AST) -> bool:
-    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
-        return False
-    sides = [node.test.left, *node.test.comparators]
-    names = {s.id for s in sides if isinstance(s, ast.Name)}
-    consts = {s.value for s in sides if isinstance(s, ast.Constant)}
-    return names == {"__name__"} and consts == {"__main__"}
+def import_graph() -> Any:
+    """grimp's import graph of the code packages of this checkout."""
+    import grimp
+
+    return grimp.build_graph(*CODE_PACKAGES, cache_dir=None)
 
 
-def _import_nodes(tree: ast.Module, *, include_main: bool) -> list[ast.Import | ast.ImportFrom]:
-    nodes: list[ast.Import | ast.ImportFrom] = []
-    stack: list[ast.AST] = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            nodes.append(node)
-        for child in ast.iter_child_nodes(node):
-            if not include_main and node is tree and _is_main_guard(child):
-                continue
-            stack.append(child)
-    return nodes
-
-
-def _lazy_exports(tree: ast.Module) -> dict[str, str]:
-    """``{name: submodule}`` of a package that exports names through a module-level ``__getattr__``."""
-    if not any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body):
-        return {}
-    out: dict[str, str] = {}
-    for node in tree.body:
-        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
-        if isinstance(value, ast.Dict):
-            for k, v in zip(value.keys, value.values, strict=True):
-                key = k.value if isinstance(k, ast.Constant) else None
-                sub = v.value if isinstance(v, ast.Constant) else None
-                if isinstance(key, str) and isinstance(sub, str):
-                    out[key] = sub.lstrip(".")
-    return out
-
-
-class ImportGraph:
-    """Parsed modules of the repository's code packages, cached."""
-
-    def __init__(self, root: Path = REPO_ROOT) -> None:
-        self.root = root
-        self._trees: dict[Path, ast.Module] = {}
-
-    def tree(self, path: Path) -> ast.Module:
-        if path not in self._trees:
-            self._trees[path] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        return self._trees[path]
-
-    def _ours(self, name: str) -> bool:
-        return name.split(".", 1)[0] in CODE_PACKAGES
-
-    def _with_parents(self, name: str) -> list[str]:
+def closure(graph: Any, entry: str) -> set[str]:
+    """Every module of ours that running ``python -m <entry>`` can import (parent packages included)."""
+    seen: set[str] = set()
+    todo = [entry]
+    while todo:
+        if (name := todo.pop()) in seen:
+            continue
+        seen.add(name)
         parts = name.split(".")
-        return [".".join(parts[: i + 1]) for i in range(len(parts))]
-
-    def imported_by(self, name: str, *, entry: bool = False) -> set[str]:
-        """The modules of ours that module ``name`` imports directly (parents included)."""
-        path = module_file(name, self.root)
-        if path is None:
-            return set()
-        is_package = path.name == "__init__.py"
-        package = name if is_package else name.rpartition(".")[0]
-        found: set[str] = set()
-        for node in _import_nodes(self.tree(path), include_main=entry):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                if node.level:
-                    parts = package.split(".")
-                    base_parts = parts[: len(parts) - (node.level - 1)]
-                    base = ".".join([*base_parts, *([node.module] if node.module else [])])
-                else:
-                    base = node.module or ""
-                targets = [base]
-                base_file = module_file(base, self.root) if self._ours(base) else None
-                lazy = (
-                    _lazy_exports(self.tree(base_file))
-                    if base_file is not None and base_file.name == "__init__.py"
-                    else {}
-                )
-                for alias in node.names:
-                    sub = f"{base}.{alias.name}"
-                    if alias.name != "*" and module_file(sub, self.root) is not None:
-                        targets.append(sub)
-                    elif alias.name in lazy and module_file(f"{base}.{lazy[alias.name]}", self.root):
-                        targets.append(f"{base}.{lazy[alias.name]}")
-            for target in targets:
-                if self._ours(target):
-                    found.update(m for m in self._with_parents(target) if module_file(m, self.root))
-        return found
-
-    def closure(self, entry: str) -> set[str]:
-        """Every module of ours that running ``python -m <entry>`` can import."""
-        seen: set[str] = set()
-        todo = [(m, m == entry) for m in self._with_parents(entry)]
-        while todo:
-            name, is_entry = todo.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            todo += [(m, False) for m in self.imported_by(name, entry=is_entry) if m not in seen]
-        return {m for m in seen if module_file(m, self.root) is not None}
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        todo += graph.find_modules_directly_imported_by(name)
+    return seen
 
 
 def _py_files(directory: Path) -> set[Path]:
@@ -164,16 +78,10 @@ def collapse(files: set[Path], root: Path) -> list[str]:
     return sorted(out)
 
 
-def code_deps(stage: Stage, root: Path = REPO_ROOT, graph: ImportGraph | None = None) -> list[str]:
-    """The code deps of ``stage``: its flow module and everything it imports within our packages."""
-    graph = graph or ImportGraph(root)
-    modules = graph.closure(stage.flow_module)
-    files = {f for m in modules if (f := module_file(m, root)) is not None}
-    return collapse(files, root)
-
-
-def expected_deps(stage: Stage, root: Path = REPO_ROOT, graph: ImportGraph | None = None) -> list[str]:
-    return [*stage.data_deps, *code_deps(stage, root, graph)]
+def expected_deps(stage: Stage, graph: Any, root: Path = REPO_ROOT) -> list[str]:
+    """The deps of ``stage``: its data deps, then its flow module and everything it imports (collapsed)."""
+    files = {f for m in closure(graph, stage.flow_module) if (f := module_file(m, root)) is not None}
+    return [*stage.data_deps, *collapse(files, root)]
 
 
 # ------------------------------------------------------------------------------------ dvc.yaml rewrite
@@ -225,8 +133,8 @@ def sync(root: Path = REPO_ROOT, stages: tuple[Stage, ...] = STAGES, text: str |
     """Compute the in-sync ``dvc.yaml`` and what differs in the current one (or in ``text``)."""
     if text is None:
         text = (root / "dvc.yaml").read_text(encoding="utf-8")
-    graph = ImportGraph(root)
-    wanted = {s.name: expected_deps(s, root, graph) for s in stages}
+    graph = import_graph()
+    wanted = {s.name: expected_deps(s, graph, root) for s in stages}
     have = current_deps(text)
     problems: list[str] = []
     wrong: list[str] = []
@@ -257,9 +165,9 @@ def main(argv: list[str] | None = None, root: Path = REPO_ROOT) -> int:
     sub.add_parser("list", help="print the stages and their code deps")
     args = parser.parse_args(argv)
     if args.command == "list":
-        graph = ImportGraph(root)
+        graph = import_graph()
         for stage in STAGES:
-            print(f"{stage.name}: {' '.join(expected_deps(stage, root, graph))}")
+            print(f"{stage.name}: {' '.join(expected_deps(stage, graph, root))}")
         return 0
     try:
         result = sync(root)
