@@ -6,11 +6,9 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import signal
-import ssl
 import subprocess
 import sys
 import time
@@ -60,41 +58,24 @@ def _masked(text: str, secrets: list[str]) -> str:
     return text
 
 
-def _client_settings() -> dict[str, Any]:
-    """Headers and TLS verification as ``PrefectClient.__init__`` builds them (the auth string wins over
-    the key; httpx sends credentials in the URL as basic auth by itself)."""
-    from prefect.settings import (
-        PREFECT_API_AUTH_STRING,
-        PREFECT_API_KEY,
-        PREFECT_API_SSL_CERT_FILE,
-        PREFECT_API_TLS_INSECURE_SKIP_VERIFY,
-    )
-
-    headers = {}
-    if auth_string := PREFECT_API_AUTH_STRING.value():
-        headers["Authorization"] = "Basic " + base64.b64encode(auth_string.encode("utf-8")).decode("ascii")
-    elif api_key := PREFECT_API_KEY.value():
-        headers["Authorization"] = f"Bearer {api_key}"
-    if PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value():
-        verify: ssl.SSLContext | bool = False
-    else:
-        import certifi
-
-        verify = ssl.create_default_context(cafile=PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
-    return {"headers": headers, "verify": verify}
-
-
 def _health(url: str, timeout_s: float) -> tuple[str | None, int | None]:
-    """``(None, None)`` when ``<url>/health`` answers 200, else a short reason and the HTTP status."""
-    import httpx
+    """``(None, None)`` when ``<url>/health`` answers 200, else a short reason and the HTTP status; asked
+    through Prefect's own client, so the credentials and TLS settings are those its flow runs will use."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
     try:
-        resp = httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s, **_client_settings())
-    except httpx.HTTPError as err:
-        return (str(err) or type(err).__name__)[:200], None
-    except (OSError, ValueError, ssl.SSLError) as err:
-        return f"{type(err).__name__}: {str(err)[:200]}", None
-    return (None, None) if resp.status_code == 200 else (f"HTTP {resp.status_code}", resp.status_code)
+        with (
+            temporary_settings(updates={PREFECT_API_URL: url, PREFECT_CLIENT_MAX_RETRIES: 0}),
+            get_client(sync_client=True, httpx_settings={"timeout": timeout_s}) as client,
+        ):
+            err = client.api_healthcheck()
+    except Exception as failed:  # a URL or TLS setting the client refuses
+        err = failed
+    if err is None:
+        return None, None
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    return (f"HTTP {status}" if status else f"{type(err).__name__}: {str(err)[:200]}"), status
 
 
 def check_api(
