@@ -174,7 +174,7 @@ def flow_started(out: str) -> bool:
 def test_ctrl_c_to_a_stage_without_a_prefect_server_exits_130_at_once(
     tiny_pipeline, prefect_server, tmp_path
 ):
-    """The issue's case: no PREFECT_API_URL, so the stage starts a temporary Prefect server; Ctrl-C while
+    """The common case: no PREFECT_API_URL, so the stage starts a temporary Prefect server; Ctrl-C while
     the stage reads its data (started with SIGINT ignored, as ``cmd &`` in a script leaves it)."""
     clone = tiny_pipeline.clone(tmp_path / "clone")
     home = migrated_prefect_home(prefect_server, tmp_path / "prefect-home")  # only to skip the migrations
@@ -244,7 +244,7 @@ LATE_CHECKPOINT = (
 
 @pytest.mark.parametrize(
     "command",
-    # `make test-faults` runs the issue's case (dvc exp run); `make test-slow` also runs dvc repro.
+    # `make test-faults` runs the pipeline's own way (dvc exp run); `make test-slow` also runs dvc repro.
     [pytest.param(["repro"], marks=pytest.mark.slow), pytest.param(["exp", "run"], marks=pytest.mark.faults)],
     ids=["dvc repro", "dvc exp run"],
 )
