@@ -10,7 +10,9 @@ a stage the same threads and the same numbers.
 from __future__ import annotations
 
 import contextvars
+import graphlib
 import os
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
@@ -117,31 +119,27 @@ def run_graph(
     Returns:
         Stage -> ``ok``, ``failed`` or ``not run`` (a stage it needs failed, or ``fail_fast`` stopped).
     """
+    order = graphlib.TopologicalSorter(needs)  # a stage becomes ready once order.done() for all it needs
+    order.prepare()
     outcome: dict[str, str] = {}
-    pending, free = list(needs), list(range(jobs))
+    ready, free = deque[str](), list(range(jobs))
     running: dict[Future[bool], tuple[str, int]] = {}
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="stage") as pool:
         try:
-            while pending or running:
-                stopped = fail_fast and "failed" in outcome.values()
-                for stage in list(pending):
-                    states = {outcome.get(n) for n in needs[stage]}
-                    if stopped or states & {"failed", "not run"}:
-                        outcome[stage] = "not run"
-                    elif free and states <= {"ok"}:
-                        slot = free.pop(0)
-                        future = pool.submit(contextvars.copy_context().run, run, stage, slot)
-                        running[future] = (stage, slot)
-                    else:
-                        continue
-                    pending.remove(stage)
+            while True:
+                ready += order.get_ready()
+                while ready and free and not (fail_fast and "failed" in outcome.values()):
+                    stage, slot = ready.popleft(), free.pop(0)
+                    running[pool.submit(contextvars.copy_context().run, run, stage, slot)] = (stage, slot)
                 if not running:
-                    continue
+                    break
                 for future in wait(running, return_when=FIRST_COMPLETED).done:
                     stage, slot = running.pop(future)
-                    outcome[stage] = "ok" if future.result() else "failed"
                     free.append(slot)
+                    outcome[stage] = "ok" if future.result() else "failed"
+                    if outcome[stage] == "ok":
+                        order.done(stage)
         except BaseException:
             abort()
             raise
-    return outcome
+    return {stage: outcome.get(stage, "not run") for stage in needs}
