@@ -1,7 +1,9 @@
 """``make ui``: the MLflow UI over the pipeline's tracking store, with links that open its runs tables.
 
 Why links, and the saved view of the fine-tuning runs: docs/model-cards.md. Ctrl-C or SIGTERM stops the
-UI; the exit status is the UI server's (130 / 143 after a signal).
+UI server: ``ui interrupted: stopped by SIGINT; the MLflow UI server was stopped``, exit status 130 / 143
+(``flows._cli.run_command``, as for every command). A server that never answers is stopped (exit 1); one
+that exits by itself gives its own exit status.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+from flows._cli import run_command, signal_of
 from flows._served import is_healthy
 
 #: How long the UI server may take to answer ``/health`` (seconds; its first start migrates the store).
 START_TIMEOUT_S = 180.0
-#: After Ctrl-C / SIGTERM, how long the UI server may take to shut down before it is killed (seconds).
+#: After a signal or the start timeout, how long the UI server may take to stop before it is killed (s).
 STOP_TIMEOUT_S = 10.0
 
 
@@ -68,15 +71,15 @@ def _lines(url: str, store: str) -> list[str]:
         return [f"MLflow UI: {url} (could not list the experiments: {type(err).__name__}: {err})"]
 
 
-def _wait(proc: subprocess.Popen[bytes], stopped: list[int]) -> int:
-    """The server's exit status; once a signal was forwarded, it is killed if still up after a grace period."""
-    while True:
-        try:
-            return proc.wait(timeout=STOP_TIMEOUT_S if stopped else 1.0)
-        except subprocess.TimeoutExpired:
-            if stopped:
-                proc.kill()
-                return proc.wait()
+def _stop(proc: subprocess.Popen[bytes], signum: int) -> None:
+    """Send the UI server ``signum``; kill it if it is still up after a grace period or at a second signal."""
+    if proc.poll() is None:
+        proc.send_signal(signum)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        proc.kill()
+        proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,40 +94,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="UI server processes (default 1: one user)")
     args = parser.parse_args(argv)
     store = args.backend_store_uri or tracking_uri()
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store, "--host", args.host]
-    proc = subprocess.Popen([*cmd, "--port", str(args.port), "--workers", str(args.workers)])
-    stopped: list[int] = []
-
-    def forward(signum: int, _frame: Any) -> None:
-        stopped.append(signum)
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    # The experiments are listed while the server starts (importing MLflow takes seconds), in a thread, so
-    # that a Ctrl-C is never held up by it.
-    listed: list[list[str]] = []
     url = f"http://{args.host}:{args.port}"
-    threading.Thread(target=lambda: listed.append(_lines(url, store)), daemon=True).start()
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not stopped and proc.poll() is None and not (listed and is_healthy(url, timeout=5)):
-            if time.monotonic() > deadline:
-                print(
-                    f"ui: mlflow ui did not answer on {url} within {START_TIMEOUT_S:.0f} s", file=sys.stderr
-                )
-                proc.terminate()
-                break
-            time.sleep(0.5)
-        if not stopped and proc.poll() is None:
-            print("\n".join(listed[0]), flush=True)
-        code = _wait(proc, stopped)
-    finally:
-        for signum, handler in old.items():
-            signal.signal(signum, handler)
-    if stopped:
-        return 128 + stopped[0]
-    return code
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store, "--host", args.host]
+
+    def body() -> int:
+        proc = subprocess.Popen([*cmd, "--port", str(args.port), "--workers", str(args.workers)])
+        try:
+            # The experiments are listed while the server starts (importing MLflow takes seconds), in a
+            # thread, so that a Ctrl-C is never held up by it.
+            listed: list[list[str]] = []
+            threading.Thread(target=lambda: listed.append(_lines(url, store)), daemon=True).start()
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while proc.poll() is None and not (listed and is_healthy(url, timeout=5)):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"mlflow ui did not answer on {url} within {START_TIMEOUT_S:.0f} s")
+                time.sleep(0.5)
+            if proc.poll() is None:
+                print("\n".join(listed[0]), flush=True)
+            return proc.wait()
+        except BaseException as err:  # a signal (Interrupted) or the start timeout: the server goes too
+            _stop(proc, signal_of(err) or signal.SIGTERM)
+            raise
+
+    return run_command(body, "ui", after_stop="; the MLflow UI server was stopped")
 
 
 if __name__ == "__main__":

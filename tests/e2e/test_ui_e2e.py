@@ -1,5 +1,6 @@
 """``make ui`` (``python -m flows.ui``): a real ``mlflow ui`` on a free loopback port prints the links that
-open the pipeline's experiments in the Model-training view, serves them, and stops on Ctrl-C with 130."""
+open the pipeline's experiments in the Model-training view, serves them, and stops on Ctrl-C with 130 and
+the commands' one line."""
 
 from __future__ import annotations
 
@@ -65,6 +66,11 @@ def test_make_ui_prints_the_runs_table_links_and_stops_on_ctrl_c(tmp_path):
             assert resp.status == 200 and b"<html" in resp.read(2000).lower()
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal: the launcher and the UI server
         assert proc.wait(timeout=60) == 130, "".join(lines)[-3000:]
+        stopped = "ui interrupted: stopped by SIGINT; the MLflow UI server was stopped\n"
+        deadline = time.monotonic() + 10  # the reader thread takes the last lines
+        while stopped not in lines and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert stopped in lines, lines[-20:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
