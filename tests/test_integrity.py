@@ -157,10 +157,10 @@ def test_a_damaged_vocab_is_refused_by_name(pretrain_out, tmp_path):
 
 
 def test_a_corpus_shard_damaged_in_place_is_refused_by_name(tmp_path):
-    from bert_core.corpus.shards import ShardWriter, iter_shard_batches, open_shard
+    from bert_core.corpus.shards import DocumentShardWriter, iter_shard_batches, open_shard
 
     with atomic_path(tmp_path / "corpus", is_dir=True) as tmp:
-        writer = ShardWriter(tmp / "train", max_bytes=10_000_000)
+        writer = DocumentShardWriter(tmp / "train", max_bytes=10_000_000)
         for i in range(50):
             text = [f"Sentence {j} of document {i}." for j in range(5)]
             writer.write({"doc_id": str(i), "source": "t", "title": str(i), "sentences": text}, 150)

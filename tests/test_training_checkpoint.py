@@ -118,7 +118,7 @@ def test_pickled_code_in_a_checkpoint_is_refused_not_executed(tmp_path, monkeypa
     path = _save(tmp_path / "ck", 1, model, opt)
     torch.save({"state": _Evil()}, path / "optimizer.pt")  # a pickle that would run a shell command
     (path / OUTPUT_MARK).unlink()  # no checksums to catch it first: the safe loader must refuse it
-    with pytest.raises(ckpt.CheckpointError, match=r"optimizer\.pt cannot be loaded safely"):
+    with pytest.raises(ckpt.TrainingCheckpointError, match=r"optimizer\.pt cannot be loaded safely"):
         ckpt.load_checkpoint(path, model=model, optimizer=opt)
     assert not (tmp_path / "PWNED").exists()
 
@@ -129,10 +129,12 @@ def test_truncated_weights_give_a_clear_error(tmp_path):
     path = _save(tmp_path, 1, model, opt)
     weights = path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    with pytest.raises(ckpt.CheckpointError, match=r"model\.safetensors is damaged: expected \d+ bytes"):
+    with pytest.raises(
+        ckpt.TrainingCheckpointError, match=r"model\.safetensors is damaged: expected \d+ bytes"
+    ):
         ckpt.load_checkpoint(path, model=model, optimizer=opt)
     (path / OUTPUT_MARK).unlink()  # a checkpoint without checksums: safetensors' own error, with the name
-    with pytest.raises(ckpt.CheckpointError, match="cannot load model weights"):
+    with pytest.raises(ckpt.TrainingCheckpointError, match="cannot load model weights"):
         ckpt.load_checkpoint(path, model=model, optimizer=opt)
 
 
@@ -150,7 +152,9 @@ def test_a_file_damaged_in_place_is_refused_by_name_and_resume_falls_back(tmp_pa
     middle = len(data) // 2
     data[middle : middle + 4] = bytes(b ^ 0xFF for b in data[middle : middle + 4])
     target.write_bytes(bytes(data))
-    with pytest.raises(ckpt.CheckpointError, match=rf"{second / name} is damaged: its content changed"):
+    with pytest.raises(
+        ckpt.TrainingCheckpointError, match=rf"{second / name} is damaged: its content changed"
+    ):
         ckpt.load_checkpoint(second, model=model, optimizer=opt)
     resumed = ckpt.resume_newest(
         tmp_path, model=model, optimizer=opt, scaler=None, dist=DistContext(), fingerprint=""
@@ -174,5 +178,5 @@ def test_checkpoint_of_another_model_size_is_refused(tmp_path):
     bigger = BertForPreTraining(
         BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=2)
     )
-    with pytest.raises(ckpt.CheckpointError, match="different model"):
+    with pytest.raises(ckpt.TrainingCheckpointError, match="different model"):
         ckpt.load_checkpoint(path, model=bigger)

@@ -213,7 +213,7 @@ def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
         checkpoint_dir=tmp_path,
         fingerprint="other-settings",
     )
-    with pytest.raises(ckpt.CheckpointError, match="other settings"):
+    with pytest.raises(ckpt.TrainingCheckpointError, match="other settings"):
         trainer.fit()
 
 

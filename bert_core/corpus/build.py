@@ -30,9 +30,9 @@ from bert_core.atomic import atomic_path
 from bert_core.corpus.clean import normalize_text, paragraphs, strip_gutenberg
 from bert_core.corpus.merge import Merger, corpus_checks, h64
 from bert_core.corpus.params import CorpusParams, SourceSpec
-from bert_core.corpus.readers import CorpusError, UnitStats, WorkUnit, plan_units, read_unit
+from bert_core.corpus.readers import CorpusError, SourceFile, UnitStats, plan_units, read_unit
 from bert_core.corpus.segment import get_segmenter, segment_paragraphs
-from bert_core.corpus.shards import MANIFEST, SCHEMA, ShardWriter
+from bert_core.corpus.shards import MANIFEST, SCHEMA, DocumentShardWriter
 from bert_core.corpus.stats import CorpusStats, UnitResult
 from bert_core.tracking.fingerprint import json_fingerprint
 
@@ -77,7 +77,7 @@ def unit_read_limits(params: CorpusParams, src: SourceSpec) -> tuple[int | None,
     )
 
 
-def process_unit(unit: WorkUnit, params: CorpusParams, work_dir: str, root: str | None) -> UnitResult:
+def process_unit(unit: SourceFile, params: CorpusParams, work_dir: str, root: str | None) -> UnitResult:
     """Read, clean and segment one work unit into ``work_dir/unit-NNNNNN.parquet``.
 
     Runs in a worker process. Per-document filters (empty, too short/long, too few sentences) are
@@ -88,7 +88,9 @@ def process_unit(unit: WorkUnit, params: CorpusParams, work_dir: str, root: str 
     stats = UnitStats()
     out = Path(work_dir) / f"unit-{unit.index:06d}.parquet"
     # The buffering shard writer, used for one temporary file (never rolls over).
-    writer = ShardWriter(Path(work_dir) / f"u{unit.index:06d}", max_bytes=1 << 62, schema=_UNIT_SCHEMA)
+    writer = DocumentShardWriter(
+        Path(work_dir) / f"u{unit.index:06d}", max_bytes=1 << 62, schema=_UNIT_SCHEMA
+    )
     src = unit.source
     max_docs, max_bytes = unit_read_limits(params, src)
     n = n_bytes = 0
@@ -222,7 +224,7 @@ def build_corpus(
                 merger.consume(unit, process_unit(unit, params, str(work), root_s))
         else:
             with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-                pending: deque[tuple[WorkUnit, Future]] = deque()
+                pending: deque[tuple[SourceFile, Future]] = deque()
                 todo = iter(units)
 
                 def submit_next() -> None:

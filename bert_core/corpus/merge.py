@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from bert_core.corpus.params import CorpusParams, SourceSpec
-from bert_core.corpus.readers import WorkUnit
-from bert_core.corpus.shards import SCHEMA, ShardWriter
+from bert_core.corpus.readers import SourceFile
+from bert_core.corpus.shards import SCHEMA, DocumentShardWriter
 from bert_core.corpus.stats import CorpusStats, UnitResult
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,8 @@ class Merger:
         self.p = params
         self.sources = sources
         self.stats = stats
-        self.train = ShardWriter(out / "train", max_bytes=params.shard_max_bytes)
-        self.heldout = ShardWriter(out / "heldout", max_bytes=params.shard_max_bytes)
+        self.train = DocumentShardWriter(out / "train", max_bytes=params.shard_max_bytes)
+        self.heldout = DocumentShardWriter(out / "heldout", max_bytes=params.shard_max_bytes)
         self.seen_text = HashSet64()
         self.seen_id = HashSet64()
         self.src_docs = Counter()
@@ -92,7 +92,7 @@ class Merger:
             return True
         return False
 
-    def consume(self, unit: WorkUnit, result: UnitResult) -> None:
+    def consume(self, unit: SourceFile, result: UnitResult) -> None:
         st = self.stats
         st.input_files += result.stats.input_files
         st.input_bytes += result.stats.input_bytes

@@ -83,7 +83,7 @@ class UnitStats:
 
 
 @dataclass(frozen=True)
-class WorkUnit:
+class SourceFile:
     """One input file of a source (``path`` None: a whole Hub dataset)."""
 
     index: int
@@ -127,13 +127,13 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
     return anchor, files
 
 
-def plan_units(sources: tuple[SourceSpec, ...], root: Path | None) -> list[WorkUnit]:
+def plan_units(sources: tuple[SourceSpec, ...], root: Path | None) -> list[SourceFile]:
     """Resolve every source to its ordered work units.
 
     Raises:
         SourceNotFoundError: a source path matches no file (names the source, the path and the root).
     """
-    units: list[WorkUnit] = []
+    units: list[SourceFile] = []
     for si, source in enumerate(sources):
         if source.kind == "hf":  # one unit: the Hub dataset, or a local dataset folder under the root
             if root is not None and not (root / source.path).exists():
@@ -141,7 +141,7 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None) -> list[WorkU
                     f"source '{source.name}' (hf): '{source.path}' does not exist under data root {root}; "
                     "with BERT_DATA_ROOT set, Hub datasets must be given as local dataset folders"
                 )
-            units.append(WorkUnit(len(units), si, source, None, f"{source.split}"))
+            units.append(SourceFile(len(units), si, source, None, f"{source.split}"))
             continue
         anchor, files = _resolve(source, root)
         for p in files:
@@ -149,7 +149,7 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None) -> list[WorkU
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
                 rel = p.name
-            units.append(WorkUnit(len(units), si, source, str(p), rel))
+            units.append(SourceFile(len(units), si, source, str(p), rel))
     return units
 
 
@@ -205,7 +205,7 @@ def _wikitext_docs(lines: Iterator[str], prefix: str) -> Iterator[RawDoc]:
         yield RawDoc(f"{prefix}{n}", title, "\n".join(paras), "paragraph")
 
 
-def _read_text(unit: WorkUnit, stats: UnitStats, max_doc_chars: int) -> Iterator[RawDoc]:
+def _read_text(unit: SourceFile, stats: UnitStats, max_doc_chars: int) -> Iterator[RawDoc]:
     src, path = unit.source, Path(unit.path)
     mode = src.effective_doc_split
     if mode == "file":
@@ -267,7 +267,7 @@ def _field_str(rec: dict, name: str | None) -> str | None:
     return None if v is None else str(v)
 
 
-def _read_jsonl(unit: WorkUnit, stats: UnitStats, on_bad_record: str) -> Iterator[RawDoc]:
+def _read_jsonl(unit: SourceFile, stats: UnitStats, on_bad_record: str) -> Iterator[RawDoc]:
     src, path = unit.source, Path(unit.path)
     for lineno, line in _lines(path, stats):
         if not line.strip():
@@ -287,7 +287,7 @@ def _read_jsonl(unit: WorkUnit, stats: UnitStats, on_bad_record: str) -> Iterato
         yield RawDoc(rid, _field_str(rec, src.title_field) or "", rec[src.text_field], src.effective_newlines)
 
 
-def _read_parquet(unit: WorkUnit, stats: UnitStats, on_bad_record: str) -> Iterator[RawDoc]:
+def _read_parquet(unit: SourceFile, stats: UnitStats, on_bad_record: str) -> Iterator[RawDoc]:
     import pyarrow.parquet as pq
 
     src, path = unit.source, Path(unit.path)
@@ -323,7 +323,7 @@ def _read_parquet(unit: WorkUnit, stats: UnitStats, on_bad_record: str) -> Itera
             yield RawDoc(rid, title, text, src.effective_newlines)
 
 
-def _read_wiki(unit: WorkUnit, stats: UnitStats) -> Iterator[RawDoc]:
+def _read_wiki(unit: SourceFile, stats: UnitStats) -> Iterator[RawDoc]:
     path = Path(unit.path)
     stats.input_bytes += path.stat().st_size
     try:
@@ -350,7 +350,7 @@ def _read_wiki(unit: WorkUnit, stats: UnitStats) -> Iterator[RawDoc]:
         raise CorpusError(str(err)) from None
 
 
-def _read_hf(unit: WorkUnit, stats: UnitStats, root: Path | None) -> Iterator[RawDoc]:
+def _read_hf(unit: SourceFile, stats: UnitStats, root: Path | None) -> Iterator[RawDoc]:
     src = unit.source
     try:
         import datasets
@@ -385,7 +385,7 @@ def _read_hf(unit: WorkUnit, stats: UnitStats, root: Path | None) -> Iterator[Ra
 
 
 def read_unit(
-    unit: WorkUnit, stats: UnitStats, *, max_doc_chars: int, on_bad_record: str, root: Path | None
+    unit: SourceFile, stats: UnitStats, *, max_doc_chars: int, on_bad_record: str, root: Path | None
 ) -> Iterator[RawDoc]:
     """Stream the raw documents of one work unit, updating ``stats`` (bytes, bad records, skips).
 

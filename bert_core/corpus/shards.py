@@ -33,7 +33,7 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "heldout")
 
 
-class ShardWriter:
+class DocumentShardWriter:
     """Append documents to ``<dir>/part-NNNNN.parquet`` files, rolling over at ``max_bytes`` of text.
 
     Rows are buffered only up to ``row_group_bytes`` before they are written as a row group, so memory is

@@ -50,7 +50,7 @@ import numpy as np
 from bert_core.atomic import atomic_path
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.storage import FORMAT, FORMAT_VERSION
-from bert_core.pretrain_data.worker import Job, WorkUnit, run_task
+from bert_core.pretrain_data.worker import BuildUnit, Job, run_task
 from bert_core.vocab.info import load_tokenizer, read_vocab
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def _row_bytes(pf, group: int) -> np.ndarray:
     return np.bincount(parents, weights=lens, minlength=len(col)).astype(np.int64)
 
 
-def plan_tasks(corpus_dir: str | Path, split: str, task_bytes: int) -> list[WorkUnit]:
+def plan_tasks(corpus_dir: str | Path, split: str, task_bytes: int) -> list[BuildUnit]:
     """Cut the split's documents (all ``part-*.parquet`` files in name order, read as one stream) into
     tasks of consecutive documents holding about ``task_bytes`` bytes of text each.
 
@@ -203,7 +203,7 @@ def plan_tasks(corpus_dir: str | Path, split: str, task_bytes: int) -> list[Work
             a, b = max(lo, starts[i]), min(hi, starts[i + 1])
             if b > a:
                 segments.append((str(f), int(a - starts[i]), int(b - starts[i])))
-        tasks.append(WorkUnit(split, k, tuple(segments), hi - lo))
+        tasks.append(BuildUnit(split, k, tuple(segments), hi - lo))
     return tasks
 
 
@@ -293,7 +293,7 @@ def _sum(dicts: list[dict[str, int]]) -> dict[str, int]:
 
 def _balance_nsp(
     params: PretrainDataParams,
-    plans: dict[str, list[WorkUnit]],
+    plans: dict[str, list[BuildUnit]],
     by_split: dict[str, list[dict[str, Any]]],
     out_dir: str,
     vocab_dir: str,

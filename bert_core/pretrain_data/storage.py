@@ -42,7 +42,7 @@ FORMAT = "bert-pretrain-data"
 FORMAT_VERSION = 1
 
 
-class ShardWriter:
+class InstanceShardWriter:
     """Appends instances to one shard's files as they are produced (nothing is held back in memory)."""
 
     def __init__(self, directory: Path, name: str, token_dtype: str, *, static: bool, track_docs: bool):

@@ -26,7 +26,7 @@ import numpy as np
 from bert_core.pretrain_data.instances import NspCounter, Pairs, Window, create_pairs, materialize
 from bert_core.pretrain_data.masking import MaskingSpec, mask_with_generator
 from bert_core.pretrain_data.params import PretrainDataParams
-from bert_core.pretrain_data.storage import ShardWriter
+from bert_core.pretrain_data.storage import InstanceShardWriter
 from bert_core.vocab.info import load_tokenizer, read_vocab
 
 READ_BATCH_DOCS = 64  # documents decoded from Parquet at a time
@@ -35,9 +35,9 @@ CHUNK_INSTANCES = 4096  # instances laid out and masked at a time (bounds the (N
 
 
 @dataclass(frozen=True)
-class WorkUnit:
-    """A task of the builder: consecutive documents of one split, processed by one worker into one output
-    shard per phase (``task_bytes`` of text; not to be confused with a fine-tuning task, ``bert_core.tasks.TaskSpec``).
+class BuildUnit:
+    """One unit of the builder's work: consecutive documents of one split, processed by one worker into
+    one output shard per phase (``task_bytes`` of text).
 
     Attributes:
         split: ``train`` or ``heldout``.
@@ -92,7 +92,7 @@ class Job:
         nsp_offset: Per phase, the starting :attr:`NspCounter.offset` (0 when absent).
     """
 
-    task: WorkUnit
+    task: BuildUnit
     out_dir: str
     vocab_dir: str
     params: dict[str, Any]
@@ -118,7 +118,7 @@ def _encode(tokenizer, sentences) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(ids), np.concatenate(lens)
 
 
-def iter_windows(task: WorkUnit, tokenizer, window_tokens: int, min_docs: int) -> Iterator[Window]:
+def iter_windows(task: BuildUnit, tokenizer, window_tokens: int, min_docs: int) -> Iterator[Window]:
     """Stream the task's documents as tokenised windows.
 
     A window closes after the first document at which it holds at least ``window_tokens`` tokens and
@@ -186,7 +186,7 @@ def _write_chunk(
     pairs: Pairs,
     window: Window,
     max_seq_length: int,
-    writer: ShardWriter,
+    writer: InstanceShardWriter,
     s: dict[str, int],
     spec: MaskingSpec,
     mask_rng: np.random.Generator | None,
@@ -261,7 +261,7 @@ def run_task(job: Job) -> dict[str, Any]:
     writers, stats, specs = {}, {}, {}
     for phase in phases:
         ps = p.phase_specs[phase]
-        writers[phase] = ShardWriter(
+        writers[phase] = InstanceShardWriter(
             Path(job.out_dir) / phase / split, name, vocab.token_dtype, static=static, track_docs=p.track_docs
         )
         stats[phase] = _new_stats()

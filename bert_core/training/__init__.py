@@ -9,10 +9,10 @@ Public API (import from here):
 - :class:`DistContext`, :func:`setup_distributed`, :func:`teardown_distributed` (``distributed``)
 - metric sinks (:func:`bert_core.tracking.mlflow_sink`, ...) live in :mod:`bert_core.tracking`
 - :func:`bert_train_flops`, :func:`peak_tflops`, :func:`mfu` (``flops``)
-- :class:`CheckpointError`, :func:`list_checkpoints`, :func:`load_checkpoint` (``checkpoint``)
+- :class:`TrainingCheckpointError`, :func:`list_checkpoints`, :func:`load_checkpoint` (``checkpoint``)
 """
 
-from bert_core.training.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from bert_core.training.checkpoint import TrainingCheckpointError, list_checkpoints, load_checkpoint
 from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig, TrainingInterrupted
 from bert_core.training.distributed import DistContext, setup_distributed, teardown_distributed
 from bert_core.training.flops import bert_train_flops, mfu, peak_tflops
@@ -22,7 +22,6 @@ from bert_core.training.optim import Lamb, build_optimizer, param_groups
 from bert_core.training.schedule import LinearWarmupDecay
 
 __all__ = [
-    "CheckpointError",
     "DistContext",
     "FitResult",
     "Lamb",
@@ -32,6 +31,7 @@ __all__ = [
     "StepOutput",
     "TrainConfig",
     "Trainer",
+    "TrainingCheckpointError",
     "TrainingInterrupted",
     "bert_train_flops",
     "build_optimizer",

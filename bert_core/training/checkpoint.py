@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-class CheckpointError(RuntimeError):
+class TrainingCheckpointError(RuntimeError):
     """A checkpoint that cannot be used: unreadable, from another model or another run."""
 
 
@@ -181,7 +181,7 @@ def _verify(ckpt: Path, files: list[Path] | None = None) -> None:
     try:
         verify_output(ckpt, files)
     except CorruptOutputError as exc:
-        raise CheckpointError(f"{exc}; or delete {ckpt} to resume from an older checkpoint") from exc
+        raise TrainingCheckpointError(f"{exc}; or delete {ckpt} to resume from an older checkpoint") from exc
 
 
 def read_state(ckpt: Path) -> dict[str, Any]:
@@ -191,14 +191,14 @@ def read_state(ckpt: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        raise TrainingCheckpointError(f"cannot read {path}: {exc}") from exc
 
 
 def _load_pt(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle.UnpicklingError for code, RuntimeError for truncation, ...
-        raise CheckpointError(
+        raise TrainingCheckpointError(
             f"{path} cannot be loaded safely ({type(exc).__name__}: {exc}). Checkpoint files may only hold "
             "tensors and plain values; delete this checkpoint directory to resume from an older one."
         ) from exc
@@ -217,7 +217,7 @@ def load_checkpoint(
         ``(state, rng_states, data_states)``: the trainer state and the per-rank RNG and loader states.
 
     Raises:
-        CheckpointError: a file is missing, truncated, differs from the checksum written with it, holds
+        TrainingCheckpointError: a file is missing, truncated, differs from the checksum written with it, holds
             pickled code, or the weights do not fit the model (a checkpoint of another model size).
     """
     ckpt = Path(ckpt)
@@ -227,12 +227,12 @@ def load_checkpoint(
     try:
         missing, unexpected = load_model(model, str(weights), strict=False)
     except Exception as exc:  # truncated header, shape mismatch, missing file
-        raise CheckpointError(
+        raise TrainingCheckpointError(
             f"cannot load model weights from {weights}: {exc}. Is this checkpoint from a different model "
             "size or a different run? Delete it or point the run at another checkpoint directory."
         ) from exc
     if missing or unexpected:
-        raise CheckpointError(
+        raise TrainingCheckpointError(
             f"{weights} does not match the model: missing {sorted(missing)[:5]}, unexpected "
             f"{sorted(unexpected)[:5]} — it was written for a different model configuration"
         )
@@ -270,7 +270,7 @@ def resume_newest(
         ``(path, state, this rank's data-loader state)``, or None when there is no checkpoint.
 
     Raises:
-        CheckpointError: the newest readable checkpoint was written with other settings (``fingerprint``)
+        TrainingCheckpointError: the newest readable checkpoint was written with other settings (``fingerprint``)
             or another number of processes, or no candidate can be loaded.
     """
     candidates = latest_loadable(root) if dist.is_main else []
@@ -278,18 +278,18 @@ def resume_newest(
     for path in map(Path, candidates):
         try:
             state = read_state(path)
-        except CheckpointError as exc:
+        except TrainingCheckpointError as exc:
             if path == Path(candidates[-1]):
                 raise
             log.error("%s; trying the previous checkpoint", exc)
             continue
         if fingerprint and state.get("fingerprint") != fingerprint:
-            raise CheckpointError(
+            raise TrainingCheckpointError(
                 f"{path} was written by a run with other settings (fingerprint {state.get('fingerprint')!r}, "
                 f"this run {fingerprint!r}); use another checkpoint directory or delete {root}"
             )
         if state.get("world_size", 1) != dist.world_size:
-            raise CheckpointError(
+            raise TrainingCheckpointError(
                 f"{path} was written with {state.get('world_size')} processes, this run has "
                 f"{dist.world_size}; resume with the same number of processes (the data position "
                 "is per process)"
@@ -298,7 +298,7 @@ def resume_newest(
             state, rng_states, data_states = load_checkpoint(
                 path, model=model, optimizer=optimizer, scaler=scaler
             )
-        except CheckpointError as exc:
+        except TrainingCheckpointError as exc:
             if path == Path(candidates[-1]):
                 raise
             log.error("%s; trying the previous checkpoint", exc)
