@@ -9,10 +9,10 @@ imports (:mod:`flows.stages.deps`). Import-light (no ``bert_core``, no Prefect):
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from pkgutil import resolve_name as resolve  # "module:attribute" -> the object
 from typing import Any
 
 
@@ -35,12 +35,6 @@ class Option:
     @property
     def positional(self) -> bool:
         return not self.flag.startswith("-")
-
-
-def resolve(path: str) -> Any:
-    """The object named ``"module:attribute"`` (imports the module)."""
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass(frozen=True)
