@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bert_core.released import MINILM_DIR, download_hub_checkpoint, hub_local_dir, is_hub_id
 from flows import profiles
-from flows.overrides import Overrides, ProfileError, get_dotted
+from flows.overrides import Overrides, ProfileError, value_at
 from flows.stages import get
 
 FILE, KEY = get("finetune").params_file, "finetune.model.source"
@@ -28,7 +28,7 @@ def track_model_source(overrides: Overrides, root: Path, log: Callable[[str], No
     """
     if not (Path(root) / FILE).is_file():  # a workspace without fine-tuning stages (e.g. a trimmed dvc.yaml)
         return overrides
-    source = get_dotted(profiles.effective_params(FILE, overrides, root), KEY)
+    source = value_at(profiles.effective_params(FILE, overrides, root), KEY)
     if not isinstance(source, str) or source == PRETRAINED:
         return overrides
     if source.startswith("models:/"):

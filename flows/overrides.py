@@ -4,8 +4,10 @@ An override set maps a params file to dotted keys and their values (:data:`Overr
 ``{"params/pretrain.yaml": {"pretrain.model.preset": "base"}}``. Values use DVC's ``-S`` syntax, which is
 Hydra's override grammar; DVC parses it with Hydra's ``OverridesParser`` (``dvc/utils/hydra.py``), and so do
 we: :func:`parse_value` is that parser and :func:`format_value` is Hydra's own rendering of a parsed value,
-so a value survives the round trip through ``dvc exp run -S`` without a grammar of our own. Used by
-:mod:`flows.profiles` and the pipeline flow's inputs (:mod:`flows._inputs`).
+so a value survives the round trip through ``dvc exp run -S`` without a grammar of our own. In memory,
+:func:`set_keys` applies overrides the way ``-S`` does (an OmegaConf config in struct mode, Hydra's own
+code), so the params a run will see are what ``dvc exp run -S`` writes. Used by :mod:`flows.profiles` and
+the pipeline flow's inputs (:mod:`flows._inputs`).
 """
 
 from __future__ import annotations
@@ -14,54 +16,15 @@ import contextlib
 import functools
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 Overrides = dict[str, dict[str, Any]]
 """``{params file (repo-relative): {dotted key: value}}``."""
 
 
 class ProfileError(ValueError):
     """A profile or an override is wrong; the message names the file and key and what to do."""
-
-
-# ---------------------------------------------------------------------------------------- dotted keys
-
-
-MISSING = object()
-
-
-def _child(node: Any, part: str) -> Any:
-    if isinstance(node, dict):
-        return node.get(part, MISSING)
-    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-        return node[int(part)]
-    return MISSING
-
-
-def get_dotted(data: dict[str, Any], key: str) -> Any:
-    """``data['a'][0]['b']`` for ``'a.0.b'`` (list items by index, as in ``-S``); ``MISSING`` when absent."""
-    return functools.reduce(_child, key.split("."), data)
-
-
-def has_dotted(data: dict[str, Any], key: str) -> bool:
-    return get_dotted(data, key) is not MISSING
-
-
-def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set an existing dotted key (the caller checked :func:`has_dotted`)."""
-    parent, _, last = key.rpartition(".")
-    node = get_dotted(data, parent) if parent else data
-    node[int(last) if isinstance(node, list) else last] = value
-
-
-def same_value(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return float(a) == float(b)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return list(a) == list(b) and all(same_value(a[k], b[k]) for k in a)
-    return a == b
 
 
 # ------------------------------------------------------------------------ -S values, by Hydra's parser
@@ -166,3 +129,57 @@ def set_args(overrides: Overrides) -> list[str]:
             for override in hydra_overrides(key, value):
                 args += ["-S", f"{file}:{override}"]
     return args
+
+
+# ---------------------------------------------------------------- applied in memory, as -S does
+
+
+def has_key(params: DictConfig, key: str) -> bool:
+    """Whether the dotted ``key`` exists; list items go by index (``a.0.b``), as in ``-S``."""
+    absent = object()
+    with contextlib.suppress(OmegaConfBaseException):  # a list item by a name that is no index
+        return OmegaConf.select(params, key, default=absent) is not absent
+    return False
+
+
+def value_at(params: DictConfig, key: str) -> Any:
+    """The value at the dotted ``key`` (``None`` when absent); a mapping as a ``dict``, a list as a ``list``."""
+    node = OmegaConf.select(params, key)
+    return OmegaConf.to_object(node) if OmegaConf.is_config(node) else node
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as params values: ``1`` and ``1.0`` are; ``true`` and ``1`` are not, nor reordered mappings."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return float(a) == float(b)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def set_keys(params: DictConfig, keys: dict[str, Any], file: str) -> dict[str, Any]:
+    """Apply ``keys`` of params file ``file`` to ``params`` in order, with DVC's own code for their ``-S``
+    strings (:func:`hydra_overrides`); the keys that changed a value (:func:`_same`). Raises ProfileError."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    OmegaConf.set_struct(params, True)  # as DVC loads a params file for -S: an override adds no key
+    changed = {}
+    for key, value in keys.items():
+        if not has_key(params, key):
+            raise ProfileError(
+                f"{file}: no key '{key}' (an override can only change an existing key; check its "
+                f"spelling against {file})"
+            )
+        if not _same(value_at(params, key), value):
+            changed[key] = value
+        overrides = hydra_overrides(key, value)
+        try:  # what DVC's -S runs (dvc.utils.hydra.apply_overrides)
+            ConfigLoaderImpl._apply_overrides_to_config([_parse(o, o) for o in overrides], params)
+        except Exception as err:
+            why = ": ".join(str(e).splitlines()[0] for e in (err, err.__cause__) if e is not None)
+            raise ProfileError(f"{file}: DVC's -S cannot apply {' '.join(overrides)}: {why}") from None
+    return changed

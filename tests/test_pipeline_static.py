@@ -7,7 +7,6 @@ import re
 import shlex
 
 import pytest
-import yaml
 
 from bert_core.constants import REPO_ROOT
 from flows import _dvc, overrides, pipeline, profiles
@@ -29,7 +28,7 @@ def test_every_params_key_exists(stages):
             if not path.is_file():
                 problems.append(f"{stage.name}: params file {file} does not exist")
                 continue
-            if not overrides.has_dotted(yaml.safe_load(path.read_text()) or {}, key):
+            if not overrides.has_key(profiles.read_params_file(file), key):
                 problems.append(f"{stage.name}: {file} has no key '{key}'")
             if not file.startswith("params/"):
                 problems.append(f"{stage.name}: params file {file} is outside params/ (list keys per file)")

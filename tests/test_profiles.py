@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from bert_core.constants import REPO_ROOT
 from flows import overrides as ov
@@ -27,7 +29,7 @@ def repo(tmp_path: Path) -> Path:
     (tmp_path / "params" / "profiles").mkdir(parents=True)
     (tmp_path / "params" / "x.yaml").write_text(
         "x:\n  lr: 0.001  # peak\n  steps: 10\n  name: small\n  tasks: {a: {}, b: {seeds: [1]}}\n"
-        "  sources:\n    - {name: s1, max_bytes: 100}\n"
+        "  sources:\n    - {name: s1, max_bytes: 100}\n  workers: 1\n  parent: null\n"
     )
     (tmp_path / "params" / "profiles" / "cpu-small.yaml").write_text("# Defaults.\n{}\n")
     (tmp_path / "params" / "profiles" / "big.yaml").write_text(
@@ -128,6 +130,10 @@ def test_switching_profiles_restores_defaults(repo):
     (repo / "params" / "x.yaml").write_text((repo / "params" / "x.yaml").read_text().replace("small", "mine"))
     assert profiles.resolve("named", None, repo) == {"params/x.yaml": {"x.name": "other"}}
     assert profiles.resolve(None, {"params/x.yaml": {"x.steps": 10}}, repo) == {}  # only real changes
+    # 10 and 10.0 are the same value; true and 1 are not (a params model tells a flag from a count)
+    assert profiles.resolve(None, {"params/x.yaml": {"x.steps": 10.0}}, repo) == {}
+    flag = {"params/x.yaml": {"x.workers": True}}
+    assert profiles.resolve(None, flag, repo) == flag
 
 
 def test_mappings_are_replaced_not_merged(repo):
@@ -147,8 +153,18 @@ def test_mappings_are_replaced_not_merged(repo):
 
 
 def test_unknown_keys_and_bad_specs_are_named(repo):
-    with pytest.raises(ProfileError, match=r"params/x.yaml: no key 'x.nope'"):
-        profiles.resolve(None, {"params/x.yaml": {"x.nope": 1}}, repo)
+    for key in ("x.nope", "x.lr.nope", "x.sources.1.max_bytes", "x.sources.first", "x.sources.0.nope"):
+        with pytest.raises(ProfileError, match=rf"params/x.yaml: no key '{key}' .*check its spelling"):
+            profiles.resolve(None, {"params/x.yaml": {key: 1}}, repo)
+    # A value DVC's -S cannot set is refused when resolving, as `dvc exp run -S` would refuse it.
+    for key, value, why in (
+        ("x.tasks", [1], "Cannot merge DictConfig with ListConfig"),
+        ("x.parent", {"a": 1}, "Could not delete from config. 'x.parent' does not exist"),
+    ):
+        with pytest.raises(ProfileError, match=rf"params/x.yaml: DVC's -S cannot apply .*{why}"):
+            profiles.resolve(None, {"params/x.yaml": {key: value}}, repo)
+        with pytest.raises(ProfileError, match="could not apply"):
+            profiles.apply({"params/x.yaml": {key: value}}, repo)
     with pytest.raises(ProfileError, match="expected FILE:KEY=VALUE"):
         ov.parse_set_args(["x.lr=1"])
     assert ov.parse_set_args(["params/x.yaml:x.lr=2e-5", "params/x.yaml:x.tasks=[a,b]"]) == {
@@ -157,6 +173,36 @@ def test_unknown_keys_and_bad_specs_are_named(repo):
     (repo / "params" / "profiles" / "broken.yaml").write_text("params/x.yaml: [1, 2]\n")
     with pytest.raises(ProfileError, match="must map dotted keys"):
         profiles.load("broken", repo)
+
+
+TRICKY = {
+    "params/x.yaml": {
+        "x.lr": 5e-05,
+        "x.name": "null",
+        "x.sources.0.max_bytes": None,
+        "x.tasks": {"c": {"seeds": [2]}, "b": {}},
+        "x.tasks.c.seeds": [3, 4],
+        "x.workers": True,
+    }
+}
+
+
+@pytest.mark.parametrize("name", [None, *profiles.list_profiles()])
+def test_params_in_memory_are_what_dvc_s_writes(name, repo, tmp_path):
+    """The params a run will see (``effective_params``: DVC's ``-S`` code run in memory) are, value for value
+    and type for type, the file ``dvc.utils.hydra.apply_overrides`` writes for the same overrides. (That file
+    keeps a replaced mapping's surviving keys in their old order, which no stage reads.)"""
+    from dvc.utils.hydra import apply_overrides
+    from dvc.utils.serialize import load_yaml
+
+    root = repo if name is None else REPO_ROOT
+    overrides = TRICKY if name is None else profiles.resolve(name, only_changes=False)
+    for file, keys in overrides.items():
+        ours = OmegaConf.to_object(profiles.effective_params(file, overrides, root))
+        written = tmp_path / Path(file).name
+        shutil.copyfile(root / file, written)
+        apply_overrides(written, [o for k, v in keys.items() for o in ov.hydra_overrides(k, v)])
+        assert json.dumps(ours, sort_keys=True) == json.dumps(load_yaml(written), sort_keys=True), file
 
 
 def test_check_uses_the_stage_params_models(tmp_path):

@@ -6,13 +6,12 @@ A profile determines every key that *any* profile sets: keys it does not set go 
 default (``git show HEAD:<file>``), so switching from ``gpu-base`` back to ``cpu-small`` leaves no GPU value
 behind; keys no profile touches keep the workspace's value. Values use DVC's ``-S`` syntax
 (:mod:`flows.overrides`), and ``apply`` writes them with DVC's own implementation of ``-S``, so ``dvc exp
-run -S`` and ``dvc repro`` after ``apply`` see the same files. Command line: ``python -m flows.profiles``.
+run -S`` and ``dvc repro`` after ``apply`` see the same files; resolving and checking run the same code in
+memory (:func:`effective_params`). Command line: ``python -m flows.profiles``.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import re
 import subprocess
 from collections.abc import Callable
@@ -21,19 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from omegaconf import DictConfig, OmegaConf
 
 from bert_core.constants import REPO_ROOT
 from flows import stages
 from flows.overrides import (
-    MISSING,
     Overrides,
     ProfileError,
-    get_dotted,
-    has_dotted,
+    has_key,
     hydra_overrides,
     merge,
-    same_value,
-    set_dotted,
+    set_keys,
+    value_at,
 )
 
 PROFILES_SUBDIR = Path("params") / "profiles"
@@ -126,8 +124,9 @@ def _committed_text(root: str, file: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def read_params_file(file: str, root: Path = REPO_ROOT, *, committed: bool = False) -> dict[str, Any]:
-    """A params file as a mapping: the workspace copy, or the committed one (falls back to the workspace)."""
+def read_params_file(file: str, root: Path = REPO_ROOT, *, committed: bool = False) -> DictConfig:
+    """A params file as DVC's ``-S`` loads it (OmegaConf): the workspace copy, or the committed one (falls
+    back to the workspace)."""
     text = _committed_text(str(root), file) if committed else None
     if text is None:
         path = Path(root) / file
@@ -137,7 +136,7 @@ def read_params_file(file: str, root: Path = REPO_ROOT, *, committed: bool = Fal
     data = yaml.safe_load(text) or {}
     if not isinstance(data, dict):
         raise ProfileError(f"{file}: top level must be a mapping")
-    return data
+    return OmegaConf.create(data, flags={"allow_objects": True})
 
 
 # ------------------------------------------------------------------------------------------ resolving
@@ -161,7 +160,8 @@ def resolve(
             real changes).
 
     Raises:
-        ProfileError: unknown profile, missing params file, or a key that does not exist in its file.
+        ProfileError: unknown profile, missing params file, a key that does not exist in its file, or a
+            value DVC's ``-S`` cannot set.
     """
     profile = load(name, root) if isinstance(name, str) else name
     layers: list[Overrides] = []
@@ -173,38 +173,24 @@ def resolve(
         defaults: Overrides = {}
         for file, keys in managed.items():
             committed = read_params_file(file, root, committed=True)
-            defaults[file] = {k: v for k in sorted(keys) if (v := get_dotted(committed, k)) is not MISSING}
+            defaults[file] = {k: value_at(committed, k) for k in sorted(keys) if has_key(committed, k)}
         layers += [defaults, profile.overrides]
-    read = functools.cache(lambda file: read_params_file(file, root))  # each params file read once
     if callable(extra):
         base = merge(*layers)
-        extra = extra(lambda file, key: get_dotted(_with(read(file), base.get(file, {}), file)[0], key))
+        extra = extra(lambda file, key: value_at(effective_params(file, base, root), key))
     out: Overrides = {}
     for file, keys in merge(*layers, extra or {}).items():
-        changed = _with(read(file), keys, file)[1]
+        changed = set_keys(read_params_file(file, root), keys, file)
         if kept := changed if only_changes else keys:
             out[file] = kept
     return out
 
 
-def _with(data: dict[str, Any], keys: dict[str, Any], file: str) -> tuple[dict, dict]:
-    """A copy of params file ``file`` (``data``) with ``keys`` set in order, and the keys that changed it."""
-    data, changed = copy.deepcopy(data), {}
-    for key, value in keys.items():
-        if not has_dotted(data, key):
-            raise ProfileError(
-                f"{file}: no key '{key}' (an override can only change an existing key; check its "
-                f"spelling against {file})"
-            )
-        if not same_value(get_dotted(data, key), value):
-            changed[key] = value
-        set_dotted(data, key, copy.deepcopy(value))
-    return data, changed
-
-
-def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) -> dict[str, Any]:
-    """The workspace params file ``file`` with ``overrides`` applied (in memory)."""
-    return _with(read_params_file(file, root), overrides.get(file, {}), file)[0]
+def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) -> DictConfig:
+    """The workspace params file ``file`` with ``overrides`` applied in memory, as ``dvc exp run -S`` would."""
+    params = read_params_file(file, root)
+    set_keys(params, overrides.get(file, {}), file)
+    return params
 
 
 def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
@@ -257,11 +243,11 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
         for file in sorted({*profile, *files}):
             keys = profile.get(file, {})
             try:
-                data = read_params_file(file, root)
+                params = read_params_file(file, root)
             except ProfileError as err:
                 report.problems.append(f"{where}: {err}")
                 continue
-            if missing := [k for k in keys if not has_dotted(data, k)]:
+            if missing := [k for k in keys if not has_key(params, k)]:
                 report.problems += [f"{where}: {file} has no key '{k}'" for k in missing]
                 continue
             owner = stages.by_params_file(file)
@@ -269,12 +255,11 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Ch
                 if (note := f"no stage reads {file}; checked key names only") not in report.notes:
                     report.notes.append(note)
                 continue
-            section = _with(data, keys, file)[0].get(owner.section)
-            if section is None:
-                report.problems.append(f"{where}: {file} has no top-level section '{owner.section}'")
-                continue
             try:
+                set_keys(params, keys, f"{where}: {file}")
+                if (section := value_at(params, owner.section)) is None:
+                    raise ProfileError(f"{where}: {file} has no top-level section '{owner.section}'")
                 parse_params(section, owner.model(), where=f"{file} with {where}", prefix=owner.section)
-            except ParamsError as err:
+            except (ProfileError, ParamsError) as err:
                 report.problems.append(str(err))
     return report

@@ -72,6 +72,7 @@ class TinyPipeline:
     @classmethod
     def create(cls, root: Path, prefect_api: str) -> TinyPipeline:
         from flows import profiles
+        from flows.overrides import has_key
 
         copy_project(root)
         git_dvc_init(root)
@@ -79,7 +80,7 @@ class TinyPipeline:
         for file, keys in EXTRA.items():
             if (root / file).is_file():
                 current = profiles.read_params_file(file, root)
-                extra[file] = {k: v for k, v in keys.items() if profiles.has_dotted(current, k)}
+                extra[file] = {k: v for k, v in keys.items() if has_key(current, k)}
         name = PROFILE if PROFILE in profiles.list_profiles(root) else None
         profiles.apply(profiles.resolve(name, extra, root), root)
         git_commit_all(root, f"profile {name} + fault-suite settings")
