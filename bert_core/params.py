@@ -75,6 +75,11 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# YAML 1.2's floats, as DVC reads params and writes `-S` values: ``5e-05`` (no dot before the exponent) is a
+# number there, and PyYAML's YAML 1.1 would read it as a string.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -90,6 +95,12 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ParamsError(
             f"{path}:{line}: not UTF-8 (byte {raw[err.start : err.start + 1]!r}); save the params file as UTF-8"
         ) from None
+    return parse_yaml(text, path)
+
+
+def parse_yaml(text: str, path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A params file's text as a mapping, read as DVC reads it (YAML 1.2 floats, no repeated key); errors
+    name ``path`` (and the line)."""
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader
     except yaml.constructor.ConstructorError as err:

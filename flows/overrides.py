@@ -149,7 +149,8 @@ def value_at(params: DictConfig, key: str) -> Any:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal as params values: ``1`` and ``1.0`` are; ``true`` and ``1`` are not, nor reordered mappings."""
+    """Equal as params values: ``1`` and ``1.0`` are, and so are mappings in another key order (DVC's ``-S``
+    keeps a file's order); ``true`` and ``1`` are not."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, int | float) and isinstance(b, int | float):
@@ -157,7 +158,7 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return a == b
 
 

@@ -47,6 +47,12 @@ def test_anchors_and_merge_keys_still_work(tmp_path):
     assert load_params(path, "finetune", Section).device == "cuda"
 
 
+def test_floats_read_as_yaml_1_2_as_dvc_writes_them(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("a:\n  lr: 5e-05\n  big: 1E+3\n  n: 12\n  ver: '5e-05'\n")
+    assert read_yaml(path)["a"] == {"lr": 5e-05, "big": 1000.0, "n": 12, "ver": "5e-05"}
+
+
 def test_committed_params_and_profiles_are_strict_clean():
     from bert_core.constants import REPO_ROOT
 

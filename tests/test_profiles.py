@@ -253,3 +253,18 @@ def test_cli(repo, capsys):
     assert _profiles_cli.main(["args", "big", "-S", "params/x.yaml:x.name=it's"], root=repo) == 2
     assert "not a valid -S value" in capsys.readouterr().err
     assert _profiles_cli.main(["check"], root=repo) == 0
+
+
+def test_a_profile_applied_by_dvc_shows_no_further_changes(tmp_path):
+    """After `apply` (DVC's -S writes ``5e-05`` and keeps a mapping's key order), the params read as DVC
+    reads them (YAML 1.2 floats) and nothing is left to change."""
+    shutil.copytree(REPO_ROOT / "params", tmp_path / "params")
+    for git in (
+        ["init", "-q"],
+        ["add", "params"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "p"],
+    ):
+        subprocess.run(["git", *git], cwd=tmp_path, check=True)
+    profiles.apply(profiles.resolve("gpu-base", root=tmp_path), tmp_path)
+    assert "5e-05" in (tmp_path / "params/finetune.yaml").read_text(encoding="utf-8")
+    assert profiles.resolve("gpu-base", root=tmp_path) == {}

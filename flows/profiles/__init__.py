@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from bert_core.constants import REPO_ROOT
+from bert_core.params import ParamsError, parse_params, parse_yaml
 from flows import stages
 from flows.overrides import (
     Overrides,
@@ -87,14 +87,9 @@ def load(name: str, root: Path = REPO_ROOT) -> Profile:
     """Read ``params/profiles/<name>.yaml``: ``{file: {dotted key: value}}`` and ``targets:`` (shapes checked)."""
     path = profile_path(name, root)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ProfileError(f"{path}{line}: not valid YAML: {err}") from None
-    data = data or {}
-    if not isinstance(data, dict):
-        raise ProfileError(f"{path}: top level must map params files to overrides, got {type(data).__name__}")
+        data = parse_yaml(path.read_text(encoding="utf-8"), path)  # as params files are read: 1e-4 is a float
+    except ParamsError as err:
+        raise ProfileError(str(err)) from None
     targets = data.pop(TARGETS_KEY, [])
     if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
         raise ProfileError(f"{path}: '{TARGETS_KEY}' must be a list of DVC stage names, got {targets!r}")
@@ -133,9 +128,10 @@ def read_params_file(file: str, root: Path = REPO_ROOT, *, committed: bool = Fal
         if not path.is_file():
             raise ProfileError(f"{path}: params file not found")
         text = path.read_text(encoding="utf-8")
-    data = yaml.safe_load(text) or {}
-    if not isinstance(data, dict):
-        raise ProfileError(f"{file}: top level must be a mapping")
+    try:
+        data = parse_yaml(text, file)  # as the stages read it
+    except ParamsError as err:
+        raise ProfileError(str(err)) from None
     return OmegaConf.create(data, flags={"allow_objects": True})
 
 
@@ -226,7 +222,6 @@ class CheckReport:
 def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> CheckReport:
     """Validate profiles: every key exists in its file and the resulting params parse with the model of the
     stage that owns the file (:mod:`flows.stages`); a params file no stage owns is checked for keys only."""
-    from bert_core.params import ParamsError, parse_params
 
     report = CheckReport()
     names = list_profiles(root) if names is None else names
