@@ -49,7 +49,7 @@ def small_disk(tmp_path):
 def test_corpus_stage_on_a_full_disk_fails_naming_the_output_and_leaves_nothing(
     tmp_path, small_disk, prefect_api
 ):
-    if not SHARED_DATA.is_dir():
+    if SHARED_DATA is None:
         pytest.skip("needs ../shared/data")
     params = yaml.safe_load((REPO_ROOT / "params" / "corpus.yaml").read_text())
     params["corpus"]["cap"]["max_bytes"] = 600_000
