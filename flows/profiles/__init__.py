@@ -210,7 +210,9 @@ def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
 
 
 @dataclass
-class CheckReport:
+class ProfilesCheck:
+    """What :func:`check_profiles` found: problems (the check fails) and notes."""
+
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -219,11 +221,11 @@ class CheckReport:
         return not self.problems
 
 
-def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> CheckReport:
+def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> ProfilesCheck:
     """Validate profiles: every key exists in its file and the resulting params parse with the model of the
     stage that owns the file (:mod:`flows.stages`); a params file no stage owns is checked for keys only."""
 
-    report = CheckReport()
+    report = ProfilesCheck()
     names = list_profiles(root) if names is None else names
     if not names:
         report.problems.append(f"no profiles found in {profiles_dir(root)}")
