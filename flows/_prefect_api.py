@@ -75,7 +75,7 @@ def _health(url: str, timeout_s: float) -> tuple[str | None, int | None]:
     if err is None:
         return None, None
     status = getattr(getattr(err, "response", None), "status_code", None)
-    return (f"HTTP {status}" if status else f"{type(err).__name__}: {str(err)[:200]}"), status
+    return (f"HTTP {status}" if status else (str(err) or type(err).__name__)[:200]), status
 
 
 def check_api(
