@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 
 from bert_core.constants import REPO_ROOT
 from flows import ui
+from flows._served import free_port
 
 #: ``python -m mlflow ui ... --port P``: writes its pid, then answers ``/health`` (``serve``), never
 #: answers (``deaf``) or exits with status 3 (``exit``); a signal ends it quietly.
@@ -52,12 +52,6 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stand_in(tmp_path: Path) -> tuple[Path, Path]:
     """The folder to put first on ``PYTHONPATH`` and the file the stand-in writes its pid to."""
     package = tmp_path / "stand_in" / "mlflow"
@@ -82,7 +76,7 @@ def _start_ui(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], Path]:
         "--backend-store-uri",
         "sqlite:///x.db",
         "--port",
-        str(_free_port()),
+        str(free_port()),
     ]
     proc = subprocess.Popen(
         cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -158,7 +152,7 @@ def test_a_ui_server_that_never_answers_is_stopped_after_the_start_timeout(tmp_p
     monkeypatch.setenv("UI_STAND_IN_PID", str(pid_file))
     monkeypatch.setattr(ui, "START_TIMEOUT_S", 1.0)
     monkeypatch.setattr(ui, "_lines", lambda url, store: [f"links of {url}"])
-    port = _free_port()
+    port = free_port()
     assert ui.main(["--backend-store-uri", f"sqlite:///{tmp_path}/x.db", "--port", str(port)]) == 1
     out, err = capsys.readouterr()
     assert out == ""

@@ -12,6 +12,7 @@ memory (:func:`effective_params`). Command line: ``python -m flows.profiles``.
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from collections.abc import Callable
@@ -83,13 +84,18 @@ class Profile:
     """The DVC stages it runs (``released``: ``evaluate`` and its ``finetune@<task>`` deps); ``[]``: all."""
 
 
+def _parse_yaml(text: str, where: str | Path) -> dict[str, Any]:
+    """A profile's or params file's text as the stages read params (YAML 1.2 floats: ``1e-4`` is a number)."""
+    try:
+        return parse_yaml(text, where)
+    except ParamsError as err:
+        raise ProfileError(str(err)) from None
+
+
 def load(name: str, root: Path = REPO_ROOT) -> Profile:
     """Read ``params/profiles/<name>.yaml``: ``{file: {dotted key: value}}`` and ``targets:`` (shapes checked)."""
     path = profile_path(name, root)
-    try:
-        data = parse_yaml(path.read_text(encoding="utf-8"), path)  # as params files are read: 1e-4 is a float
-    except ParamsError as err:
-        raise ProfileError(str(err)) from None
+    data = _parse_yaml(path.read_text(encoding="utf-8"), path)
     targets = data.pop(TARGETS_KEY, [])
     if not isinstance(targets, list) or not all(isinstance(t, str) and t for t in targets):
         raise ProfileError(f"{path}: '{TARGETS_KEY}' must be a list of DVC stage names, got {targets!r}")
@@ -128,11 +134,7 @@ def read_params_file(file: str, root: Path = REPO_ROOT, *, committed: bool = Fal
         if not path.is_file():
             raise ProfileError(f"{path}: params file not found")
         text = path.read_text(encoding="utf-8")
-    try:
-        data = parse_yaml(text, file)  # as the stages read it
-    except ParamsError as err:
-        raise ProfileError(str(err)) from None
-    return OmegaConf.create(data, flags={"allow_objects": True})
+    return OmegaConf.create(_parse_yaml(text, file), flags={"allow_objects": True})
 
 
 # ------------------------------------------------------------------------------------------ resolving
@@ -173,7 +175,8 @@ def resolve(
         layers += [defaults, profile.overrides]
     if callable(extra):
         base = merge(*layers)
-        extra = extra(lambda file, key: value_at(effective_params(file, base, root), key))
+        with_base = functools.cache(lambda file: effective_params(file, base, root))  # once per file
+        extra = extra(lambda file, key: value_at(with_base(file), key))
     out: Overrides = {}
     for file, keys in merge(*layers, extra or {}).items():
         changed = set_keys(read_params_file(file, root), keys, file)
