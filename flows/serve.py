@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flows import TELEMETRY_OFF, stages
-from flows._cli import RECEIVED, configure_logging, install_signal_handlers, raise_interrupted
+from flows._cli import RECEIVED, Interrupted, configure_logging, raise_interrupted, run_command
 from flows._prefect_api import set_parent_death_signal
 from flows._served import ServeError, is_healthy, prefect_home, serve_lock
 
@@ -175,21 +175,31 @@ def main(argv: list[str] | None = None) -> int:
     home = (args.home or prefect_home()).resolve()
     env = prefect_env(home, args.host, args.port)
     os.environ.update(env)  # before Prefect is imported: its settings come from the environment
-    # The stage runner's handlers: a SIGINT that the parent left ignored (`make serve &`) still stops it.
-    install_signal_handlers()
+    # The commands' one stop rule (run_command): its handlers are installed first, so a SIGINT that the
+    # parent left ignored (`make serve &`) still stops it; exit 128 + N with one `serve interrupted` line.
+    return run_command(
+        lambda: _serve(env, args.host, args.port, home),
+        "serve",
+        after_stop="; no longer serving the flows",
+        errors=(ServeError,),
+    )
+
+
+def _serve(env: dict[str, str], host: str, port: int, home: Path) -> None:
+    """Serve the deployments until a stop signal, starting the server unless one answers already."""
     server = None
     try:
         with serve_lock(home, env["PREFECT_API_URL"]):
             if is_healthy(env["PREFECT_API_URL"]):
                 log.info("using the Prefect server already running at %s", env["PREFECT_API_URL"])
             else:
-                log.info("starting a Prefect server on %s:%s (home %s)", args.host, args.port, home)
+                log.info("starting a Prefect server on %s:%s (home %s)", host, port, home)
                 server = start_server(env, home / "server.log")
             deployments = build_deployments()
             log.info(
                 "Prefect UI: http://%s:%s  (deployments: %s)",
-                args.host,
-                args.port,
+                host,
+                port,
                 ", ".join(f"{d.flow_name}/{d.name}" for d in deployments),
             )
             from prefect import serve
@@ -200,11 +210,6 @@ def main(argv: list[str] | None = None) -> int:
             Runner.handle_sigterm = lambda self, *a, **k: raise_interrupted(signal.SIGTERM, None)  # type: ignore[method-assign]
             Runner._pause_schedules = bounded_pause(Runner._pause_schedules, env["PREFECT_API_URL"])  # type: ignore[method-assign]
             serve(*deployments, limit=1)
-    except ServeError as err:
-        log.error("%s", err)
-        return 1
-    except KeyboardInterrupt:
-        pass
     except Exception:
         if not RECEIVED:
             raise
@@ -213,11 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             log.info("stopping the Prefect server this command started")
             stop_process(server)
-    if RECEIVED:  # prefect.serve swallows the interrupt: the exit status comes from the first signal
-        name = signal.Signals(RECEIVED[0]).name
-        print(f"serve stopped by {name}: no longer serving the flows", file=sys.stderr)
-        return 128 + RECEIVED[0]
-    return 0
+    if RECEIVED:  # prefect.serve swallows the interrupt: the stop comes from the first signal received
+        raise Interrupted(RECEIVED[0])
 
 
 if __name__ == "__main__":

@@ -107,7 +107,6 @@ def test_a_signal_a_library_turned_into_its_own_error_still_stops_serve_as_inter
         monkeypatch.setenv(key, value)  # what main exports, restored after the test
     received: list[int] = []
     monkeypatch.setattr(serve, "RECEIVED", received)
-    monkeypatch.setattr(serve, "install_signal_handlers", lambda: None)
     monkeypatch.setattr(serve, "is_healthy", lambda url: True)  # a server runs already: none is started
 
     def build_deployments():  # a library was importing when SIGTERM arrived, and raised its own error

@@ -368,7 +368,9 @@ def test_a_signal_to_make_serve_stops_it_and_its_server(sig, prefect_server, tmp
     )
     assert res.returncode == 128 + sig, res.output[-4000:]
     assert res.seconds < STOP_WITHIN_S + 20, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"  # server grace
-    assert_one_line(res, rf"serve stopped by {signal.Signals(sig).name}: no longer serving the flows")
+    assert_one_line(
+        res, rf"serve interrupted: stopped by {signal.Signals(sig).name}; no longer serving the flows"
+    )
     assert not wait_gone(res.children), f"processes left behind: {alive(res.children)}"
     from flows._served import is_healthy
 
@@ -412,7 +414,9 @@ def test_a_signal_to_make_serves_process_group_stops_it_within_seconds(sig, pref
     )
     assert res.returncode == 128 + sig, res.output[-4000:]
     assert res.seconds < 15, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"
-    assert_one_line(res, rf"serve stopped by {signal.Signals(sig).name}: no longer serving the flows")
+    assert_one_line(
+        res, rf"serve interrupted: stopped by {signal.Signals(sig).name}; no longer serving the flows"
+    )
     assert "not paused" not in res.output, res.output[-4000:]  # paused on the live server
     assert not wait_gone(res.children), f"processes left behind: {alive(res.children)}"
     assert not is_healthy(api_url("127.0.0.1", port))
@@ -451,5 +455,5 @@ def test_make_serve_stops_within_seconds_when_its_server_is_already_gone(prefect
     assert "using the Prefect server already running" in res.output, res.output[-4000:]
     assert res.returncode == 143, res.output[-4000:]
     assert res.seconds < 15, f"{res.seconds:.1f}s:\n{res.output[-4000:]}"
-    assert_one_line(res, r"serve stopped by SIGTERM: no longer serving the flows")
+    assert_one_line(res, r"serve interrupted: stopped by SIGTERM; no longer serving the flows")
     assert f"the Prefect server at {api_url('127.0.0.1', server.port)} is gone" in res.output, res.output
