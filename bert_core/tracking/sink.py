@@ -7,6 +7,13 @@ everything buffered, retries with exponential backoff and flushes the backlog wh
 back. Records keep the timestamp of the moment they were logged. ``close()`` waits a bounded time
 for the backlog and writes whatever could not be sent to a JSON-lines spill file, so a long run is
 never killed by tracking and no metric is silently lost.
+
+Why not MLflow's own asynchronous logging (``log_batch(..., synchronous=False)``): it sends from a thread
+too, but a batch whose HTTP retries run out (about four minutes with MLflow's default backoff) is logged as
+an error and dropped, and its exit handler waits for the requests still retrying. A tracking server down
+for longer than that would lose metrics, or hold the process at exit. What this sink adds is exactly what
+that lacks: records kept for as long as the server is down, and a close bounded in time that spills the
+rest; the sending itself is one ``log_batch`` call.
 """
 
 from __future__ import annotations
