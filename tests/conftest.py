@@ -10,6 +10,11 @@ import pytest
 
 from bert_core.constants import REPO_ROOT
 
+# The tests never reach the Hugging Face Hub. Set before huggingface_hub and datasets are imported: they read
+# these once, at import, so the per-test setting below alone left a Hub call retrying for 23 s.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
 _DEFAULT_SHARED = REPO_ROOT.parent / "shared" / "data"
 
 
