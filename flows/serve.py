@@ -178,16 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     # The commands' one stop rule (run_command): its handlers are installed first, so a SIGINT that the
     # parent left ignored (`make serve &`) still stops it; exit 128 + N with one `serve interrupted` line.
     return run_command(
-        lambda: _serve(env, args.host, args.port, home),
+        lambda: _serve(env, home),
         "serve",
         after_stop="; no longer serving the flows",
         errors=(ServeError,),
     )
 
 
-def _serve(env: dict[str, str], host: str, port: int, home: Path) -> None:
-    """Serve the deployments until a stop signal, starting the server unless one answers already."""
-    server = None
+def _serve(env: dict[str, str], home: Path) -> None:
+    """Serve the deployments until a stop signal, starting the server (host and port from ``env``, as
+    :func:`prefect_env` set them) unless one answers already."""
+    host, port, server = env["PREFECT_SERVER_API_HOST"], env["PREFECT_SERVER_API_PORT"], None
     try:
         with serve_lock(home, env["PREFECT_API_URL"]):
             if is_healthy(env["PREFECT_API_URL"]):
