@@ -134,11 +134,16 @@ test-scale: venv
 # There (its own python3 with torch+CUDA; no venv, no network), with .gpu carried along the working tree:
 #   make gpu-check   # ~9 min: env, pytest -m gpu, pretraining + fine-tuning throughput -> reports/gpu-check/<time>/
 #   make gpu-smoke   # gpu-base recipe on capped data, then a load check in transformers -> outputs/gpu-smoke/<time>/
+#   make gpu-run [GPU_BUDGET_S=540] [GPU_OUT=dir]  # both in one command on a machine held for a fixed time:
+#                    # most telling parts first, each capped by what is left; only the two summaries in GPU_OUT
 # CPU dry runs (what CI runs, tests/test_gpu_commands.py): GPU_ARGS="--device cpu --tiny"
 GPU_PYTHON ?= python3
 GPU_PYTHON_VERSION ?= 3.12
 GPU_ARGS ?=
-.PHONY: gpu-bundle gpu-check gpu-smoke
+GPU_BUDGET_S ?= 540
+GPU_OUT ?= reports/gpu-check/run
+GPU_RUN_PARTS := env,tests,smoke,pretrain_loop,pretrain_compare_128,pretrain_compare_512,finetune
+.PHONY: gpu-bundle gpu-check gpu-smoke gpu-run
 
 gpu-bundle: venv
 	$(PY) -m bench.gpu_bundle --python-version $(GPU_PYTHON_VERSION)
@@ -148,3 +153,7 @@ gpu-check:
 
 gpu-smoke:
 	$(GPU_PYTHON) -m bench.gpu_smoke $(GPU_ARGS)
+
+gpu-run:
+	$(GPU_PYTHON) -m bench.gpu_check --parts $(GPU_RUN_PARTS) --budget-s $(GPU_BUDGET_S) --out $(GPU_OUT) \
+		--work outputs/gpu-run/$(shell date -u +%Y%m%dT%H%M%SZ) $(GPU_ARGS)

@@ -11,11 +11,18 @@ summary with its error and output tail; the others still run), about 9 minutes i
 - ``pretrain_compare_128`` / ``_512``: one step of eager, compiled, unpadded, compiled+unpadded and
   transformers' ``BertForPreTraining`` (SDPA), interleaved (``bench/bench_unpadded.py``), on batches with
   real pretraining lengths (from the corpus sample of ``.gpu/data``; full length without it);
-- ``finetune``: SST-2-shaped fine-tuning, ours vs ``transformers.Trainer`` (``bench/gpu_finetune.py``).
+- ``finetune``: SST-2-shaped fine-tuning, ours vs ``transformers.Trainer`` (``bench/gpu_finetune.py``);
+- ``smoke`` (only when asked for): ``bench/gpu_smoke.py``, the ``gpu-base`` recipe on capped data, ending
+  with the load check in transformers.
 
-Writes ``summary.json`` (everything) and ``summary.md`` (the tables) into ``--out`` and prints that folder.
+Writes ``summary.json`` (everything) and ``summary.md`` (the tables) into ``--out`` after every part, and
+prints that folder; each part's own files (result, log, test report) go to ``--work`` (default ``--out``).
+``--budget-s`` bounds the whole run for a machine held for a fixed time: the parts run in the order given,
+each capped by what is left, and those the budget cannot reach are recorded as not run, with the command
+that runs them next (``make gpu-run``: the check and the smoke in one command, most telling first).
 
     python -m bench.gpu_check                        # on the GPU machine (make gpu-check)
+    python -m bench.gpu_check --parts env,tests,smoke,pretrain_loop --budget-s 540 --out DIR --work /tmp/w
     python -m bench.gpu_check --device cpu --tiny    # seconds on a CPU: the dry run CI keeps alive
 """
 
@@ -43,7 +50,8 @@ from typing import Any  # noqa: E402
 
 REPO = gpu_env.REPO
 GPU_TESTS = ("tests/test_gpu_training.py", "tests/test_model.py::test_cuda_matches_cpu")
-# Seconds per part on a GPU (the sum stays under ~9 minutes); --tiny runs them all in well under a minute.
+# Seconds per part on a GPU (the default parts' sum stays under ~9 minutes); --tiny runs them all in well
+# under a minute.
 CAPS = {
     "env": 25,
     "tests": 150,
@@ -51,7 +59,12 @@ CAPS = {
     "pretrain_compare_128": 110,
     "pretrain_compare_512": 100,
     "finetune": 40,
+    "smoke": 240,
 }
+#: The parts ``make gpu-check`` runs (the smoke has its own command, ``make gpu-smoke``).
+DEFAULT_PARTS = ("env", "tests", "pretrain_loop", "pretrain_compare_128", "pretrain_compare_512", "finetune")
+#: Under ``--budget-s``, a part is not started with less than this left (seconds): it could only time out.
+MIN_PART_S = 20.0
 
 
 # ---------------------------------------------------------------------------------------- the parts
@@ -229,6 +242,25 @@ def part_finetune(args: argparse.Namespace) -> dict:
     return gpu_finetune.main(argv)
 
 
+def part_smoke(args: argparse.Namespace) -> dict:
+    from bench import gpu_smoke
+
+    out = Path(args.part_json).with_suffix("")  # <work>/smoke/: the stages' outputs, models included
+    try:
+        code = gpu_smoke.main(
+            ["--device", args.device, "--out", str(out), *(["--tiny"] if args.tiny else [])]
+        )
+    except SystemExit as err:  # refused before it started (no data root, no CUDA): its message says why
+        raise PartFailed(f"smoke did not start: {err}", {}) from None
+    summary = json.loads((out / "summary.json").read_text())
+    stages = {name: {k: v for k, v in s.items() if k != "traceback"} for name, s in summary["stages"].items()}
+    result = {"ok": summary["ok"], "profile": summary["profile"], "stages": stages}
+    if code != 0:
+        failed = next((n for n, s in stages.items() if not s["ok"]), "?")
+        raise PartFailed(f"smoke stage {failed} failed: {stages.get(failed, {}).get('error')}", result)
+    return result
+
+
 PARTS = {name.removeprefix("part_"): fn for name, fn in globals().items() if name.startswith("part_")}
 
 
@@ -247,11 +279,10 @@ def _progress(row: dict) -> None:
 # ------------------------------------------------------------------------------------- the driver
 
 
-def run_part(name: str, args: argparse.Namespace, out: Path) -> dict:
-    """``name`` in a child process under its cap; its JSON, or the failure with the output's tail."""
-    cap = CAPS[name] * args.cap_scale
-    result_file = out / f"{name}.json"
-    log_file = out / f"{name}.log"
+def run_part(name: str, args: argparse.Namespace, work: Path, cap: float) -> dict:
+    """``name`` in a child process under ``cap`` seconds; its JSON, or the failure with the output's tail."""
+    result_file = work / f"{name}.json"
+    log_file = work / f"{name}.log"
     cmd = [
         sys.executable,
         "-m",
@@ -341,6 +372,8 @@ def markdown(summary: dict) -> str:
         "|---|---|---|",
     ]
     lines += [f"| {name} | {p['status']} | {p['seconds']} |" for name, p in parts.items()]
+    if summary.get("next"):
+        lines += ["", f"Not reached within the budget; run them next with `{summary['next']}`."]
     tests = parts.get("tests", {}).get("result", {})
     if tests.get("cases"):
         lines += ["", "## GPU tests", "", *_table(tests["cases"], ["test", "status", "seconds", "message"])]
@@ -391,7 +424,16 @@ def markdown(summary: dict) -> str:
             "",
             *_table(fine["rows"], ["contender", "examples_per_s", "seconds", "peak_mem_gib"]),
         ]
-    failed = {n: p for n, p in parts.items() if p["status"] != "ok"}
+    smoke = parts.get("smoke", {}).get("result", {})
+    if smoke.get("stages"):
+        lines += ["", f"## Smoke: the {smoke['profile']} recipe on capped data", ""]
+        lines += ["| stage | ok | seconds | figures / error |", "|---|---|---|---|"]
+        for stage, st in smoke["stages"].items():
+            figures = st.get("error") or ", ".join(
+                f"{k}={_fmt(v)}" for k, v in st.items() if k not in ("ok", "seconds")
+            )
+            lines.append(f"| {stage} | {'yes' if st['ok'] else 'NO'} | {st['seconds']} | {figures} |")
+    failed = {n: p for n, p in parts.items() if p["status"] not in ("ok", NOT_RUN)}
     for name, p in failed.items():
         lines += [
             "",
@@ -404,6 +446,26 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+NOT_RUN = "not run: out of budget"
+
+
+def _next_command(args: argparse.Namespace, parts: list[str]) -> str:
+    """The command that runs ``parts`` (those the budget did not reach) with this run's other options."""
+    options = [f"--device {args.device}", *(["--tiny"] if args.tiny else []), f"--parts {','.join(parts)}"]
+    return "python3 -m bench.gpu_check " + " ".join(options)
+
+
+def _write_summary(out: Path, summary: dict) -> None:
+    """``summary.json`` and ``summary.md``, each replaced whole (a run stopped from outside keeps the last)."""
+    for name, text in (
+        ("summary.json", json.dumps(_clean(summary), indent=2, default=str) + "\n"),
+        ("summary.md", markdown(summary)),
+    ):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out / name)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="default: reports/gpu-check/<UTC time>")
@@ -411,8 +473,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--tiny", action="store_true", help="tiny sizes and a few steps: a CPU dry run in seconds"
     )
-    ap.add_argument("--parts", default=",".join(CAPS), help=f"comma-separated subset of {', '.join(CAPS)}")
+    ap.add_argument(
+        "--parts",
+        default=",".join(DEFAULT_PARTS),
+        help=f"comma-separated, run in this order; from {', '.join(CAPS)} (default: all but smoke)",
+    )
     ap.add_argument("--cap-scale", type=float, default=1.0, help="multiply every part's time cap")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="seconds for the whole run: each part capped by what is left; the rest recorded as not run",
+    )
+    ap.add_argument("--work", type=Path, default=None, help="the parts' own files (default: --out)")
     ap.add_argument("--part", choices=list(PARTS), help=argparse.SUPPRESS)
     ap.add_argument("--part-json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -428,15 +501,29 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("no CUDA device: run on the GPU machine, or `--device cpu --tiny` for the dry run")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = (args.out or REPO / "reports" / "gpu-check" / stamp).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    work = (args.work or out).resolve()
+    for folder in (out, work):
+        folder.mkdir(parents=True, exist_ok=True)
     print(f"[gpu-check] -> {out}", flush=True)
-    summary: dict[str, Any] = {"started": stamp, "device": args.device, "tiny": args.tiny, "parts": {}}
+    summary: dict[str, Any] = {
+        "started": stamp,
+        "device": args.device,
+        "tiny": args.tiny,
+        "budget_s": args.budget_s,
+        "parts": {},
+    }
+    deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
     for name in parts:
-        summary["parts"][name] = run_part(name, args, out)
-        (out / "summary.json").write_text(
-            json.dumps(_clean(summary), indent=2, default=str) + "\n", encoding="utf-8"
-        )
-        (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
+        cap = CAPS[name] * args.cap_scale
+        left = math.inf if deadline is None else deadline - time.monotonic()
+        if left < min(cap, MIN_PART_S):
+            summary["parts"][name] = {"status": NOT_RUN, "seconds": 0.0}
+            print(f"[gpu-check] {name}: {NOT_RUN} ({max(left, 0):.0f} s left)", flush=True)
+        else:
+            summary["parts"][name] = run_part(name, args, work, min(cap, left))
+        skipped = [n for n, p in summary["parts"].items() if p["status"] == NOT_RUN]
+        summary["next"] = _next_command(args, skipped) if skipped else None
+        _write_summary(out, summary)
     bad = [n for n, p in summary["parts"].items() if p["status"] != "ok"]
     print(
         f"[gpu-check] {'all parts ok' if not bad else 'not ok: ' + ', '.join(bad)}; summary: {out / 'summary.md'}"

@@ -99,21 +99,35 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
 
 
 def test_gpu_smoke_dry_run_trains_and_loads_in_transformers(bare_env, tmp_path, shared_data):
-    out = tmp_path / "smoke"
+    """Through ``gpu_check``'s ``smoke`` part (what ``make gpu-run`` runs), which calls ``gpu_smoke.main``
+    (``make gpu-smoke``): the summaries in ``--out``, the stages' outputs in ``--work``."""
+    out, work = tmp_path / "out", tmp_path / "work"
     env = bare_env | {"BERT_DATA_ROOT": str(shared_data)}
-    proc = _run(["-m", "bench.gpu_smoke", "--device", "cpu", "--tiny", "--out", str(out)], env)
+    args = ["-m", "bench.gpu_check", "--device", "cpu", "--tiny", "--parts", "smoke", "--budget-s", "600"]
+    proc = _run([*args, "--out", str(out), "--work", str(work)], env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json", "summary.md"]
+    smoke = json.loads((out / "summary.json").read_text())["parts"]["smoke"]
+    stages = ["corpus", "vocab", "pretrain_data", "pretrain", "finetune", "load_in_transformers"]
+    assert smoke["status"] == "ok" and smoke["result"]["ok"]
+    assert list(smoke["result"]["stages"]) == stages
+    loaded = smoke["result"]["stages"]["load_in_transformers"]
+    assert loaded["finetuned_class"] == "BertForSequenceClassification"
+    assert (work / "smoke" / "models" / "pretrained" / "model.safetensors").is_file()
+    assert "## Smoke: the tiny recipe" in (out / "summary.md").read_text()
+
+
+def test_a_budget_runs_what_fits_and_names_the_command_for_the_rest(bare_env, tmp_path):
+    out = tmp_path / "check"
+    args = ["-m", "bench.gpu_check", "--device", "cpu", "--tiny", "--parts", "env,finetune"]
+    proc = _run([*args, "--budget-s", "0", "--out", str(out)], bare_env)
+    assert proc.returncode == 1
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["ok"] and list(summary["stages"]) == [
-        "corpus",
-        "vocab",
-        "pretrain_data",
-        "pretrain",
-        "finetune",
-        "load_in_transformers",
-    ]
-    assert summary["stages"]["load_in_transformers"]["finetuned_class"] == "BertForSequenceClassification"
-    assert (out / "models" / "pretrained" / "model.safetensors").is_file()
+    assert {n: p["status"] for n, p in summary["parts"].items()} == dict.fromkeys(
+        ("env", "finetune"), "not run: out of budget"
+    )
+    assert summary["next"] == "python3 -m bench.gpu_check --device cpu --tiny --parts env,finetune"
+    assert f"run them next with `{summary['next']}`" in (out / "summary.md").read_text()
 
 
 def test_a_failing_part_is_recorded_and_the_rest_still_run(bare_env, tmp_path):
