@@ -174,6 +174,8 @@ class DvcProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
         reader.join(timeout=5)
+        if not reader.is_alive() and self.proc.stdout is not None:  # else a straggler still holds the pipe
+            self.proc.stdout.close()
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to DVC's process group (DVC and the stage it runs), if it is still there."""

@@ -229,6 +229,7 @@ def test_workspace_lock_queues_and_names_the_holder(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
     # A holder killed with SIGKILL releases the lock (flock dies with the process).
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(tmp_path), "60"], stdout=subprocess.PIPE, text=True
@@ -236,6 +237,7 @@ def test_workspace_lock_queues_and_names_the_holder(tmp_path):
     assert proc.stdout.readline().strip() == "locked"
     proc.kill()
     proc.wait()
+    proc.stdout.close()
     with _dvc.workspace_lock(tmp_path, holder="three", timeout_s=10, poll_s=0.1):
         pass
 

@@ -61,6 +61,14 @@ class InstanceShardWriter:
         if static:
             self._write("mlm_offsets", np.zeros(1, np.int64))
 
+    def __enter__(self) -> InstanceShardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The files closed also when the shard is abandoned (:meth:`close` gives the index entry)."""
+        for f in self._files.values():
+            f.close()
+
     def _write(self, key: str, arr: np.ndarray) -> None:
         self._files[key].write(np.ascontiguousarray(arr).tobytes())
 

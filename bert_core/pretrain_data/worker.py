@@ -258,74 +258,82 @@ def run_task(job: Job) -> dict[str, Any]:
     dupe = p.dupe_factor if split == "train" else p.heldout_dupe_factor
     sp = vocab.special_ids
     name = f"shard-{task.index:05d}"
-    writers, stats, specs = {}, {}, {}
-    for phase in phases:
-        ps = p.phase_specs[phase]
-        writers[phase] = InstanceShardWriter(
-            Path(job.out_dir) / phase / split, name, vocab.token_dtype, static=static, track_docs=p.track_docs
-        )
-        stats[phase] = _new_stats()
-        specs[phase] = MaskingSpec(
-            masked_lm_prob=p.masked_lm_prob,
-            max_predictions_per_seq=ps.max_predictions_per_seq,
-            vocab_size=vocab.size,
-            mask_id=sp["[MASK]"],
-            special_ids=tuple(int(i) for i in vocab.special_id_array),
-            whole_word=p.whole_word_masking,
-            cls_id=sp["[CLS]"],
-            sep_id=sp["[SEP]"],
-            pad_id=sp["[PAD]"],
-            mask_prob=p.mask_split.mask,
-            keep_prob=p.mask_split.keep,
-        )
-    corpus = {"documents": 0, "sentences": 0, "tokens": 0, "windows": 0}
-    # NSP balance carried across windows and passes
-    nsp = {phase: NspCounter(offset=job.nsp_offset.get(phase, 0.0)) for phase in phases}
-    for w, window in enumerate(iter_windows(task, tokenizer, p.window_tokens, p.min_window_docs)):
-        if window.num_docs < 2:
-            raise ValueError(
-                f"corpus rows {task.describe()} hold fewer than two non-empty documents; "
-                f"next-sentence prediction needs two (drop empty documents in the corpus stage)"
-            )
-        corpus["documents"] += window.num_docs
-        corpus["sentences"] += len(window.sent_starts) - 1
-        corpus["tokens"] += len(window.tokens)
-        corpus["windows"] += 1
+    # The shards' files are closed however the task ends (a failed task's worker lives on in the pool).
+    with contextlib.ExitStack() as files:
+        writers, stats, specs = {}, {}, {}
         for phase in phases:
-            t = p.phase_specs[phase].max_seq_length
-            for k in range(dupe):
-                pairs = create_pairs(
-                    window,
-                    max_seq_length=t,
-                    short_seq_prob=p.short_seq_prob,
-                    random_next_prob=p.random_next_prob,
-                    nsp_balance=p.nsp_balance,
-                    rng=random.Random(derive_seed(p.seed, phase, split, task.index, w, k, 0)),
-                    counter=nsp[phase],
+            ps = p.phase_specs[phase]
+            writers[phase] = files.enter_context(
+                InstanceShardWriter(
+                    Path(job.out_dir) / phase / split,
+                    name,
+                    vocab.token_dtype,
+                    static=static,
+                    track_docs=p.track_docs,
                 )
-                mask_rng = None
-                if static:
-                    seed = derive_seed(p.seed, phase, split, task.index, w, k, 1)
-                    mask_rng = np.random.Generator(np.random.PCG64(seed))
-                for c in range(0, len(pairs), CHUNK_INSTANCES):
-                    _write_chunk(
-                        pairs.slice(c, c + CHUNK_INSTANCES),
+            )
+            stats[phase] = _new_stats()
+            specs[phase] = MaskingSpec(
+                masked_lm_prob=p.masked_lm_prob,
+                max_predictions_per_seq=ps.max_predictions_per_seq,
+                vocab_size=vocab.size,
+                mask_id=sp["[MASK]"],
+                special_ids=tuple(int(i) for i in vocab.special_id_array),
+                whole_word=p.whole_word_masking,
+                cls_id=sp["[CLS]"],
+                sep_id=sp["[SEP]"],
+                pad_id=sp["[PAD]"],
+                mask_prob=p.mask_split.mask,
+                keep_prob=p.mask_split.keep,
+            )
+        corpus = {"documents": 0, "sentences": 0, "tokens": 0, "windows": 0}
+        # NSP balance carried across windows and passes
+        nsp = {phase: NspCounter(offset=job.nsp_offset.get(phase, 0.0)) for phase in phases}
+        for w, window in enumerate(iter_windows(task, tokenizer, p.window_tokens, p.min_window_docs)):
+            if window.num_docs < 2:
+                raise ValueError(
+                    f"corpus rows {task.describe()} hold fewer than two non-empty documents; "
+                    f"next-sentence prediction needs two (drop empty documents in the corpus stage)"
+                )
+            corpus["documents"] += window.num_docs
+            corpus["sentences"] += len(window.sent_starts) - 1
+            corpus["tokens"] += len(window.tokens)
+            corpus["windows"] += 1
+            for phase in phases:
+                t = p.phase_specs[phase].max_seq_length
+                for k in range(dupe):
+                    pairs = create_pairs(
                         window,
-                        t,
-                        writers[phase],
-                        stats[phase],
-                        specs[phase],
-                        mask_rng,
-                        vocab.continuation,
-                        p.track_docs,
+                        max_seq_length=t,
+                        short_seq_prob=p.short_seq_prob,
+                        random_next_prob=p.random_next_prob,
+                        nsp_balance=p.nsp_balance,
+                        rng=random.Random(derive_seed(p.seed, phase, split, task.index, w, k, 0)),
+                        counter=nsp[phase],
                     )
-        del window
-        release_memory()
-    out = {}
-    for phase in phases:
-        s = stats[phase]
-        s["pred_random"] = s["predictions"] - s["pred_mask"] - s["pred_keep"]
-        entry = writers[phase].close()
-        entry["corpus_rows"] = [[Path(f).name, a, b] for f, a, b in task.segments]
-        out[phase] = {"shard": entry, "stats": s, "nsp_offset": nsp[phase].offset}
-    return {"task": task.index, "split": split, "phases": out, "corpus": corpus}
+                    mask_rng = None
+                    if static:
+                        seed = derive_seed(p.seed, phase, split, task.index, w, k, 1)
+                        mask_rng = np.random.Generator(np.random.PCG64(seed))
+                    for c in range(0, len(pairs), CHUNK_INSTANCES):
+                        _write_chunk(
+                            pairs.slice(c, c + CHUNK_INSTANCES),
+                            window,
+                            t,
+                            writers[phase],
+                            stats[phase],
+                            specs[phase],
+                            mask_rng,
+                            vocab.continuation,
+                            p.track_docs,
+                        )
+            del window
+            release_memory()
+        out = {}
+        for phase in phases:
+            s = stats[phase]
+            s["pred_random"] = s["predictions"] - s["pred_mask"] - s["pred_keep"]
+            entry = writers[phase].close()
+            entry["corpus_rows"] = [[Path(f).name, a, b] for f, a, b in task.segments]
+            out[phase] = {"shard": entry, "stats": s, "nsp_offset": nsp[phase].offset}
+        return {"task": task.index, "split": split, "phases": out, "corpus": corpus}
