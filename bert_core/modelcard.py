@@ -376,8 +376,12 @@ def staged_with_card(model_dir: str | os.PathLike[str], text: str) -> Iterator[P
     For registering a model with a card that names its runs while the model directory itself (a DVC
     output) keeps its deterministic card. The directory sits next to ``model_dir`` as a ``.<name>.tmp-*``
     temporary (removed at the end; a killed run's is removed by the next atomic write of ``model_dir``).
+    The copy's checksum manifest (:mod:`bert_core.integrity`) records the new card, so a reader of the
+    registered copy (a later fine-tuning from ``models:/...``) verifies it as written; the model directory's
+    own manifest is untouched (the copy's marker is replaced, not written through the hard link).
     """
     from bert_core.atomic import _OWNER  # the owner tag lets atomic_path() clean a dead run's leftover
+    from bert_core.integrity import refresh
 
     src = Path(model_dir)
     staged = Path(tempfile.mkdtemp(prefix=f".{src.name}{TEMP_MARKER}{_OWNER}-card-", dir=src.parent))
@@ -393,6 +397,7 @@ def staged_with_card(model_dir: str | os.PathLike[str], text: str) -> Iterator[P
                 except OSError:
                     shutil.copy2(path, target)
         (staged / CARD_NAME).write_text(text, encoding="utf-8")
+        refresh(staged / CARD_NAME)
         yield staged
     finally:
         shutil.rmtree(staged, ignore_errors=True)

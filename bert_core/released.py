@@ -280,7 +280,7 @@ def resolve_checkpoint(
 
     if is_hub_id(source):
         local = download_hub_checkpoint(source, Path(download_dir) / "hub", key=key)
-        resolved = resolve_model_source(str(local), download_dir, provenance=provenance)
+        resolved = resolve_model_source(str(local), download_dir, provenance=provenance, key=key)
         resolved.info.update(uri=f"hf://{source}", model=source)
         return resolved
     if not source.startswith("models:/") and not Path(source).expanduser().exists():
@@ -290,6 +290,6 @@ def resolve_checkpoint(
             "models:/ URI"
         )
     try:
-        return resolve_model_source(source, download_dir, provenance=provenance)
+        return resolve_model_source(source, download_dir, provenance=provenance, key=key)
     except ValueError as err:
         raise ValueError(f"{key}: {err}") from None

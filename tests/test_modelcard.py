@@ -173,6 +173,23 @@ def test_huggingface_hub_parses_the_cards(lock):
     assert hub.ModelCard(_finetuned(lock)).data.base_model == "bert-pretrained/3"
 
 
+def test_the_registered_copy_verifies_against_its_own_checksums(tmp_path):
+    """A registered version is read back as a model source (``models:/bert-pretrained@newest``): its card
+    differs from the output's, and its manifest must say so, while the output's stays as it was."""
+    from bert_core.integrity import read_manifest, verify_output
+    from bert_core.owned import mark_output
+
+    model = tmp_path / "pretrained"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    modelcard.write_card(model, "local card\n")
+    mark_output(model)
+    before = read_manifest(model)
+    with modelcard.staged_with_card(model, "registered card, longer: it names the runs\n") as staged:
+        assert len(verify_output(staged)) == 2  # the card and the weights, both as recorded
+    assert read_manifest(model) == before and len(verify_output(model)) == 2
+
+
 def test_parse_front_matter_rejects_non_cards():
     for text in ("# no metadata\n", "---\nlanguage: en\n", "---\n- a list\n---\n"):
         with pytest.raises(ValueError, match="model card"):
@@ -245,3 +262,8 @@ def test_pretrain_flow_writes_a_reproducible_card_and_registers_one_with_run_ids
     )
     text = registered.read_text()
     assert "pipe-pretrain-card" in text and version.run_id in text
+    # ... and the registered version serves as a model source, its checksums verified as written
+    from bert_core.released import check_checkpoint, resolve_checkpoint
+
+    source = resolve_checkpoint("models:/bert-pretrained@newest", tmp_path / "source")
+    assert check_checkpoint(source.path)["embeddings"] > 0

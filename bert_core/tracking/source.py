@@ -25,7 +25,9 @@ class ResolvedSource:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_model_source(source: str, download_dir: str | Path, *, provenance: bool = True) -> ResolvedSource:
+def resolve_model_source(
+    source: str, download_dir: str | Path, *, provenance: bool = True, key: str = "finetune.model.source"
+) -> ResolvedSource:
     """A local directory for ``source`` (downloading registry models) and its provenance.
 
     Args:
@@ -35,6 +37,7 @@ def resolve_model_source(source: str, download_dir: str | Path, *, provenance: b
         download_dir: Where registry artifacts are downloaded.
         provenance: Also fingerprint the weights (``info["sha"]``) and look a local directory up in the
             registry; off for a caller that keeps only the path and hashes what it copies itself.
+        key: The params key that gave ``source``, named in the errors.
 
     Raises:
         FileNotFoundError: a local source that is not a model directory.
@@ -65,8 +68,7 @@ def resolve_model_source(source: str, download_dir: str | Path, *, provenance: b
         except Exception as err:  # mlflow raises MlflowException for unknown names/aliases/versions
             raise ValueError(
                 f"model source {source!r}: not found in the MLflow registry at {mlflow.get_tracking_uri()} ({err}); "
-                "check the name and alias/version (mlflow ui: Models), or point finetune.model.source at a "
-                "local directory"
+                f"check the name and alias/version (mlflow ui: Models), or point {key} at a local directory"
             ) from err
         target = Path(download_dir)
         target.mkdir(parents=True, exist_ok=True)
@@ -84,7 +86,7 @@ def resolve_model_source(source: str, download_dir: str | Path, *, provenance: b
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model source {str(path)!r} is not a Hugging Face model directory (no config.json). Run the "
-            f"pretrain stage (dvc repro pretrain), or set finetune.model.source to a local BERT directory or "
+            f"pretrain stage (dvc repro pretrain), or set {key} to a local BERT directory or "
             f"to a registry URI such as models:/bert-pretrained@latest"
         )
     if not provenance:
