@@ -67,6 +67,48 @@ def test_alias_moves_only_on_improvement(tmp_path):
     assert v2.tags["task"] == "sst2"
 
 
+def test_the_alias_compares_scores_on_the_same_rows_only(tmp_path):
+    """A score on 4 dev rows never displaces one on the whole dev split; one on the whole split displaces a
+    partial one; scores on the same rows compare as usual."""
+    from mlflow import MlflowClient
+
+    from bert_core.tracking.registry import EVAL_SET_TAG, WHOLE_DEV
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    four = "official dev split (first 4 rows only: a row limit)"
+
+    def moves(name: str, value: float, eval_set: str) -> bool:
+        return register(
+            model,
+            name=name,
+            run_id=_run_id(),
+            metric_key="dev.accuracy",
+            value=value,
+            alias="champion",
+            eval_set=eval_set,
+        ).alias_moved
+
+    assert [moves("bert-sst2", v, e) for v, e in ((50, ""), (90, four), (95, four), (49, ""), (52, ""))] == [
+        True,
+        False,
+        False,
+        False,
+        True,
+    ]
+    assert [moves("bert-cola", v, e) for v, e in ((80, four), (90, four), (10, ""), (99, four))] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    client = MlflowClient()
+    assert str(client.get_model_version_by_alias("bert-cola", "champion").version) == "3"
+    assert client.get_model_version("bert-cola", "3").tags[EVAL_SET_TAG] == WHOLE_DEV
+    assert client.get_model_version("bert-cola", "4").tags[EVAL_SET_TAG] == four
+
+
 def test_resolve_local_and_registry_sources(tiny_model, tmp_path):
     import mlflow
     from mlflow import MlflowClient

@@ -69,6 +69,15 @@ def test_dev_split_halves_are_disjoint_complete_and_deterministic(
     )
 
 
+def test_a_dev_split_cut_by_eval_limit_is_labelled_as_its_own_rows(shared_data):
+    source = resolve_task_source(get_task("sst2"), data_root=shared_data)
+    train = source.load("train", limit=8)
+    assert source.describe(train, source.load("dev"))["eval_set"] == ""  # all 872 rows: the official score
+    assert source.describe(train, source.load("dev", limit=5000))["label"] == ""  # a limit that cuts nothing
+    cut = source.describe(train, source.load("dev", limit=4))
+    assert cut["eval_set"] == cut["label"] == "official dev split (first 4 rows only: a row limit)"
+
+
 def test_dev_split_is_refused_where_official_train_data_exists(dev_root, tmp_path, monkeypatch):
     spec = get_task("squad_v1")
     monkeypatch.delenv("BERT_DATA_ROOT", raising=False)
@@ -129,7 +138,9 @@ def test_own_files_replace_their_split_and_errors_name_the_key_and_path(dev_root
     source = resolve_task_source(spec, train_file=mine, data_root=dev_root)
     train, dev = source.load("train"), source.load("dev", limit=5)
     assert {r["title"] for r in train} == {doc["data"][3]["title"]} and dev.source.endswith("dev-v1.1.json")
-    assert source.describe(train, dev)["label"] == f"own files: train {mine}"
+    info = source.describe(train, dev)  # the official dev file, cut to 5 questions
+    assert info["eval_set"] == f"official dev split (first 5 of {len(source.load('dev'))} rows)"
+    assert info["label"] == f"own files: train {mine}; {info['eval_set']}"
     relative = resolve_task_source(spec, dev_file="mine.json", data_root=dev_root, base_dir=tmp_path)
     assert relative.dev_file == mine  # relative paths: from the repository root (base_dir)
 

@@ -91,6 +91,7 @@ class FinetunedModel:
                 **own_tags(MlflowClient().get_run(run.run_id)),
                 "selected_trial": self.result.selected.name,
             },
+            eval_set=self.result.data_split.get("eval_set", ""),
         )
         run.set_tags(registration.as_tags())
         run.log_metrics({"registry.alias_moved": float(registration.alias_moved)})
@@ -129,9 +130,11 @@ def register_finetuned(
     experiment: str,
     tags: Mapping[str, str],
     card: Callable[..., str],
+    eval_set: str = "",
 ) -> Registration:
     """Register a fine-tuned model as a new version of ``<registry.name_prefix><task>``; the alias
-    (``registry.alias``) moves only on a better dev score (the task's headline metric)."""
+    (``registry.alias``) moves only on a better dev score (the task's headline metric) on the same rows
+    (``eval_set``, empty: the whole official dev split; :func:`bert_core.tracking.register`)."""
     name = f"{registry.name_prefix}{spec.name}"
     run_ids = {
         "pipeline_run_id": pipeline_run_id(),
@@ -152,4 +155,5 @@ def register_finetuned(
             save_model=mlflow_model(
                 serving_task(spec, settings, null_threshold=metrics.get("dev.null_threshold"))
             ),
+            eval_set=eval_set,
         )

@@ -63,6 +63,7 @@ class TaskRows(list):
             format is known to contain (e.g. QQP's broken lines), never silently anything else.
         available: Rows the source holds before a ``limit`` was applied, when the loader counted them
             (the SQuAD reader does); ``None`` otherwise.
+        limit: The row limit the rows were read with (``train_limit``, ``eval_limit``), if any.
     """
 
     def __init__(
@@ -74,6 +75,14 @@ class TaskRows(list):
         self.source = source
         self.skipped: dict[str, int] = dict(skipped or {})
         self.available: int | None = None
+        self.limit: int | None = None
+
+    @property
+    def cut(self) -> bool:
+        """Whether a ``limit`` left rows of the source out (when uncounted: the limit was reached)."""
+        if self.available is not None:
+            return len(self) < self.available
+        return self.limit is not None and len(self) >= self.limit
 
     @property
     def n_skipped(self) -> int:

@@ -55,6 +55,11 @@ class TaskSource:
 
     def load(self, split: str, limit: int | None = None) -> TaskRows:
         """The rows of ``split`` (the first ``limit``), read as this source says."""
+        rows = self._load(split, limit)
+        rows.limit = limit
+        return rows
+
+    def _load(self, split: str, limit: int | None) -> TaskRows:
         spec = self.spec
         if self.origin == "dev_split" and split in ("train", spec.main_dev_split):
             return self._dev_split_rows(split, limit)
@@ -104,8 +109,10 @@ class TaskSource:
 
     def describe(self, train: TaskRows | None = None, dev: TaskRows | None = None) -> dict[str, Any]:
         """What the summary, the report and MLflow say about the data: ``origin``, ``label`` (empty for
-        the official splits) and the sources (``train_source``, ``eval_source``, with question counts)."""
-        info: dict[str, Any] = {"origin": self.origin, "label": ""}
+        the whole official dev split), ``eval_set`` (the scored rows alone: scores are comparable only on
+        the same one; empty for the whole official dev split) and the sources (``train_source``,
+        ``eval_source``, with row counts)."""
+        info: dict[str, Any] = {"origin": self.origin, "label": "", "eval_set": ""}
         for name, rows in (("train", train), ("eval", dev)):
             if rows is not None:
                 info[f"{name}_source"] = rows.source
@@ -113,15 +120,18 @@ class TaskSource:
         if self.origin == "dev_split":
             assert self.dev_file is not None
             ev, tr = self.article_range(self.spec.main_dev_split), self.article_range("train")
-            label = (
-                f"dev split: articles {ev.start + 1}-{ev.stop} of {self.dev_file.stem}{_cut(dev)}, trained on "
-                f"{tr.start + 1}-{tr.stop}{_cut(train)}"
-            )
-            info.update(label=label, file=str(self.dev_file))
-        elif self.origin == "own_files":
+            scored = f"articles {ev.start + 1}-{ev.stop} of {self.dev_file.stem}{_cut(dev, 'questions')}"
+            label = f"dev split: {scored}, trained on {tr.start + 1}-{tr.stop}{_cut(train, 'questions')}"
+            info.update(label=label, eval_set=f"dev split: {scored}", file=str(self.dev_file))
+        elif self.origin == "own_files" and self.dev_file is not None:
             parts = [f"train {self.train_file}"] if self.train_file else []
-            parts += [f"dev {self.dev_file}"] if self.dev_file else []
-            info["label"] = "own files: " + ", ".join(parts)
+            info["eval_set"] = f"own dev file {self.dev_file}{_cut(dev)}"
+            info["label"] = "own files: " + ", ".join([*parts, f"dev {self.dev_file}{_cut(dev)}"])
+        elif self.origin == "own_files":
+            info["label"] = f"own files: train {self.train_file}"
+        if not info["eval_set"] and dev is not None and dev.cut:  # the official dev split, cut short
+            info["eval_set"] = f"official dev split{_cut(dev)}"
+            info["label"] = "; ".join(x for x in (info["label"], info["eval_set"]) if x)
         return info
 
 
@@ -135,11 +145,14 @@ def split_tags(info: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _cut(rows: TaskRows | None) -> str:
-    """`` (first N of M questions)`` when a limit cut the rows, else empty."""
-    if rows is None or rows.available is None or len(rows) >= rows.available:
+def _cut(rows: TaskRows | None, unit: str = "rows") -> str:
+    """`` (first N of M questions)`` (uncounted: `` (first N rows only: a row limit)``) when a limit cut the
+    rows, else empty."""
+    if rows is None or not rows.cut:
         return ""
-    return f" (first {len(rows)} of {rows.available} questions)"
+    if rows.available is None:
+        return f" (first {len(rows)} {unit} only: a row limit)"
+    return f" (first {len(rows)} of {rows.available} {unit})"
 
 
 def resolve_task_source(

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 ALIAS_LOCK_TIMEOUT_S = 120.0
 #: Rounds of set-then-verify when another writer's set lands in between (tracking servers).
 VERIFY_ROUNDS = 5
+#: Version tag naming the rows a version was scored on (:func:`register`'s ``eval_set``).
+EVAL_SET_TAG = "eval_set"
+#: Its value for the whole official dev split.
+WHOLE_DEV = "the whole official dev split"
 
 
 class AliasLockTimeout(RuntimeError):
@@ -179,6 +183,7 @@ def register(
     value: float | None = None,
     artifact_path: str = "model",
     save_model: Callable[[Path, Path], Any] | None = None,
+    eval_set: str | None = None,
 ) -> Registration:
     """Log ``model_dir`` to run ``run_id``, register it as a new version of ``name`` and move ``alias``.
 
@@ -194,6 +199,11 @@ def register(
             ``selection_metric`` = ``metric_key`` and ``metric_key`` = ``value``, and the alias moves only when
             ``value`` is strictly greater than the ``metric_key`` tag of the version the alias points to
             now (or when the alias points nowhere / that version has no such tag; NaN never wins).
+        eval_set: With ``metric_key``: the rows the score comes from (empty: the whole official dev split),
+            kept as the version's :data:`EVAL_SET_TAG`. Scores are compared only on the same rows: a version
+            scored on other rows leaves the alias where it is (a score on 4 dev rows never displaces one on
+            the whole dev split), except that one scored on the whole official dev split displaces one that
+            was not.
         save_model: ``save_model(model_dir, dest)`` writes the MLflow Model of ``model_dir`` to ``dest``
             (:func:`bert_core.serving.mlflow_model`: a ``pyfunc`` with signature and input example that
             holds ``model_dir`` as ``artifacts/hf_model``); that directory is then what is logged, so the
@@ -219,6 +229,8 @@ def register(
     version_tags = {str(k): str(v) for k, v in (tags or {}).items()}
     if metric_key is not None:
         version_tags.update({"selection_metric": metric_key, metric_key: repr(float(value))})
+        if eval_set is not None:
+            eval_set = version_tags[EVAL_SET_TAG] = eval_set or WHOLE_DEV
     mv = retry_tracking(client.create_model_version)(
         name,
         source=f"runs:/{run_id}/{artifact_path}",
@@ -234,7 +246,7 @@ def register(
         return Registration(name, str(mv.version), alias, True, previous_version=previous)
 
     moved, previous_version, previous_value = _move_if_better(
-        client, name, alias, str(mv.version), metric_key, _float(value)
+        client, name, alias, str(mv.version), metric_key, _float(value), eval_set
     )
     log.info(
         "registered %s version %s (%s=%.4g); alias %s %s",
@@ -262,10 +274,38 @@ def _alias_target(client: Any, name: str, alias: str) -> str | None:
     return None if current is None else str(current)
 
 
+def _beats(
+    value: float, eval_set: str | None, current: str, tags: Mapping[str, str], metric_key: str
+) -> bool:
+    """Whether a score ``value`` on ``eval_set`` beats version ``current`` (its ``tags``), as :func:`register`
+    says; a move refused because the rows differ is logged with both."""
+    current_value = _float(tags.get(metric_key))
+    current_set = tags.get(EVAL_SET_TAG)
+    if eval_set is None or current_set is None or current_set == eval_set:
+        return value > (current_value if current_value is not None else -math.inf)
+    if eval_set == WHOLE_DEV:
+        return True
+    log.info(
+        "not compared with version %s: it was scored on %s, this version on %s; the alias stays (set it by "
+        "hand to serve this one)",
+        current,
+        current_set,
+        eval_set,
+    )
+    return False
+
+
 def _move_if_better(
-    client: Any, name: str, alias: str, version: str, metric_key: str, value: float
+    client: Any,
+    name: str,
+    alias: str,
+    version: str,
+    metric_key: str,
+    value: float,
+    eval_set: str | None = None,
 ) -> tuple[bool, str | None, float | None]:
-    """Compare-and-set ``alias`` to ``version`` when ``value`` beats the alias's version on ``metric_key``.
+    """Compare-and-set ``alias`` to ``version`` when ``value`` on ``eval_set`` beats the alias's version on
+    ``metric_key`` (:func:`_beats`).
 
     Under :func:`alias_lock`: read the alias and its version's score, compare, set, and read the alias again.
     When the read-back shows another writer's set (possible only where the lock does not reach that writer:
@@ -280,11 +320,11 @@ def _move_if_better(
             current = _alias_target(client, name, alias)
             if current == version:  # set by an earlier round, displaced and set back by another writer
                 return True, *replaced
-            current_value = None
+            current_value, moved = None, current is None
             if current is not None:
                 tags = retry_tracking(client.get_model_version)(name, current).tags or {}
                 current_value = _float(tags.get(metric_key))
-            moved = current is None or value > (current_value if current_value is not None else -math.inf)
+                moved = _beats(value, eval_set, current, tags, metric_key)
             if moved:
                 replaced = (current, current_value)
                 retry_tracking(client.set_registered_model_alias)(name, alias, version)
