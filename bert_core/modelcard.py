@@ -30,13 +30,7 @@ import yaml
 from tabulate import tabulate
 
 from bert_core.atomic import TEMP_MARKER, write_text_atomic
-from bert_core.tracking.provenance import (
-    FINETUNE_STAGES,
-    PRETRAIN_STAGES,
-    corpus_datasets,
-    dvc_lineage,
-    under_dvc,
-)
+from bert_core.tracking.provenance import under_dvc
 
 CARD_NAME = "README.md"
 LICENSE = "apache-2.0"
@@ -88,7 +82,10 @@ def _lineage_section(
     lineage: Mapping[str, Any] | None,
     stage: str,
     run_ids: Mapping[str, str] | None,
+    outside_source: str | None = None,
 ) -> list[str]:
+    """``outside_source``: the checkpoint the model started from when no stage of the pipeline made it (a
+    released model), so that no upstream stage's ``dvc.lock`` entry is shown as its lineage."""
     lines = ["## Lineage", ""]
     if run_ids is None:  # the commit (``-dirty`` in a changed work tree) would make the output differ too
         lines.append(
@@ -109,20 +106,29 @@ def _lineage_section(
     if params is not None:
         lines += [f"### Params (`{params_name}`)", "", _yaml_block(dict(params)), ""]
     lines += ["### DVC", ""]
-    if lineage is None:
-        lines += ["Not run under DVC (no `dvc.lock`): the params above are the whole recipe.", ""]
-    elif "error" in lineage:
+    dvc_stage = under_dvc()
+    if lineage is not None and "error" in lineage:
         lines += [str(lineage["error"]), ""]
+    elif lineage is None and not dvc_stage:
+        lines += ["Not run under DVC (no `dvc.lock`): the params above are the whole recipe.", ""]
     else:
-        dvc_stage = under_dvc()
         lines.append(
             f"Run by `dvc repro` as stage `{dvc_stage}`." if dvc_stage else "Not run by `dvc repro` itself."
         )
-        lines.append(
-            f"The upstream stages' `dvc.lock` entries follow; `{stage}`'s own entry is written by DVC once it "
-            "completes (its inputs are these outputs and the params above)."
-        )
+        if outside_source is not None:
+            lines.append(
+                f"No stage of this pipeline made the model it started from (`{outside_source}`), so no "
+                "upstream `dvc.lock` entry is its lineage."
+            )
+        elif lineage is None:
+            lines.append("No `dvc.lock` yet (a first run): the upstream stages' entries are recorded by DVC.")
+        else:
+            lines.append(
+                f"The upstream stages' `dvc.lock` entries follow; `{stage}`'s own entry is written by DVC once "
+                "it completes (its inputs are these outputs and the params above)."
+            )
         lines.append("")
+        lineage = None if outside_source is not None else lineage
         if lineage:
             rows = [
                 (name, f"`{path}`", kind[:-1], f"`{md5}`")
@@ -157,7 +163,7 @@ def pretrained_card(
         data_stats: The pretrain result's data statistics.
         params: The stage's params (as in ``params/pretrain.yaml``).
         git_commit: The code's commit.
-        lineage: :func:`dvc_lineage` (``None``: not run under DVC).
+        lineage: :func:`bert_core.tracking.provenance.dvc_lineage` (``None``: not run under DVC).
         datasets: Hub ids or names of the corpora.
         run_ids: ``pipeline_run_id``, ``mlflow_run_id`` ... (``None``: the deterministic DVC-output copy).
     """
@@ -255,6 +261,7 @@ def finetuned_card(
     pretraining: Mapping[str, Any] | None = None,
     labels: Sequence[str] = (),
     run_ids: Mapping[str, str] | None = None,
+    outside_source: str | None = None,
 ) -> str:
     """The card of a fine-tuned model (``models/finetuned/<task>``, ``bert-<task>``).
 
@@ -341,6 +348,7 @@ def finetuned_card(
         lineage=lineage,
         stage=f"finetune@{task}",
         run_ids=run_ids,
+        outside_source=outside_source,
     )
     return _front_matter(meta) + "\n" + "\n".join(body).rstrip() + "\n"
 
@@ -401,100 +409,3 @@ def staged_with_card(model_dir: str | os.PathLike[str], text: str) -> Iterator[P
         yield staged
     finally:
         shutil.rmtree(staged, ignore_errors=True)
-
-
-# ====================================================================== the stages' cards
-def finetuned_card_for(
-    spec: Any,
-    metrics: Mapping[str, float],
-    model_info: Mapping[str, Any],
-    *,
-    params: Mapping[str, Any] | None,
-    git_commit: str,
-    lock_path: str | os.PathLike[str] | None,
-    run_ids: Mapping[str, str] | None = None,
-    name: str | None = None,
-    reference: Any = None,
-    data_label: str | None = None,
-) -> str:
-    """:func:`finetuned_card` for a :class:`bert_core.tasks.TaskSpec` and a fine-tuning run's flat metrics.
-
-    ``data_label`` names the evaluated rows when they are not the official dev split (a dev split: ``dev
-    split: articles 25-48 of dev-v1.1, trained on 1-24``); the card's dev scores are then headed by it.
-
-    ``model_info`` is the pretrained model's provenance (:func:`bert_core.finetune.run.model_info`:
-    ``preset``, ``source``, and ``model``/``model_version`` when it is a registered version);
-    ``reference`` the published scores of its size
-    (``bert_core.evaluate.references.reference_for(model_info["preset"])``; passed in so that this module
-    imports nothing of the pipeline and no stage's DVC deps grow by it).
-    """
-    preset = model_info.get("preset")
-    preset = None if preset in (None, "custom") else str(preset)
-    ref = reference
-    published = dict(ref.scores.get(spec.name, {})) if ref else {}
-    if model_info.get("model") and model_info.get("model_version"):
-        base = f"{model_info['model']}/{model_info['model_version']}"
-    else:
-        base = str(model_info.get("source") or "") or None
-    dev = {
-        k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k.count(".") == 1
-    }
-    stages = FINETUNE_STAGES
-    return finetuned_card(
-        name=name or f"bert-{spec.name}",
-        task=spec.name,
-        kind=spec.kind,
-        main_metric=spec.main_metric,
-        dev_metrics=dev,
-        dev_split=data_label or spec.dev_splits[0],
-        datasets=[spec.hub_path] if getattr(spec, "hub_path", None) else [],
-        hub_config=getattr(spec, "hub_config", None),
-        preset=preset,
-        published=published or None,
-        published_model=ref.model if published and ref else None,
-        published_split=ref.splits.get(spec.name) if published and ref else None,
-        base_model=base,
-        params=params,
-        git_commit=git_commit,
-        lineage=dvc_lineage(lock_path, stages) if lock_path is not None else None,
-        pretraining=dict(model_info),
-        labels=tuple(getattr(spec, "labels", ()) or ())[:50],
-        run_ids=run_ids,
-    )
-
-
-def pretrained_card_for(
-    params: Any,
-    config: Any,
-    metrics: Mapping[str, Any],
-    data_stats: Mapping[str, Any],
-    *,
-    git_commit: str,
-    lock_path: str | os.PathLike[str] | None,
-    run_ids: Mapping[str, str] | None = None,
-) -> str:
-    """:func:`pretrained_card` for the pretrain stage's params (``PretrainParams``), the trained model's
-    ``BertConfig`` (its sizes come from the params and the inputs) and result."""
-    shape = {
-        k: getattr(config, k)
-        for k in (
-            "num_hidden_layers",
-            "hidden_size",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "vocab_size",
-        )
-    }
-    return pretrained_card(
-        name=params.registered_model,
-        preset=params.model.preset if "init" not in metrics else "custom",  # continued: the checkpoint's size
-        config=shape,
-        metrics=metrics,
-        data_stats=data_stats,
-        params=params.model_dump(mode="json"),
-        git_commit=git_commit,
-        lineage=dvc_lineage(lock_path, PRETRAIN_STAGES) if lock_path is not None else None,
-        datasets=corpus_datasets(lock_path) if lock_path is not None else [],
-        run_ids=run_ids,
-    )

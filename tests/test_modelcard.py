@@ -11,6 +11,8 @@ import yaml
 
 from bert_core import modelcard
 from bert_core.evaluate.references import reference_for
+from bert_core.serving.finetuned import finetuned_card_for
+from bert_core.serving.pretrained import pretrained_card_for
 from bert_core.tasks import get_task
 from bert_core.tracking import provenance
 from tests.test_pretrain import data  # noqa: F401 - the fixture
@@ -62,7 +64,7 @@ STATS = {"vocab_size": 30522, "seq128.train": {"instances": 1000, "tokens": 1280
 
 
 def _pretrained(lock, run_ids=None):
-    return modelcard.pretrained_card_for(
+    return pretrained_card_for(
         _Params(),
         _Model().config(30522),
         METRICS,
@@ -73,11 +75,11 @@ def _pretrained(lock, run_ids=None):
     )
 
 
-def _finetuned(lock, run_ids=None, preset="tiny"):
+def _finetuned(lock, run_ids=None, preset="tiny", **kw):
     spec = get_task("sst2")
     metrics = {"dev.accuracy": 82.5, "dev.accuracy_mean": 81.0, "random_init.dev.accuracy": 55.0}
     info = {"preset": preset, "source": "models/pretrained", "model": "bert-pretrained", "model_version": "3"}
-    return modelcard.finetuned_card_for(
+    return finetuned_card_for(
         spec,
         metrics,
         info,
@@ -86,6 +88,7 @@ def _finetuned(lock, run_ids=None, preset="tiny"):
         lock_path=lock,
         run_ids=run_ids,
         reference=reference_for(preset),
+        **kw,
     )
 
 
@@ -117,7 +120,7 @@ def test_pretrained_card_front_matter_and_lineage(lock, monkeypatch):
 
 def test_continued_pretraining_card_shows_the_checkpoint_it_started_from(lock):
     metrics = {**METRICS, "heldout_before": {"mlm_acc": 0.12, "nsp_acc": 0.5}}
-    text = modelcard.pretrained_card_for(
+    text = pretrained_card_for(
         _Params(), _Model().config(30522), metrics, STATS, git_commit="abc", lock_path=lock, run_ids=None
     )
     table = re.sub(r" {2,}", " ", text)
@@ -134,9 +137,7 @@ def test_an_mlm_only_model_is_not_tagged_nsp(lock):
             return {**super().model_dump(mode), "nsp": False}
 
     meta, body = modelcard.parse_front_matter(
-        modelcard.pretrained_card_for(
-            MlmOnly(), _Model().config(30522), METRICS, STATS, git_commit="a", lock_path=lock
-        )
+        pretrained_card_for(MlmOnly(), _Model().config(30522), METRICS, STATS, git_commit="a", lock_path=lock)
     )
     assert "nsp" not in meta["tags"] and "pretrained with masked-LM alone" in body
     assert "nsp" in modelcard.parse_front_matter(_pretrained(lock))[0]["tags"]
@@ -161,6 +162,24 @@ def test_cards_without_dvc_or_published_scores(tmp_path):
     bad = tmp_path / "dvc.lock"
     bad.write_text("stages: [unclosed\n")
     assert "not readable as a DVC lock file" in provenance.dvc_lineage(bad, ["corpus"])["error"]
+
+
+def test_a_card_names_upstream_stages_only_when_they_made_its_starting_model(lock, tmp_path, monkeypatch):
+    monkeypatch.setenv("DVC_STAGE", "finetune@sst2")
+    _, ours = modelcard.parse_front_matter(_finetuned(lock))
+    assert "| pretrain |" in re.sub(r" {2,}", " ", ours)  # models/pretrained: the upstream entries
+    _, released = modelcard.parse_front_matter(_finetuned(lock, from_pipeline=False))
+    assert (
+        "| pretrain |" not in re.sub(r" {2,}", " ", released) and "No stage of this pipeline made" in released
+    )
+    _, first = modelcard.parse_front_matter(_finetuned(tmp_path / "no.lock"))  # under DVC, before its lock
+    assert "Run by `dvc repro` as stage `finetune@sst2`" in first and "No `dvc.lock` yet" in first
+    assert "Not run under DVC" not in first
+    from bert_core.constants import REPO_ROOT
+    from bert_core.serving.finetuned import _from_pipeline
+
+    assert _from_pipeline({"source": str(REPO_ROOT / "models" / "pretrained")})
+    assert not _from_pipeline({"source": str(REPO_ROOT / "models" / "released" / "all-MiniLM-L6-v2")})
 
 
 def test_huggingface_hub_parses_the_cards(lock):

@@ -25,6 +25,8 @@ PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
 SMALL_TASKS = ("rte", "mrpc", "stsb", "cola", "wnli")
 #: Settings that name one task's data (:mod:`bert_core.tasks.datasource`): allowed under ``tasks.<task>`` only.
 PER_TASK_DATA_KEYS = ("dev_split", "train_file", "dev_file")
+#: The pretrain stage's output, the default starting checkpoint (its lineage is the upstream stages').
+PRETRAINED_DIR = "models/pretrained"
 
 
 class TaskSettings(StrictModel):
@@ -180,7 +182,7 @@ class ModelSource(StrictModel):
         init: ``pretrained`` loads the weights; ``random`` trains the same architecture from scratch.
     """
 
-    source: str = "models/pretrained"
+    source: str = PRETRAINED_DIR
     init: Literal["pretrained", "random"] = "pretrained"
 
 

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from bert_core import modelcard
-from bert_core.constants import DVC_LOCK
+from bert_core.constants import DVC_LOCK, REPO_ROOT
 from bert_core.evaluate.references import reference_for
 from bert_core.serving import mlflow_model, serving_task
 from bert_core.tracking import Registration, git_commit, pipeline_run_id, register
+from bert_core.tracking.provenance import FINETUNE_STAGES, dvc_lineage
 from bert_core.tracking.trials import own_tags
 
 
@@ -98,12 +99,86 @@ class FinetunedModel:
         return registration
 
 
+def finetuned_card_for(
+    spec: Any,
+    metrics: Mapping[str, float],
+    model_info: Mapping[str, Any],
+    *,
+    params: Mapping[str, Any] | None,
+    git_commit: str,
+    lock_path: str | os.PathLike[str] | None,
+    run_ids: Mapping[str, str] | None = None,
+    name: str | None = None,
+    reference: Any = None,
+    data_label: str | None = None,
+    from_pipeline: bool = True,
+) -> str:
+    """:func:`finetuned_card` for a :class:`bert_core.tasks.TaskSpec` and a fine-tuning run's flat metrics.
+
+    ``data_label`` names the evaluated rows when they are not the official dev split (a dev split: ``dev
+    split: articles 25-48 of dev-v1.1, trained on 1-24``); the card's dev scores are then headed by it.
+
+    ``model_info`` is the pretrained model's provenance (:func:`bert_core.finetune.run.model_info`:
+    ``preset``, ``source``, and ``model``/``model_version`` when it is a registered version);
+    ``from_pipeline``: the model started from the pretrain stage's output, so the upstream stages'
+    ``dvc.lock`` entries are its lineage (not for a released checkpoint).
+    ``reference`` the published scores of its size
+    (``bert_core.evaluate.references.reference_for(model_info["preset"])``; passed in so that this module
+    imports nothing of the pipeline and no stage's DVC deps grow by it).
+    """
+    preset = model_info.get("preset")
+    preset = None if preset in (None, "custom") else str(preset)
+    ref = reference
+    published = dict(ref.scores.get(spec.name, {})) if ref else {}
+    if model_info.get("model") and model_info.get("model_version"):
+        base = f"{model_info['model']}/{model_info['model_version']}"
+    else:
+        base = str(model_info.get("source") or "") or None
+    dev = {
+        k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k.count(".") == 1
+    }
+    stages = FINETUNE_STAGES if from_pipeline else ()
+    return modelcard.finetuned_card(
+        name=name or f"bert-{spec.name}",
+        task=spec.name,
+        kind=spec.kind,
+        main_metric=spec.main_metric,
+        dev_metrics=dev,
+        dev_split=data_label or spec.dev_splits[0],
+        datasets=[spec.hub_path] if getattr(spec, "hub_path", None) else [],
+        hub_config=getattr(spec, "hub_config", None),
+        preset=preset,
+        published=published or None,
+        published_model=ref.model if published and ref else None,
+        published_split=ref.splits.get(spec.name) if published and ref else None,
+        base_model=base,
+        params=params,
+        git_commit=git_commit,
+        lineage=dvc_lineage(lock_path, stages) if lock_path is not None else None,
+        pretraining=dict(model_info),
+        labels=tuple(getattr(spec, "labels", ()) or ())[:50],
+        run_ids=run_ids,
+        outside_source=None if from_pipeline else base,
+    )
+
+
+def _from_pipeline(model_info: Mapping[str, Any]) -> bool:
+    """Whether fine-tuning started from the pretrain stage's output (a local path; a registered version
+    or a released checkpoint is another model than the one the upstream ``dvc.lock`` entries describe)."""
+    from bert_core.finetune.params import PRETRAINED_DIR
+
+    source = str(model_info.get("source") or "")
+    if not source or source.startswith("models:/"):
+        return False
+    return Path(source).expanduser().resolve() == (REPO_ROOT / PRETRAINED_DIR).resolve()
+
+
 def finetuned_card(spec: Any, settings: Any, result: Any, metrics: Mapping[str, float], name: str):
     """The card of a fine-tuned model: ``card(run_ids=None) -> str``."""
     commit = git_commit()
 
     def card(run_ids: Mapping[str, str] | None = None) -> str:
-        return modelcard.finetuned_card_for(
+        return finetuned_card_for(
             spec,
             metrics,
             result.model,
@@ -114,6 +189,7 @@ def finetuned_card(spec: Any, settings: Any, result: Any, metrics: Mapping[str, 
             run_ids=run_ids,
             name=name,
             data_label=result.data_split.get("label") or None,
+            from_pipeline=_from_pipeline(result.model),
         )
 
     return card

@@ -9,6 +9,7 @@ what a version records is :func:`bert_core.pretrain.registration.version_metadat
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,8 +18,46 @@ from bert_core.constants import DVC_LOCK
 from bert_core.pretrain.registration import REGISTERED_MODEL_DESCRIPTION, version_metadata
 from bert_core.serving import fill_mask_task, mlflow_model
 from bert_core.tracking import Registration, git_commit, pipeline_run_id, register
+from bert_core.tracking.provenance import PRETRAIN_STAGES, corpus_datasets, dvc_lineage
 
 PretrainedCard = Callable[..., str]
+
+
+def pretrained_card_for(
+    params: Any,
+    config: Any,
+    metrics: Mapping[str, Any],
+    data_stats: Mapping[str, Any],
+    *,
+    git_commit: str,
+    lock_path: str | os.PathLike[str] | None,
+    run_ids: Mapping[str, str] | None = None,
+) -> str:
+    """:func:`pretrained_card` for the pretrain stage's params (``PretrainParams``), the trained model's
+    ``BertConfig`` (its sizes come from the params and the inputs) and result."""
+    shape = {
+        k: getattr(config, k)
+        for k in (
+            "num_hidden_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "vocab_size",
+        )
+    }
+    return modelcard.pretrained_card(
+        name=params.registered_model,
+        preset=params.model.preset if "init" not in metrics else "custom",  # continued: the checkpoint's size
+        config=shape,
+        metrics=metrics,
+        data_stats=data_stats,
+        params=params.model_dump(mode="json"),
+        git_commit=git_commit,
+        lineage=dvc_lineage(lock_path, PRETRAIN_STAGES) if lock_path is not None else None,
+        datasets=corpus_datasets(lock_path) if lock_path is not None else [],
+        run_ids=run_ids,
+    )
 
 
 def pretrained_card(params: Any) -> PretrainedCard:
@@ -31,7 +70,7 @@ def pretrained_card(params: Any) -> PretrainedCard:
         config: Any,
         run_ids: Mapping[str, str] | None = None,
     ) -> str:
-        return modelcard.pretrained_card_for(
+        return pretrained_card_for(
             params, config, metrics, data_stats, git_commit=commit, lock_path=DVC_LOCK, run_ids=run_ids
         )
 
