@@ -187,6 +187,14 @@ def test_pretrain_stage_continues_from_the_checkpoint(synthetic, tmp_path):
     again = pretrain(params, tmp_path / "data", tmp_path / "vocab2", tmp_path / "model2")
     assert again.metrics["init"]["mlm_head"] == "loaded"
     assert again.metrics["heldout_before"] == pytest.approx(result.metrics["heldout"], rel=1e-5)
+    # the registered version says it continued a checkpoint, not which preset the params name
+    from bert_core.pretrain.registration import version_metadata
+
+    tags, description = version_metadata(result, params)
+    assert tags["preset"] == "checkpoint" and tags["init_from"] == result.metrics["init"]["source"]
+    objectives = "MLM + NSP" if params.nsp else "MLM"
+    assert tags["objectives"] == objectives
+    assert description.startswith(f"continued from {tags['init_from']}, {objectives},")
 
 
 # ------------------------------------------------------------------------------------------ bad inputs

@@ -99,7 +99,10 @@ def lock(tmp_path):
     return path
 
 
-def test_pretrained_card_front_matter_and_lineage(lock, monkeypatch):
+def test_pretrained_card_front_matter_and_lineage(lock, monkeypatch, tmp_path):
+    monkeypatch.setenv("BERT_DATA_ROOT", str(tmp_path))  # local mode: the corpus read files, no Hub dataset
+    assert modelcard.parse_front_matter(_pretrained(lock))[0].get("datasets") is None
+    monkeypatch.delenv("BERT_DATA_ROOT")
     monkeypatch.setenv("DVC_STAGE", "pretrain")
     text = _pretrained(lock)
     meta, body = modelcard.parse_front_matter(text)

@@ -97,7 +97,13 @@ def under_dvc() -> str | None:
 
 
 def corpus_datasets(lock_path: str | os.PathLike[str]) -> list[str]:
-    """Hub ids of the corpora the ``corpus`` stage read, from its params in ``dvc.lock`` (else none)."""
+    """Hub ids of the corpora the ``corpus`` stage read, from its params in ``dvc.lock`` (else none).
+
+    None in local mode (``BERT_DATA_ROOT`` set, as the pipeline sets it for every stage): the corpus was
+    then read from ``corpus.local_sources``, files that have no Hub id.
+    """
+    if os.environ.get("BERT_DATA_ROOT", "").strip():
+        return []
     lineage = dvc_lineage(lock_path, ("corpus",)) or {}
     params = (lineage.get("corpus") or {}).get("params") or {}
     sources = []
