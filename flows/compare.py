@@ -62,9 +62,13 @@ def finetune_runs(client: Any, experiment: str = FINETUNE_EXPERIMENT) -> tuple[s
 
 
 def pipeline_run_ids(runs: list[Any]) -> list[str]:
-    """Distinct ``pipeline_run_id`` tags, most recent run first."""
+    """Distinct ``pipeline_run_id`` tags of the runs that fine-tuned something (finished, with dev
+    scores), most recent run first: a failed run is no side for ``latest``."""
+    done = [
+        r for r in runs if r.info.status == "FINISHED" and any(k.startswith("dev.") for k in r.data.metrics)
+    ]
     return list(
-        dict.fromkeys(r.data.tags["pipeline_run_id"] for r in runs if r.data.tags.get("pipeline_run_id"))
+        dict.fromkeys(r.data.tags["pipeline_run_id"] for r in done if r.data.tags.get("pipeline_run_id"))
     )
 
 

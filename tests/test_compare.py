@@ -98,6 +98,13 @@ def test_latest_prefix_and_model_versions(store):
     assert _rows("bert-pretrained/1", "bert-pretrained@champion") == by_model
 
 
+def test_latest_skips_runs_that_fine_tuned_nothing(store):
+    failed = _log("adhoc-cccc", "sst2", {})  # e.g. `python -m flows.finetune` on a missing model, twice
+    MlflowClient(tracking_uri()).set_terminated(failed, "FAILED")
+    _log("adhoc-dddd", "sst2", {"train.seconds": 1.0})  # finished, but no dev score
+    assert _rows("latest~1", "latest") == _rows("p1", "p2")
+
+
 def test_errors_name_what_exists(store):
     client = compare._client()
     _, runs = compare.finetune_runs(client)
