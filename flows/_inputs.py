@@ -88,12 +88,13 @@ def run_inputs(
     """A profile, then the form fields, then free ``-S`` overrides (``sets``), resolved once into one set.
 
     Raises:
-        ProfileError: an unknown profile, a malformed ``-S`` argument, a key that does not exist, or a
-            starting checkpoint DVC cannot track (each message names the file and key).
+        ProfileError: an unknown profile, a malformed ``-S`` argument, a key that does not exist, a value
+            its stage would refuse, or a starting checkpoint DVC cannot track (each names the file and key).
     """
     chosen = profiles.load(profile, root) if profile else None
     given = parse_set_args(sets)
     overrides = profiles.resolve(chosen, lambda current: merge(form_overrides(fields, current), given), root)
+    profiles.check_overrides(overrides, root)
     overrides = track_model_source(overrides, root, log)
     return RunInputs(overrides, list(targets or (chosen.targets if chosen else [])))
 

@@ -24,10 +24,12 @@ def _git(root: Path, *args: str) -> None:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    """A committed repo with pretrain/finetune params as the form fields expect, and two profiles."""
+    """A committed repo with pretrain/finetune params as the form fields expect (valid for their stages:
+    the flow checks the overridden files before DVC runs), and two profiles."""
     (tmp_path / "params" / "profiles").mkdir(parents=True)
     (tmp_path / "params" / "pretrain.yaml").write_text(
         "pretrain:\n  model: {preset: tiny}\n  max_steps: 100\n  time_budget_minutes: null\n"
+        "  phases: [{name: seq128, share: 1.0, micro_batch: 8, global_batch: 8, lr: 1.0e-4}]\n"
     )
     (tmp_path / "params" / "finetune.yaml").write_text(
         "finetune:\n  defaults: {learning_rates: [5.0e-5], seeds: [1]}\n  small_task_seeds: [1, 2]\n"
@@ -408,6 +410,14 @@ def test_flow_rejects_bad_input_before_running_dvc(harness, scripted, repo):
         pipeline.pipeline_flow(extra_overrides=["params/finetune.yaml:finetune.nope=1"])
     with pytest.raises(ValueError, match="experiment_name"):
         pipeline.pipeline_flow(experiment_name="bad name")
+    # a value the stage would refuse: refused here, before DVC could remove a stage's outputs, and never
+    # written into the params file (repro mode writes the overrides there)
+    before = (repo / "params" / "finetune.yaml").read_text()
+    with pytest.raises(overrides.ProfileError, match=r"params/finetune\.yaml.*epochs"):
+        pipeline.pipeline_flow(
+            extra_overrides=["params/finetune.yaml:finetune.defaults.epochs=0"], as_experiment=False, jobs=1
+        )
+    assert (repo / "params" / "finetune.yaml").read_text() == before
     assert calls == []
 
 

@@ -55,6 +55,9 @@ def test_the_table_and_dvc_yaml_agree():
         deps = _names(body.get("deps"))
         data = [d for d in deps if not d.startswith(_deps.CODE_PACKAGES)]
         assert data == list(stage.data_deps), f"{stage.name}: data deps"
+        for entry in (*body.get("outs", []), *body.get("metrics", []), *body.get("plots", [])):
+            options = next(iter(entry.values())) if isinstance(entry, dict) else {}
+            assert options.get("persist") is True, f"{stage.name}: {entry} is not persist: true"
 
 
 def test_every_stage_resolves_to_its_model_entry_and_flow():
@@ -185,6 +188,42 @@ def test_editing_an_imported_file_makes_dvc_report_the_stage(tmp_path):
         fh.write("# touched\n")
     status = _run([*dvc, "status", "evaluate"], repo)
     assert "evaluate:" in status and "bert_core/config.py" in status, status
+
+
+def test_every_output_is_kept_when_its_stage_fails_under_dvc(tmp_path):
+    """DVC deletes a stage's outputs before running its command unless they are ``persist: true``: a run
+    that then failed left none. On a scratch copy: evaluate's outputs, committed, survive a failed run."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    text = (REPO_ROOT / "dvc.yaml").read_text(encoding="utf-8")
+    (repo / "dvc.yaml").write_text(text.replace("cmd: exec python -m flows.evaluate", "cmd: exit 1"))
+    shutil.copytree(REPO_ROOT / "params", repo / "params")
+    dvc = [sys.executable, "-m", "dvc"]
+    _run([*dvc, "init", "--no-scm", "-q"], repo)
+    stage = stages.get("evaluate")
+    deps = [d for d in _names(_dvc_stages()["evaluate"]["deps"])]
+    for dep in deps:
+        path = repo / dep
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x") if path.suffix else (path.mkdir(), (path / "f.py").write_text("x"))
+    written = {}
+    for out in (*stage.outs, *stage.details, *stage.metrics):
+        path = repo / out
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix:
+            path.write_text(written.setdefault(out, "{}" if path.suffix == ".json" else "report"))
+        else:
+            path.mkdir()
+            (path / "scores.png").write_text(written.setdefault(out, "png"))
+    _run([*dvc, "commit", "-f", "-q", "evaluate"], repo)
+    (repo / deps[-1]).write_text("changed")  # so DVC runs the stage, whose command fails
+    failed = subprocess.run(
+        [*dvc, "repro", "--single-item", "evaluate"], cwd=repo, capture_output=True, text=True, timeout=120
+    )
+    assert failed.returncode != 0 and "exit 1" in failed.stderr + failed.stdout, failed.stderr
+    for out, content in written.items():
+        path = repo / out
+        assert (path.read_text() if path.suffix else (path / "scores.png").read_text()) == content, out
 
 
 @pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])

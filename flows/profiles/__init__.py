@@ -192,6 +192,29 @@ def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) ->
     return params
 
 
+def check_params(file: str, params: DictConfig, where: str) -> None:
+    """Validate a params file's content (overrides applied) with the model of the stage that reads it, as
+    the stage will (a file no stage reads is not checked). Raises ProfileError naming ``where`` and the key."""
+    owner = stages.by_params_file(file)
+    if owner is None:
+        return
+    if (section := value_at(params, owner.section)) is None:
+        raise ProfileError(f"{where}: {file} has no top-level section '{owner.section}'")
+    try:
+        parse_params(section, owner.model(), where=where, prefix=owner.section)
+    except ParamsError as err:
+        raise ProfileError(str(err)) from None
+
+
+def check_overrides(overrides: Overrides, root: Path = REPO_ROOT) -> None:
+    """Every params file ``overrides`` changes, validated as its stage will read it, before anything is
+    written or run: a value no stage accepts fails here in seconds, naming file and key, and is never
+    written into the params files (where the next run would meet it again)."""
+    for file, keys in overrides.items():
+        if keys:
+            check_params(file, effective_params(file, overrides, root), f"{file} with the run's overrides")
+
+
 def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
     """Write overrides into the params files with DVC's own ``-S`` implementation (comments kept)."""
     from dvc.utils.hydra import apply_overrides
@@ -250,16 +273,13 @@ def check_profiles(root: Path = REPO_ROOT, names: list[str] | None = None) -> Pr
             if missing := [k for k in keys if not has_key(params, k)]:
                 report.problems += [f"{where}: {file} has no key '{k}'" for k in missing]
                 continue
-            owner = stages.by_params_file(file)
-            if owner is None:
+            if stages.by_params_file(file) is None:
                 if (note := f"no stage reads {file}; checked key names only") not in report.notes:
                     report.notes.append(note)
                 continue
             try:
                 set_keys(params, keys, f"{where}: {file}")
-                if (section := value_at(params, owner.section)) is None:
-                    raise ProfileError(f"{where}: {file} has no top-level section '{owner.section}'")
-                parse_params(section, owner.model(), where=f"{file} with {where}", prefix=owner.section)
-            except (ProfileError, ParamsError) as err:
+                check_params(file, params, f"{file} with {where}")
+            except ProfileError as err:
                 report.problems.append(str(err))
     return report
