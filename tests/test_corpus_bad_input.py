@@ -133,6 +133,42 @@ def test_empty_corpus_after_filtering(tmp_path, prev_out):
     assert_untouched(prev_out)
 
 
+def test_a_folder_source_reads_its_kinds_files_compressed_ones_too(tmp_path):
+    import gzip
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "a.txt").write_text(SENT * 3, encoding="utf-8")
+    with gzip.open(tmp_path / "mine" / "b.txt.gz", "wt", encoding="utf-8") as fh:
+        fh.write(SENT * 4)
+    rows = [json.dumps({"text": SENT * n}) for n in (5, 6)]
+    (tmp_path / "mine" / "c.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (tmp_path / "mine" / "notes.md").write_text(SENT, encoding="utf-8")
+    out = tmp_path / "out"
+    build_corpus(
+        params_for({"name": "t", "kind": "text", "path": "mine"}), out, data_root=tmp_path, workers=1
+    )
+    assert sorted(d["doc_id"] for d in docs(out)) == ["t:a.txt", "t:b.txt.gz"]
+    jsonl = params_for({"name": "j", "kind": "jsonl", "path": "mine"})
+    build_corpus(jsonl, tmp_path / "out2", data_root=tmp_path, workers=1)
+    assert len(docs(tmp_path / "out2")) == 2  # both records of c.jsonl
+    (tmp_path / "md").mkdir()
+    (tmp_path / "md" / "x.md").write_text(SENT, encoding="utf-8")
+    with pytest.raises(
+        SourceNotFoundError, match=r"folder 'md'.*no file matching \['\*\.txt'.*set the source's pattern"
+    ):
+        build_corpus(
+            params_for({"name": "m", "kind": "text", "path": "md"}), tmp_path / "o3", data_root=tmp_path
+        )
+
+
+def test_a_corpus_emptied_by_a_cap_names_the_cap(tmp_path, prev_out):
+    (tmp_path / "book.txt").write_text(SENT * 200, encoding="utf-8")  # one document larger than the cap
+    params = params_for({"name": "t", "kind": "text", "path": "*.txt"}, cap={"max_bytes": 1000})
+    with pytest.raises(EmptyCorpusError, match=r"'over_cap': 1.*raise corpus\.cap\.max_bytes"):
+        build_corpus(params, prev_out, data_root=tmp_path, workers=1)
+    assert_untouched(prev_out)
+
+
 def test_blank_line_documents_and_parquet_source(tmp_path):
     (tmp_path / "docs.txt").write_text(f"{SENT}\n{SENT}\n\n\n{SENT * 3}\n\n{SENT * 4}\n", encoding="utf-8")
     table = pa.table({"body": [SENT * 5, SENT * 6, None], "key": [1, 2, 3], "name": ["x", "y", "z"]})

@@ -261,9 +261,16 @@ def build_corpus(
         shutil.rmtree(work)
 
         if stats.documents == 0:
+            capped = (
+                " The caps stop at the first document that does not fit: raise corpus.cap.max_bytes / "
+                "max_documents or the source's max_bytes / max_documents (a document larger than a byte cap "
+                "is never taken), or cut documents smaller (doc_split)."
+                if stats.dropped.get("over_cap")
+                else " Check the sources and the corpus.clean limits."
+            )
             raise EmptyCorpusError(
                 f"no documents left after reading {stats.records} records and filtering "
-                f"(dropped: {dict(stats.dropped)}). Check the sources and the corpus.clean limits."
+                f"(dropped: {dict(stats.dropped)}).{capped}"
             )
         if stats.documents_heldout == 0 or stats.documents_train == 0:
             raise EmptyCorpusError(

@@ -31,6 +31,14 @@ _DOC_SPLITS: dict[str, tuple[str, ...]] = {
     "wikipedia_xml": ("row",),
 }
 _DEFAULT_SPLIT = {"text": "file", "hf": "row", "jsonl": "row", "parquet": "row", "wikipedia_xml": "row"}
+#: The files a folder source reads by default, per kind (compressed ones too).
+DEFAULT_PATTERNS = {
+    "hf": (),
+    "text": ("*.txt", "*.txt.gz", "*.txt.bz2"),
+    "jsonl": ("*.jsonl", "*.jsonl.gz", "*.jsonl.bz2"),
+    "parquet": ("*.parquet",),
+    "wikipedia_xml": ("*.xml", "*.xml.gz", "*.xml.bz2"),
+}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -52,7 +60,8 @@ class SourceSpec(StrictModel):
         doc_split: How records become documents (see ``DocSplit``); default depends on ``kind``.
         newlines: ``wrap``: lines are hard-wrapped, paragraphs are separated by blank lines (books);
             ``paragraph``: every line is a paragraph (Wikipedia extracts). Default: ``wrap`` for ``text``.
-        pattern: File name glob used when ``path`` is a folder.
+        pattern: File name glob used when ``path`` is a folder (default: the kind's own files, compressed
+            ones too: :data:`DEFAULT_PATTERNS`).
         exclude: File name globs never read (e.g. ``MANIFEST.tsv``).
         max_documents: Optional cap on documents kept from this source (deterministic: input order).
         max_bytes: Optional cap on UTF-8 text bytes kept from this source.
@@ -69,7 +78,7 @@ class SourceSpec(StrictModel):
     title_field: str | None = None
     doc_split: DocSplit | None = None
     newlines: Literal["wrap", "paragraph"] | None = None
-    pattern: str = "*.txt"
+    pattern: str | None = None
     exclude: tuple[str, ...] = ("MANIFEST.tsv",)
     max_documents: int | None = Field(None, ge=1)
     max_bytes: int | None = Field(None, ge=1)
@@ -91,6 +100,11 @@ class SourceSpec(StrictModel):
         if self.kind != "hf" and (self.config is not None or self.revision is not None):
             raise ValueError("'config' and 'revision' are only valid for kind 'hf'")
         return self
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """The file name globs a folder ``path`` is read with."""
+        return (self.pattern,) if self.pattern else DEFAULT_PATTERNS[self.kind]
 
     @property
     def effective_doc_split(self) -> str:
@@ -140,7 +154,8 @@ class HeldoutParams(StrictModel):
     """Held-out split of whole documents, chosen by a seeded hash of ``doc_id`` (stable across runs).
 
     When no document hashes into it (a tiny corpus), the first train document is moved there instead, so
-    any corpus of two or more documents gets both splits.
+    any corpus of two or more documents gets both splits (the pretraining data needs two in each: NotNext
+    segments come from another document).
 
     Attributes:
         fraction: Share of documents sent to the held-out split.

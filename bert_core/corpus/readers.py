@@ -111,7 +111,7 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
         files = [base]
         anchor = base.parent
     elif base.is_dir():
-        files = sorted(p for p in base.rglob(source.pattern) if p.is_file())
+        files = sorted({p for pattern in source.patterns for p in base.rglob(pattern) if p.is_file()})
         anchor = base
     else:
         files = sorted(Path(p) for p in glob.glob(str(base), recursive=True) if Path(p).is_file())
@@ -120,6 +120,11 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
     files = [p for p in files if not any(fnmatch.fnmatch(p.name, pat) for pat in source.exclude)]
     if not files:
         where = f" under data root {root}" if root is not None and not raw.is_absolute() else ""
+        if base.is_dir():
+            raise SourceNotFoundError(
+                f"source '{source.name}' ({source.kind}): folder '{source.path}'{where} ({base}) has no file "
+                f"matching {list(source.patterns)}; set the source's pattern (e.g. pattern: '*.md')"
+            )
         raise SourceNotFoundError(
             f"source '{source.name}' ({source.kind}): path '{source.path}'{where} matches no files "
             f"({base}). Check the path, or set/unset BERT_DATA_ROOT."

@@ -178,7 +178,9 @@ def plan_tasks(corpus_dir: str | Path, split: str, task_bytes: int) -> list[Buil
     if total < 2:
         raise ValueError(
             f"the corpus split {d} holds a single document; next-sentence prediction takes NotNext "
-            f"segments from another document, so it needs at least two"
+            f"segments from another document, so it needs at least two (four in the whole corpus). In "
+            "params/corpus.yaml: add documents, cut long ones into several (a text source's `doc_split: "
+            "blank_lines`), or raise corpus.heldout.fraction so that two go to the held-out split"
         )
     cuts, row, held, first = [0], 0, 0, 0
     for f in files:
