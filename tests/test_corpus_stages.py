@@ -52,11 +52,19 @@ def test_corpus_and_vocab_stage_entries():
     assert {k.split(".", 1)[1] for k in vocab["params"][0]["params/vocab.yaml"]} == set(vsection)
     assert (
         "data/corpus" in vocab["deps"]
-        and corpus["outs"] == ["data/corpus", {"metrics/details/corpus.json": {"cache": False}}]
-        and vocab["outs"] == ["data/vocab", {"metrics/details/vocab.json": {"cache": False}}]
+        and corpus["outs"]
+        == [
+            {"data/corpus": {"persist": True}},
+            {"metrics/details/corpus.json": {"cache": False, "persist": True}},
+        ]
+        and vocab["outs"]
+        == [
+            {"data/vocab": {"persist": True}},
+            {"metrics/details/vocab.json": {"cache": False, "persist": True}},
+        ]
     )
-    assert corpus["metrics"] == [{"metrics/corpus.json": {"cache": False}}]
-    assert vocab["metrics"] == [{"metrics/vocab.json": {"cache": False}}]
+    assert corpus["metrics"] == [{"metrics/corpus.json": {"cache": False, "persist": True}}]
+    assert vocab["metrics"] == [{"metrics/vocab.json": {"cache": False, "persist": True}}]
 
 
 def test_committed_params_parse():

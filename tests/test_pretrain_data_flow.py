@@ -16,7 +16,10 @@ def test_dvc_stage_lists_every_output_affecting_param():
     assert stage["cmd"] == "exec python -m flows.pretrain_data"
     # code deps are derived from the stage's imports (tests/test_stages.py checks them all)
     assert {"data/corpus", "data/vocab", "bert_core/pretrain_data/build.py"} <= set(stage["deps"])
-    assert stage["outs"] == ["data/pretrain_data", {"metrics/details/pretrain_data.json": {"cache": False}}]
+    assert stage["outs"] == [
+        {"data/pretrain_data": {"persist": True}},
+        {"metrics/details/pretrain_data.json": {"cache": False, "persist": True}},
+    ]
     listed = {k.split(".", 1)[1] for k in stage["params"][0]["params/pretrain_data.yaml"]}
     # every field that changes the output bytes is listed; the worker count and check sample are not
     assert listed == set(PretrainDataParams.model_fields) - {"num_workers", "check_sample"}
