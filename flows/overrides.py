@@ -82,20 +82,38 @@ def format_value(value: Any) -> str:
 
 
 def parse_set_args(specs: list[str] | tuple[str, ...]) -> Overrides:
-    """Parse ``file:key=value`` strings (``dvc exp run -S``) into overrides, split and parsed as DVC does."""
+    """Parse ``file:key=value`` strings (``dvc exp run -S``) into overrides, split and parsed as DVC does.
+
+    A mapping replaced wholesale comes as the pair :func:`hydra_overrides` writes (``~key``, then
+    ``+key={...}``, as ``python -m flows.profiles args`` prints it) and reads back as ``key={...}``.
+    """
     out: Overrides = {}
+    removed: dict[tuple[str, str], str] = {}  # (file, key) -> its `~key`, awaiting the `+key=...`
     for spec in specs:
         file, colon, override = spec.partition(":")
-        if not (colon and file and "=" not in file and "=" in override):
+        if not (colon and file and "=" not in file and ("=" in override or override.startswith("~"))):
             raise ProfileError(
                 f"'{spec}': expected FILE:KEY=VALUE, e.g. params/finetune.yaml:finetune.seeds=[1,2]"
             )
         parsed = _parse(override, spec)
-        if parsed.is_sweep_override() or parsed.is_delete() or parsed.is_add():
+        key = parsed.key_or_group
+        if parsed.is_delete() and "=" not in override:
+            removed[(file, key)] = spec
+            continue
+        if (
+            parsed.is_sweep_override()
+            or parsed.is_delete()
+            or (parsed.is_add() and removed.pop((file, key), None) is None)
+        ):
             raise ProfileError(
-                f"'{spec}': one value per key (no sweep, + or ~); quote a string with commas: KEY='a,b'"
+                f"'{spec}': one value per key (no sweep, + or ~ but a mapping's ~KEY +KEY={{...}}); quote a "
+                "string with commas: KEY='a,b'"
             )
-        out.setdefault(file, {})[parsed.key_or_group] = parsed.value()
+        out.setdefault(file, {})[key] = parsed.value()
+    if removed:
+        raise ProfileError(
+            f"'{next(iter(removed.values()))}': a key is removed only to be replaced: +KEY=VALUE next"
+        )
     return out
 
 

@@ -161,6 +161,22 @@ def test_a_folder_source_reads_its_kinds_files_compressed_ones_too(tmp_path):
         )
 
 
+def test_a_file_that_is_not_utf8_text_is_named_in_a_warning(tmp_path, caplog):
+    (tmp_path / "a.txt").write_text(SENT * 3, encoding="utf-8")
+    (tmp_path / "b.txt").write_text(SENT * 4, encoding="utf-8")
+    (tmp_path / "blob.txt").write_bytes(bytes(range(128, 256)) * 40 + SENT.encode())
+    with caplog.at_level("WARNING", logger="bert_core.corpus"):
+        stats = build_corpus(
+            params_for({"name": "t", "kind": "text", "path": "*.txt"}),
+            tmp_path / "out",
+            data_root=tmp_path,
+            workers=1,
+        )
+    assert stats.files_with_utf8_errors == 1
+    [warning] = [r.getMessage() for r in caplog.records if "not UTF-8" in r.getMessage()]
+    assert "blob.txt" in warning and "is it a text file?" in warning
+
+
 def test_a_corpus_emptied_by_a_cap_names_the_cap(tmp_path, prev_out):
     (tmp_path / "book.txt").write_text(SENT * 200, encoding="utf-8")  # one document larger than the cap
     params = params_for({"name": "t", "kind": "text", "path": "*.txt"}, cap={"max_bytes": 1000})

@@ -170,6 +170,12 @@ def test_unknown_keys_and_bad_specs_are_named(repo):
     assert ov.parse_set_args(["params/x.yaml:x.lr=2e-5", "params/x.yaml:x.tasks=[a,b]"]) == {
         "params/x.yaml": {"x.lr": 2e-5, "x.tasks": ["a", "b"]}
     }
+    # what `python -m flows.profiles args` prints for a replaced mapping reads back as that mapping
+    mapping = {"params/x.yaml": {"x.tasks": {"sst2": {"train_limit": 10}}}}
+    assert ov.parse_set_args(ov.set_args(mapping)[1::2]) == mapping
+    for alone in (["params/x.yaml:~x.tasks"], ["params/x.yaml:+x.tasks={a: 1}"], ["params/x.yaml:x.lr=1,2"]):
+        with pytest.raises(ProfileError, match=r"a key is removed only to be replaced|one value per key"):
+            ov.parse_set_args(alone)
     (repo / "params" / "profiles" / "broken.yaml").write_text("params/x.yaml: [1, 2]\n")
     with pytest.raises(ProfileError, match="must map dotted keys"):
         profiles.load("broken", repo)
@@ -268,3 +274,13 @@ def test_a_profile_applied_by_dvc_shows_no_further_changes(tmp_path):
     profiles.apply(profiles.resolve("gpu-base", root=tmp_path), tmp_path)
     assert "5e-05" in (tmp_path / "params/finetune.yaml").read_text(encoding="utf-8")
     assert profiles.resolve("gpu-base", root=tmp_path) == {}
+
+
+def test_a_profile_key_the_workspace_lost_is_named_with_the_way_back(repo):
+    """An earlier run's `-S` replaced x.sources in the workspace file (repro mode writes it there): the
+    profiles' x.sources.0.max_bytes no longer exists, and the error says where it went and how to restore it."""
+    profiles.apply({"params/x.yaml": {"x.sources": []}}, repo)
+    with pytest.raises(
+        ProfileError, match=r"profiles set 'x\.sources\.0\.max_bytes'.*git checkout params/x\.yaml"
+    ):
+        profiles.resolve("named", None, repo)

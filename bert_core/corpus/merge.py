@@ -24,6 +24,8 @@ from bert_core.corpus.stats import CorpusStats, UnitResult
 log = logging.getLogger(__name__)
 
 CHECK_SAMPLE = 50_000
+#: A file with more undecodable bytes than this share is named in a warning (likely not UTF-8 text at all).
+BINARY_SHARE = 0.01
 
 
 class HashSet64:
@@ -99,6 +101,14 @@ class Merger:
         st.records += result.stats.records
         st.utf8_replacements += result.stats.utf8_replacements
         st.files_with_utf8_errors += result.stats.files_with_utf8_errors
+        if result.stats.utf8_replacements > BINARY_SHARE * max(result.stats.input_bytes, 1):
+            log.warning(
+                "%s: %d of its %d bytes are not UTF-8 (each replaced by U+FFFD in the corpus): is it a text "
+                "file? Leave it out (the source's exclude) or convert it to UTF-8",
+                unit.path,
+                result.stats.utf8_replacements,
+                result.stats.input_bytes,
+            )
         st.gutenberg_stripped += result.stats.gutenberg_stripped
         st.units_stopped_early += int(result.stats.stopped_early)
         st.dropped.update(result.stats.dropped)

@@ -170,8 +170,15 @@ def resolve(
                 managed.setdefault(file, set()).update(keys)
         defaults: Overrides = {}
         for file, keys in managed.items():
-            committed = read_params_file(file, root, committed=True)
+            committed, workspace = read_params_file(file, root, committed=True), read_params_file(file, root)
             defaults[file] = {k: value_at(committed, k) for k in sorted(keys) if has_key(committed, k)}
+            if gone := [k for k in defaults[file] if not has_key(workspace, k)]:
+                raise ProfileError(
+                    f"{file}: profiles set '{gone[0]}', which the committed file has and the workspace's no "
+                    "longer does: a list or mapping above it was replaced (a `-S` of an earlier run without "
+                    f"--experiment is written into the params files). Restore it with `git checkout {file}`, "
+                    "or give the whole value again with -S and no profile"
+                )
         layers += [defaults, profile.overrides]
     if callable(extra):
         base = merge(*layers)
