@@ -75,9 +75,10 @@ def _pretrained(lock, run_ids=None):
     )
 
 
-def _finetuned(lock, run_ids=None, preset="tiny", **kw):
+def _finetuned(lock, run_ids=None, preset="tiny", baselines=None, **kw):
     spec = get_task("sst2")
     metrics = {"dev.accuracy": 82.5, "dev.accuracy_mean": 81.0, "random_init.dev.accuracy": 55.0}
+    metrics |= {f"baseline.{n}.{k}": v for n, scores in (baselines or {}).items() for k, v in scores.items()}
     info = {"preset": preset, "source": "models/pretrained", "model": "bert-pretrained", "model_version": "3"}
     return finetuned_card_for(
         spec,
@@ -183,6 +184,17 @@ def test_a_card_names_upstream_stages_only_when_they_made_its_starting_model(loc
 
     assert _from_pipeline({"source": str(REPO_ROOT / "models" / "pretrained")})
     assert not _from_pipeline({"source": str(REPO_ROOT / "models" / "released" / "all-MiniLM-L6-v2")})
+
+
+def test_a_card_shows_the_best_trivial_baseline_and_says_when_the_model_is_not_above_it(lock):
+    _, plain = modelcard.parse_front_matter(_finetuned(lock))
+    assert "trivial baseline" not in plain  # none scored: no column
+    beaten = {"majority": {"accuracy": 50.9}, "tfidf_lr": {"accuracy": 72.2}}
+    _, body = modelcard.parse_front_matter(_finetuned(lock, baselines=beaten))
+    assert "| accuracy (main) | 82.50 | 72.20 (tfidf_lr) | 83.20 |" in re.sub(r" {2,}", " ", body)
+    assert "Not above" not in body
+    _, body = modelcard.parse_front_matter(_finetuned(lock, baselines={"lexicon": {"accuracy": 82.5}}))
+    assert "**Not above its best trivial baseline** (`lexicon`) on `accuracy`." in body
 
 
 def test_huggingface_hub_parses_the_cards(lock):

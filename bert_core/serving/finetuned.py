@@ -138,6 +138,11 @@ def finetuned_card_for(
         k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k.count(".") == 1
     }
     stages = FINETUNE_STAGES if from_pipeline else ()
+    baselines: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():  # baseline.<name>.<metric>
+        if key.startswith("baseline.") and key.count(".") == 2:
+            _, name, metric = key.split(".")
+            baselines.setdefault(name, {})[metric] = value
     return modelcard.finetuned_card(
         name=name or f"bert-{spec.name}",
         task=spec.name,
@@ -159,6 +164,7 @@ def finetuned_card_for(
         labels=tuple(getattr(spec, "labels", ()) or ())[:50],
         run_ids=run_ids,
         outside_source=None if from_pipeline else base,
+        baselines=baselines,
     )
 
 
