@@ -199,9 +199,12 @@ def _fan_out(
     )
     if exp_name is not None and outcome[0] == 0:
         # The outputs kept in git go into the experiment as `dvc exp run` commits them (new ones are untracked).
+        # The stages that ran are named: without targets `exp save` commits every stage, and fails on the
+        # outputs of a stage the run left out that never ran here ("output 'data/vocab' does not exist").
         kept = [p for i in infos for p in i.git_outs if (REPO_ROOT / p).exists()]
         include = [arg for p in kept for arg in ("--include-untracked", p)]
-        saved = drive(["exp", "save", "--name", exp_name, *include], root=REPO_ROOT, env=env)
+        args = ["exp", "save", "--name", exp_name, *include, *needs]
+        saved = drive(args, root=REPO_ROOT, env=env)
         outcome = (saved[0], outcome[1], saved[2]) if saved[0] else outcome
     return ["--wait-for-lock", "repro", "--single-item", f"<stage> ({jobs} at once)"], outcome
 

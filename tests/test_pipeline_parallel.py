@@ -249,6 +249,14 @@ def test_an_experiment_run_at_once_is_saved_as_a_dvc_experiment(harness, dvc_rep
     assert params["finetune"]["defaults"]["seeds"] == [2]
 
 
+def test_an_experiment_of_some_stages_is_saved_while_the_others_never_ran(harness, dvc_repo):
+    """`dvc exp save` of the stages that ran: without them it commits every stage and fails on the
+    outputs of those that never ran here (b.out ... report.out)."""
+    result = pipeline.pipeline_flow(profile=None, jobs=2, experiment_name="part", targets=["b"])
+    assert set(result["stages"]) == {"prep", "b"} and not (dvc_repo / "report.out").exists()
+    assert "part" in _dvc(dvc_repo, "exp", "list")
+
+
 class _Dvc:
     """A DVC process that prints ``lines`` and exits with ``code``."""
 
