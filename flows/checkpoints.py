@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             out = download_hub_checkpoint(args.repo_id, dest, key="repo_id")
         else:
             out = args.path
-        sizes = check_checkpoint(out, key=str(out), full=True)
+        sizes = check_checkpoint(out, key="checkpoint", full=True)
     except (CheckpointSourceError, FileNotFoundError, ValueError) as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)  # one line
         return 1
@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"{out}: ok (vocabulary {sizes['tokenizer']} tokens, embeddings {sizes['embeddings']} rows)")
+    note = ""
+    if sizes["tokenizer"] != sizes["embeddings"]:  # unused embedding rows: fine for fine-tuning only
+        note = "; fine-tuning only: continued pretraining (vocab.from_checkpoint) needs the two equal"
+    print(f"{out}: ok (vocabulary {sizes['tokenizer']} tokens, embeddings {sizes['embeddings']} rows{note})")
     return 0
 
 

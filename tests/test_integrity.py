@@ -215,6 +215,8 @@ def test_checkpoints_check_reports_a_damaged_model_in_one_line(tmp_path, capsys)
     path = _model_dir(tmp_path / "model")
     (path / "vocab.txt").write_text("\n".join(f"t{i}" for i in range(40)) + "\n")
     assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ok (vocabulary 40 tokens" in out and ("fine-tuning only" in out) == ("40 rows" not in out)
     flip(path / "model.safetensors", at=0.0005, n=2)
     assert main(["check", str(path)]) == 1
     err = capsys.readouterr().err
