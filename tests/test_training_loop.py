@@ -118,6 +118,30 @@ def test_sigterm_writes_a_checkpoint_and_the_resumed_run_is_exact(tmp_path):
     assert [h.get("loss") for h in result.history] == [h.get("loss") for h in ref_result.history]
 
 
+def test_a_run_resumed_mid_window_logs_the_rows_of_an_uninterrupted_one(tmp_path):
+    """Interrupted at step 4 with a 3-step logging window: the row at step 6 averages steps 4-6 as the
+    uninterrupted run's does (the window's sums travel in the checkpoint); only timing differs."""
+    _, ref = run(tmp_path / "ref", max_steps=8, log_every=3)
+    calls = {"n": 0}
+
+    def send_sigterm():
+        calls["n"] += 1
+        if calls["n"] == 7:  # inside optimizer step 4
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path / "ck", max_steps=8, checkpoint_every=100, log_every=3, on_micro=send_sigterm)
+    _, resumed = run(tmp_path / "ck", max_steps=8, log_every=3)
+    timing = {"seq_per_s", "tokens_per_s", "step_time_s", "elapsed_s", "mfu"}
+
+    def rows(result):
+        return [
+            {k: v for k, v in h.items() if k not in timing} for h in result.history if h["kind"] == "train"
+        ]
+
+    assert [h["step"] for h in rows(ref)] == [3, 6, 8] and rows(resumed) == rows(ref)
+
+
 def test_resume_of_a_loader_without_state_dict_skips_consumed_batches(tmp_path):
     def train(ckdir, on_micro=None):
         torch.manual_seed(0)

@@ -41,10 +41,11 @@ from bert_core.tracking import MetricsCallback
 from bert_core.training import checkpoint as ckpt
 from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig, TrainingInterrupted
 from bert_core.training.distributed import DistContext, resolve_device
-from bert_core.training.evaluation import evaluate_objective, sum_into, to_device
+from bert_core.training.evaluation import evaluate_objective, to_device
 from bert_core.training.flops import mfu, peak_tflops
 from bert_core.training.objective import Objective
 from bert_core.training.optim import build_optimizer
+from bert_core.training.window import MetricsWindow
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +225,7 @@ class Trainer:
         self.eval_metrics = dict(state.get("eval_metrics", {}))
         self.train_metrics = dict(state.get("train_metrics", {}))
         self._data_pos = dict(state.get("data_pos", self._data_pos))
+        self._saved_windows = state.get("train_windows")
         self._complete = bool(state.get("complete", False))
         self._stop_reason = state.get("stop_reason", "max_steps")
 
@@ -262,7 +264,13 @@ class Trainer:
         cfg = self.config
         batches = self._batches()
         self._elapsed_base, self._t_start = self.elapsed_s, time.perf_counter()
-        self._reset_window()
+        saved, self._saved_windows = getattr(self, "_saved_windows", None), None
+        resumed = saved and len(saved) == self.dist.world_size  # mid-window: its sums go on
+        self._win = (
+            MetricsWindow.restored(saved[self.dist.rank], self.device)
+            if resumed
+            else MetricsWindow(self.device)
+        )
         params = [p for p in self.model.parameters() if p.requires_grad]
         while True:
             if cfg.max_steps is not None and self.step >= cfg.max_steps:
@@ -276,9 +284,6 @@ class Trainer:
                 batch = next(batches)
                 seqs, toks = self.objective.count(batch)
                 flops = self.objective.flops(batch) if self._peak is not None else None
-                self._win["seqs"] += seqs
-                self._win["tokens"] += toks
-                self._win["flops"] += flops or 0.0
                 batch = to_device(batch, self.device)
                 sync = micro == cfg.grad_accum - 1 or not self.dist.distributed
                 with contextlib.nullcontext() if sync else self.net.no_sync(), self._autocast():
@@ -286,7 +291,7 @@ class Trainer:
                     loss = out.loss / cfg.grad_accum
                 self.scaler.scale(loss).backward()
                 loss_sum += out.loss.detach().float()
-                sum_into(self._win_stats, out.stats, self.device)
+                self._win.add_micro(seqs, toks, flops, out.stats)
             loss_mean = loss_sum / cfg.grad_accum
             if self.scaler.is_enabled():
                 self.scaler.unscale_(self.optimizer)
@@ -306,10 +311,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
             self.elapsed_s = elapsed
-            self._win["steps"] += 1
-            self._win["loss"] += loss_mean
-            self._win["grad_norm"] += grad_norm.detach().float()
-            self._win["lr"] = lr
+            self._win.add_step(loss_mean, grad_norm, lr)
             done = (cfg.max_steps is not None and self.step >= cfg.max_steps) or (
                 cfg.time_budget_s is not None and self.elapsed_s >= cfg.time_budget_s
             )
@@ -328,7 +330,7 @@ class Trainer:
         """Run eval/checkpoint work: it counts toward the elapsed time but not toward throughput."""
         t = time.perf_counter()
         fn()
-        self._win["t0"] += time.perf_counter() - t
+        self._win.t0 += time.perf_counter() - t
 
     def _sync_flags(self, loss: Tensor, grad_norm: Tensor) -> tuple[bool, bool, float]:
         """The one host sync per step: a non-finite loss or gradient on any rank, a stop signal on any
@@ -351,30 +353,25 @@ class Trainer:
         return bool(self.dist.all_reduce(flag, op="max").item())
 
     # ------------------------------------------------------------------ metrics
-    def _reset_window(self) -> None:
-        zero = torch.zeros((), device=self.device)
-        self._win: dict[str, Any] = dict(t0=time.perf_counter(), steps=0, seqs=0, tokens=0, flops=0.0, lr=0.0)
-        self._win |= {"loss": zero.clone(), "grad_norm": zero.clone()}
-        self._win_stats: dict[str, Tensor] = {}
-
     def _log_train(self) -> None:
         w = self._win
-        seconds = max(time.perf_counter() - w["t0"], 1e-9)
-        counts = torch.tensor([w["seqs"], w["tokens"], w["flops"]], dtype=torch.float64, device=self.device)
-        scalars = torch.stack([w["loss"], w["grad_norm"]]).float() / max(w["steps"], 1)
+        seconds = max(time.perf_counter() - w.t0, 1e-9)
+        counts = torch.tensor([w.seqs, w.tokens, w.flops], dtype=torch.float64, device=self.device)
+        scalars = torch.stack([w.loss, w.grad_norm]).float() / max(w.steps, 1)
         self.dist.all_reduce(counts)
         self.dist.all_reduce(scalars)
-        for k in sorted(self._win_stats):
-            self.dist.all_reduce(self._win_stats[k])
+        stats = w.stats
+        for k in sorted(stats):
+            self.dist.all_reduce(stats[k])
         loss, gnorm = (scalars / self.dist.world_size).tolist()
         seqs, tokens, flops = counts.tolist()
-        metrics = {"loss": loss, **self.objective.summarize(self._win_stats)}
+        metrics = {"loss": loss, **self.objective.summarize(stats)}
         metrics.update(
-            lr=w["lr"],
+            lr=w.lr,
             grad_norm=gnorm,
             seq_per_s=seqs / seconds,
             tokens_per_s=tokens / seconds,
-            step_time_s=seconds / max(w["steps"], 1),
+            step_time_s=seconds / max(w.timed_steps, 1),
             elapsed_s=self.elapsed_s,
         )
         util = mfu(flops, seconds, self._peak, self.dist.world_size) if flops else None
@@ -382,7 +379,7 @@ class Trainer:
             metrics["mfu"] = util
         self.train_metrics = metrics
         self._emit("train", metrics)
-        self._reset_window()
+        self._win = MetricsWindow(self.device)
 
     def _emit(self, kind: str, metrics: dict[str, float]) -> None:
         self.history.append({"step": self.step, "kind": kind, **metrics})
@@ -440,10 +437,12 @@ class Trainer:
         rng = self.dist.gather_objects(ckpt.capture_rng_state())
         data_state = self.train_data.state_dict() if hasattr(self.train_data, "state_dict") else None
         data_states = self.dist.gather_objects(data_state)
+        windows = self.dist.gather_objects(self._win.state())
         if self.dist.is_main:
             state = {
                 "elapsed_s": self.elapsed_s,
                 "history": self.history,
+                "train_windows": windows,
                 "eval_metrics": self.eval_metrics,
                 "train_metrics": self.train_metrics,
                 "data_pos": self._data_pos,

@@ -1,0 +1,82 @@
+"""The training metrics of one logging window: what the Trainer sums between two logged steps.
+
+The sums (loss, gradient norm, the objective's statistics) and the number of steps they cover go into
+each checkpoint, so a run resumed mid-window logs the rows an uninterrupted run logs. The timing and the
+throughput counts (``t0``, ``timed_steps``, ``seqs``, ``tokens``, ``flops``) describe this process's
+segment only, so a resumed run's first throughput figures are its own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bert_core.training.evaluation import sum_into
+
+
+def _plain(t: Tensor) -> list[Any]:
+    return [str(t.dtype).removeprefix("torch."), t.tolist()]
+
+
+def _tensor(saved: list[Any], device: torch.device) -> Tensor:
+    dtype, value = saved
+    return torch.tensor(value, dtype=getattr(torch, dtype), device=device)
+
+
+@dataclass
+class MetricsWindow:
+    device: torch.device
+    t0: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    timed_steps: int = 0
+    seqs: int = 0
+    tokens: int = 0
+    flops: float = 0.0
+    lr: float = 0.0
+    loss: Tensor | None = None  # the sum of the steps' mean losses
+    grad_norm: Tensor | None = None
+    stats: dict[str, Tensor] = field(default_factory=dict)  # the objective's, summed (Objective.summarize)
+
+    def __post_init__(self) -> None:
+        zero = torch.zeros((), device=self.device)
+        self.loss = zero.clone() if self.loss is None else self.loss
+        self.grad_norm = zero.clone() if self.grad_norm is None else self.grad_norm
+
+    def add_micro(self, seqs: int, tokens: int, flops: float | None, stats: dict[str, Tensor]) -> None:
+        self.seqs, self.tokens, self.flops = (
+            self.seqs + seqs,
+            self.tokens + tokens,
+            self.flops + (flops or 0.0),
+        )
+        sum_into(self.stats, stats, self.device)
+
+    def add_step(self, loss: Tensor, grad_norm: Tensor, lr: float) -> None:
+        self.steps, self.timed_steps, self.lr = self.steps + 1, self.timed_steps + 1, lr
+        self.loss = self.loss + loss
+        self.grad_norm = self.grad_norm + grad_norm.detach().float()
+
+    def state(self) -> dict[str, Any]:
+        """The sums and their step count, as a checkpoint stores them (JSON: dtype and values)."""
+        stats = {k: _plain(v) for k, v in self.stats.items()}
+        return {
+            "steps": self.steps,
+            "lr": self.lr,
+            "loss": _plain(self.loss),
+            "grad_norm": _plain(self.grad_norm),
+            "stats": stats,
+        }
+
+    @classmethod
+    def restored(cls, saved: dict[str, Any], device: torch.device) -> MetricsWindow:
+        return cls(
+            device,
+            steps=int(saved["steps"]),
+            lr=float(saved["lr"]),
+            loss=_tensor(saved["loss"], device),
+            grad_norm=_tensor(saved["grad_norm"], device),
+            stats={k: _tensor(v, device) for k, v in saved["stats"].items()},
+        )
