@@ -337,7 +337,10 @@ def finetuned_card(
         body += [f"Labels: {', '.join(f'`{label}`' for label in labels)}.", ""]
     ref = f"published ({published_model}, {published_split})" if published else "published"
     best = {  # metric -> (score, baseline) of the best trivial baseline
-        k: max((float(b[k]), name) for name, b in (baselines or {}).items() if _finite(b.get(k)))
+        k: max(  # the first of equal scores, as the report picks it
+            ((float(b[k]), name) for name, b in (baselines or {}).items() if _finite(b.get(k))),
+            key=lambda t: t[0],
+        )
         for k in shown
         if any(_finite(b.get(k)) for b in (baselines or {}).values())
     }

@@ -59,8 +59,8 @@ def data_notes(results: Mapping[str, FinetuneResult]) -> list[str]:
             notes.append(f"{task}: {_label(result)} (not the official splits).")
         elif result.data_split.get("eval_set"):
             notes.append(
-                f"{task}: scored on the {result.data_split['eval_set']} (`eval_limit`), not the whole dev "
-                "split: not the official dev score, and only roughly comparable with published ones."
+                f"{task}: scored on the {result.data_split['eval_set']}, set by `eval_limit`: not the official "
+                "dev score, and only roughly comparable with published ones."
             )
         threshold = result.selected.extra.get("null_threshold")
         if threshold is not None and math.isfinite(threshold):
