@@ -94,7 +94,6 @@ def run_inputs(
     chosen = profiles.load(profile, root) if profile else None
     given = parse_set_args(sets)
     overrides = profiles.resolve(chosen, lambda current: merge(form_overrides(fields, current), given), root)
-    profiles.check_overrides(overrides, root)
     overrides = track_model_source(overrides, root, log)
     return RunInputs(overrides, list(targets or (chosen.targets if chosen else [])))
 

@@ -113,7 +113,7 @@ def finetuned_card_for(
     data_label: str | None = None,
     from_pipeline: bool = True,
 ) -> str:
-    """:func:`finetuned_card` for a :class:`bert_core.tasks.TaskSpec` and a fine-tuning run's flat metrics.
+    """:func:`bert_core.modelcard.finetuned_card` for a :class:`bert_core.tasks.TaskSpec` and a fine-tuning run's flat metrics.
 
     ``data_label`` names the evaluated rows when they are not the official dev split (a dev split: ``dev
     split: articles 25-48 of dev-v1.1, trained on 1-24``); the card's dev scores are then headed by it.
@@ -123,8 +123,7 @@ def finetuned_card_for(
     ``from_pipeline``: the model started from the pretrain stage's output, so the upstream stages'
     ``dvc.lock`` entries are its lineage (not for a released checkpoint).
     ``reference`` the published scores of its size
-    (``bert_core.evaluate.references.reference_for(model_info["preset"])``; passed in so that this module
-    imports nothing of the pipeline and no stage's DVC deps grow by it).
+    (``bert_core.evaluate.references.reference_for(model_info["preset"])``).
     """
     preset = model_info.get("preset")
     preset = None if preset in (None, "custom") else str(preset)

@@ -33,7 +33,7 @@ def pretrained_card_for(
     lock_path: str | os.PathLike[str] | None,
     run_ids: Mapping[str, str] | None = None,
 ) -> str:
-    """:func:`pretrained_card` for the pretrain stage's params (``PretrainParams``), the trained model's
+    """:func:`bert_core.modelcard.pretrained_card` for the pretrain stage's params (``PretrainParams``), the trained model's
     ``BertConfig`` (its sizes come from the params and the inputs) and result."""
     shape = {
         k: getattr(config, k)

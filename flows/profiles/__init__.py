@@ -158,11 +158,12 @@ def resolve(
             real changes).
 
     Raises:
-        ProfileError: unknown profile, missing params file, a key that does not exist in its file, or a
-            value DVC's ``-S`` cannot set.
+        ProfileError: unknown profile, missing params file, a key that does not exist in its file, a
+            value DVC's ``-S`` cannot set, or one the stage that reads the file would refuse.
     """
     profile = load(name, root) if isinstance(name, str) else name
     layers: list[Overrides] = []
+    workspaces: dict[str, DictConfig] = {}  # each workspace params file, read once
     if profile is not None:  # every key that any profile sets goes back to its committed default first
         managed: dict[str, set[str]] = {}
         for other in list_profiles(root):
@@ -170,7 +171,8 @@ def resolve(
                 managed.setdefault(file, set()).update(keys)
         defaults: Overrides = {}
         for file, keys in managed.items():
-            committed, workspace = read_params_file(file, root, committed=True), read_params_file(file, root)
+            committed = read_params_file(file, root, committed=True)
+            workspace = workspaces[file] = read_params_file(file, root)
             defaults[file] = {k: value_at(committed, k) for k in sorted(keys) if has_key(committed, k)}
             if gone := [k for k in defaults[file] if not has_key(workspace, k)]:
                 raise ProfileError(
@@ -186,7 +188,10 @@ def resolve(
         extra = extra(lambda file, key: value_at(with_base(file), key))
     out: Overrides = {}
     for file, keys in merge(*layers, extra or {}).items():
-        changed = set_keys(read_params_file(file, root), keys, file)
+        params = workspaces.pop(file, None) or read_params_file(file, root)
+        changed = set_keys(params, keys, file)
+        if keys:  # as its stage will read it: a value it refuses fails here, before anything is written
+            check_params(file, params, f"{file} with the overrides")
         if kept := changed if only_changes else keys:
             out[file] = kept
     return out
@@ -211,15 +216,6 @@ def check_params(file: str, params: DictConfig, where: str) -> None:
         parse_params(section, owner.model(), where=where, prefix=owner.section)
     except ParamsError as err:
         raise ProfileError(str(err)) from None
-
-
-def check_overrides(overrides: Overrides, root: Path = REPO_ROOT) -> None:
-    """Every params file ``overrides`` changes, validated as its stage will read it, before anything is
-    written or run: a value no stage accepts fails here in seconds, naming file and key, and is never
-    written into the params files (where the next run would meet it again)."""
-    for file, keys in overrides.items():
-        if keys:
-            check_params(file, effective_params(file, overrides, root), f"{file} with the run's overrides")
 
 
 def apply(overrides: Overrides, root: Path = REPO_ROOT) -> list[Path]:
