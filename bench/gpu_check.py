@@ -426,13 +426,10 @@ def markdown(summary: dict) -> str:
         ]
     smoke = parts.get("smoke", {}).get("result", {})
     if smoke.get("stages"):
+        from bench.gpu_smoke import stage_table
+
         lines += ["", f"## Smoke: the {smoke['profile']} recipe on capped data", ""]
-        lines += ["| stage | ok | seconds | figures / error |", "|---|---|---|---|"]
-        for stage, st in smoke["stages"].items():
-            figures = st.get("error") or ", ".join(
-                f"{k}={_fmt(v)}" for k, v in st.items() if k not in ("ok", "seconds")
-            )
-            lines.append(f"| {stage} | {'yes' if st['ok'] else 'NO'} | {st['seconds']} | {figures} |")
+        lines += stage_table(smoke["stages"])
     failed = {n: p for n, p in parts.items() if p["status"] not in ("ok", NOT_RUN)}
     for name, p in failed.items():
         lines += [
@@ -457,13 +454,10 @@ def _next_command(args: argparse.Namespace, parts: list[str]) -> str:
 
 def _write_summary(out: Path, summary: dict) -> None:
     """``summary.json`` and ``summary.md``, each replaced whole (a run stopped from outside keeps the last)."""
-    for name, text in (
-        ("summary.json", json.dumps(_clean(summary), indent=2, default=str) + "\n"),
-        ("summary.md", markdown(summary)),
-    ):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out / name)
+    from bert_core.atomic import write_text_atomic
+
+    write_text_atomic(out / "summary.json", json.dumps(_clean(summary), indent=2, default=str) + "\n")
+    write_text_atomic(out / "summary.md", markdown(summary))
 
 
 def main(argv: list[str] | None = None) -> int:

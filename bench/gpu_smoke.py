@@ -175,6 +175,19 @@ def load_in_transformers(pretrained: Path, finetuned: Path) -> dict:
     return figures
 
 
+def stage_table(stages: dict) -> list[str]:
+    """The Markdown table of the stages: ok, seconds, figures or the error (also in ``gpu_check``'s summary)."""
+    lines = ["| stage | ok | seconds | figures / error |", "|---|---|---|---|"]
+    for name, s in stages.items():
+        detail = s.get("error") or ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in s.items()
+            if k not in ("ok", "seconds", "traceback")
+        )
+        lines.append(f"| {name} | {'yes' if s['ok'] else 'NO'} | {s['seconds']} | {detail} |")
+    return lines
+
+
 def write_summary(out: Path, summary: dict) -> None:
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     lines = [
@@ -182,16 +195,8 @@ def write_summary(out: Path, summary: dict) -> None:
         "",
         f"{summary['started']}; torch {summary['torch']}, CUDA {summary['cuda']}; device {summary['device_name']}",
         "",
-        "| stage | ok | seconds | figures / error |",
-        "|---|---|---|---|",
+        *stage_table(summary["stages"]),
     ]
-    for name, s in summary["stages"].items():
-        detail = s.get("error") or ", ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in s.items()
-            if k not in ("ok", "seconds", "traceback")
-        )
-        lines.append(f"| {name} | {'yes' if s['ok'] else 'NO'} | {s['seconds']} | {detail} |")
     (out / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

@@ -132,8 +132,7 @@ def _lineage_section(
                 "it completes (its inputs are these outputs and the params above)."
             )
         lines.append("")
-        lineage = None if outside_source is not None else lineage
-        if lineage:
+        if lineage and outside_source is None:
             rows = [
                 (name, f"`{path}`", kind[:-1], f"`{md5}`")
                 for name, entry in lineage.items()

@@ -78,7 +78,6 @@ def _pretrained(lock, run_ids=None):
 def _finetuned(lock, run_ids=None, preset="tiny", baselines=None, **kw):
     spec = get_task("sst2")
     metrics = {"dev.accuracy": 82.5, "dev.accuracy_mean": 81.0, "random_init.dev.accuracy": 55.0}
-    metrics |= {f"baseline.{n}.{k}": v for n, scores in (baselines or {}).items() for k, v in scores.items()}
     info = {"preset": preset, "source": "models/pretrained", "model": "bert-pretrained", "model_version": "3"}
     return finetuned_card_for(
         spec,
@@ -89,6 +88,7 @@ def _finetuned(lock, run_ids=None, preset="tiny", baselines=None, **kw):
         lock_path=lock,
         run_ids=run_ids,
         reference=reference_for(preset),
+        baselines=baselines,
         **kw,
     )
 

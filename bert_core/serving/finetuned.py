@@ -112,6 +112,7 @@ def finetuned_card_for(
     reference: Any = None,
     data_label: str | None = None,
     from_pipeline: bool = True,
+    baselines: Mapping[str, Mapping[str, float]] | None = None,
 ) -> str:
     """:func:`bert_core.modelcard.finetuned_card` for a :class:`bert_core.tasks.TaskSpec` and a fine-tuning run's flat metrics.
 
@@ -121,7 +122,8 @@ def finetuned_card_for(
     ``model_info`` is the pretrained model's provenance (:func:`bert_core.finetune.run.model_info`:
     ``preset``, ``source``, and ``model``/``model_version`` when it is a registered version);
     ``from_pipeline``: the model started from the pretrain stage's output, so the upstream stages'
-    ``dvc.lock`` entries are its lineage (not for a released checkpoint).
+    ``dvc.lock`` entries are its lineage (not for a released checkpoint). ``baselines``: the result's trivial
+    baselines (name -> metric -> score).
     ``reference`` the published scores of its size
     (``bert_core.evaluate.references.reference_for(model_info["preset"])``).
     """
@@ -137,11 +139,6 @@ def finetuned_card_for(
         k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k.count(".") == 1
     }
     stages = FINETUNE_STAGES if from_pipeline else ()
-    baselines: dict[str, dict[str, float]] = {}
-    for key, value in metrics.items():  # baseline.<name>.<metric>
-        if key.startswith("baseline.") and key.count(".") == 2:
-            _, name, metric = key.split(".")
-            baselines.setdefault(name, {})[metric] = value
     return modelcard.finetuned_card(
         name=name or f"bert-{spec.name}",
         task=spec.name,
@@ -195,6 +192,7 @@ def finetuned_card(spec: Any, settings: Any, result: Any, metrics: Mapping[str, 
             name=name,
             data_label=result.data_split.get("label") or None,
             from_pipeline=_from_pipeline(result.model),
+            baselines=result.baselines,
         )
 
     return card

@@ -105,6 +105,7 @@ class Trainer:
         self._data_pos = {"epoch": 0, "batches": 0}  # for loaders without state_dict
         self._last_ckpt: Path | None = None
         self._resumed_from: int | None = None
+        self._saved_windows: list[dict[str, Any]] | None = None  # a resumed checkpoint's logging windows
         self._complete = False
         self._stop_reason = "max_steps"
         self._stop_signal: int | None = None
@@ -264,7 +265,7 @@ class Trainer:
         cfg = self.config
         batches = self._batches()
         self._elapsed_base, self._t_start = self.elapsed_s, time.perf_counter()
-        saved, self._saved_windows = getattr(self, "_saved_windows", None), None
+        saved, self._saved_windows = self._saved_windows, None
         resumed = saved and len(saved) == self.dist.world_size  # mid-window: its sums go on
         self._win = (
             MetricsWindow.restored(saved[self.dist.rank], self.device)

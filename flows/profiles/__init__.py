@@ -188,7 +188,7 @@ def resolve(
         extra = extra(lambda file, key: value_at(with_base(file), key))
     out: Overrides = {}
     for file, keys in merge(*layers, extra or {}).items():
-        params = workspaces.pop(file, None) or read_params_file(file, root)
+        params = workspaces.pop(file) if file in workspaces else read_params_file(file, root)
         changed = set_keys(params, keys, file)
         if keys:  # as its stage will read it: a value it refuses fails here, before anything is written
             check_params(file, params, f"{file} with the overrides")
