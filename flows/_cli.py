@@ -183,6 +183,11 @@ def run_command(
         signum = signal_of(err)
         if signum is None:
             raise
+        from bert_core.tracking.busy import release_interrupted_writes
+        from bert_core.tracking.run import sqlite_store_path, tracking_uri
+
+        # else MLflow's own end_run at exit may wait on the lock of a store call the signal cut short
+        release_interrupted_writes(err, sqlite_store_path(tracking_uri()))
         stopped = f"stopped by {signal.Signals(signum).name}{after_stop}"
         print(f"{name} interrupted{instance()}: {stopped}", file=sys.stderr)
         return 128 + signum

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sqlite3
 import sys
 import time
 import weakref
@@ -99,3 +100,82 @@ def test_an_error_outside_the_commands_errors_is_raised_not_reported(capsys):
     with pytest.raises(KeyError):
         _cli.run_command(lambda: {}["x"], "pipeline", after_stop="", errors=(ValueError,))
     assert capsys.readouterr().err == ""
+
+
+def _store_write_cut_by_a_signal(db, signum: int) -> None:
+    """A tracking write stopped half-way by ``signum``, as MLflow's store call is when the signal lands in
+    a query after its writes: SQLAlchemy closes the connection it invalidates on the signal, but SQLite keeps
+    it open, with the write transaction and the store's lock, until the running statement is finalised; the
+    cursor that holds it is a local of the interrupted frame, which the exception's traceback keeps."""
+    con = sqlite3.connect(db, isolation_level=None, timeout=0)
+    con.execute("CREATE TABLE IF NOT EXISTS t (a)")
+    con.execute("BEGIN IMMEDIATE")
+    con.executemany("INSERT INTO t VALUES (?)", [(1,), (2,)])
+    cursor = con.execute("SELECT a FROM t")
+    cursor.fetchone()
+    con.close()
+    signal.raise_signal(signum)
+
+
+def _store_is_free(db) -> bool:
+    """Whether a write could commit now (SQLite's exclusive lock: no other transaction, no running query)."""
+    con = sqlite3.connect(db, isolation_level=None, timeout=0)
+    try:
+        con.execute("BEGIN EXCLUSIVE")
+        con.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        con.close()
+
+
+def test_a_signal_inside_a_store_write_still_marks_the_run_failed_at_once():
+    """The run's FAILED mark needs the store's write lock, which the interrupted write held: without its
+    release the mark waited out SQLite's 20-s busy timeout, failed, and left the run RUNNING."""
+    from mlflow import MlflowClient
+
+    from bert_core.tracking import run as tracking_run
+
+    with pytest.raises(KeyboardInterrupt), tracking_run.stage_run("demo", {"a": 1}) as run:
+        _store_write_cut_by_a_signal(
+            tracking_run.sqlite_store_path(tracking_run.tracking_uri()), signal.SIGINT
+        )
+    assert MlflowClient().get_run(run.run_id).info.status == "FAILED"
+
+
+def test_a_command_stopped_inside_a_store_write_leaves_the_store_free(tmp_path, monkeypatch):
+    """Where the exception outlives the command (Prefect's engine keeps a crashed run's), the write it cut
+    kept the store locked, and MLflow's own ``end_run`` at exit waited on it until DVC killed the stage."""
+    db = tmp_path / "mlflow.db"
+    sqlite3.connect(db).close()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    kept: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            _store_write_cut_by_a_signal(db, signal.SIGTERM)
+        except BaseException as err:
+            kept.append(err)
+            raise
+
+    assert _cli.run_command(body, "corpus stage", after_stop="") == 143
+    assert kept and _store_is_free(db)
+
+
+def test_the_release_closes_the_queries_left_running_on_the_store_and_no_others(tmp_path):
+    """A query cut short keeps SQLite's shared lock, which stops every commit, for as long as its cursor
+    lives; SQLAlchemy's result object kept it beyond the interrupted frames. Other databases' are kept."""
+    from bert_core.tracking.busy import release_interrupted_writes
+
+    cursors = {}
+    for name in ("mlflow", "other"):
+        con = sqlite3.connect(tmp_path / f"{name}.db", isolation_level=None)
+        con.executescript("CREATE TABLE t (a); INSERT INTO t VALUES (1); INSERT INTO t VALUES (2);")
+        cursors[name] = con.execute("SELECT a FROM t")
+        assert cursors[name].fetchone() == (1,)
+    assert not _store_is_free(tmp_path / "mlflow.db")
+
+    release_interrupted_writes(KeyboardInterrupt(), tmp_path / "mlflow.db")
+    assert _store_is_free(tmp_path / "mlflow.db")
+    assert cursors["other"].fetchone() == (2,)  # still open

@@ -38,7 +38,12 @@ from typing import Any, TypeVar
 from bert_core.atomic import process_alive
 from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
-from bert_core.tracking.busy import STORE_BUSY_ATTEMPTS, store_busy_error, store_locked
+from bert_core.tracking.busy import (
+    STORE_BUSY_ATTEMPTS,
+    release_interrupted_writes,
+    store_busy_error,
+    store_locked,
+)
 from bert_core.tracking.provenance import git_commit, pipeline_run_id
 
 #: The experiment of the pipeline's stage runs (corpus, vocab, pretrain_data, pretrain, evaluate).
@@ -423,7 +428,6 @@ def stage_run(
     ensure_tracking_store(uri)
     watch_store(uri)
     retry_tracking(mlflow.set_tracking_uri)(uri)
-    tag_experiment_kind(retry_tracking(mlflow.set_experiment)(experiment))
     base_tags = {
         "stage": stage,
         "git_commit": git_commit(),
@@ -431,15 +435,22 @@ def stage_run(
         "dvc_experiment": os.environ.get("DVC_EXP_NAME", ""),
         "data_root": "local" if os.environ.get("BERT_DATA_ROOT") else "hub",
     }
-    run = retry_tracking(mlflow.start_run)(
-        run_name=run_name or stage, nested=nested, tags={**base_tags, **(tags or {})}
-    )
-    handle = StageRun(stage, run)
+    started = False
     try:
+        tag_experiment_kind(retry_tracking(mlflow.set_experiment)(experiment))
+        run = retry_tracking(mlflow.start_run)(
+            run_name=run_name or stage, nested=nested, tags={**base_tags, **(tags or {})}
+        )
+        started = True
+        handle = StageRun(stage, run)
         if params is not None:
             handle.log_params(params if isinstance(params, dict) else params.model_dump(mode="json"))
         yield handle
     except BaseException as err:
+        if not isinstance(err, Exception):  # a signal: the store call it interrupted may still hold the lock
+            release_interrupted_writes(err, sqlite_store_path(uri))
+        if not started:
+            raise
         quiet = logging.getLogger("mlflow.store.db.utils")
         level = quiet.level
         if isinstance(err, TrackingStoreRemoved):  # marking the run FAILED cannot work: no SQL traceback
