@@ -462,3 +462,19 @@ def test_the_evaluate_headline_puts_the_task_scores_first(results_dir, tmp_path)
     assert {"sst2.accuracy", "mnli_mm.accuracy", "squad_v1.f1", "cola.matthews_corr"} <= set(keys)
     top = headline(metrics, [*keys, *get("evaluate").headline])
     assert list(top)[: len(keys)] == keys and "glue.average" in top and len(top) <= MAX_HEADLINE
+
+
+def test_the_scores_plot_puts_a_tasks_best_baseline_beside_its_own_dev_rows_only():
+    from types import SimpleNamespace
+
+    from bert_core.evaluate.plots import _best_baseline
+    from bert_core.evaluate.summary import Row
+    from bert_core.finetune.results import FinetuneResult
+
+    baselines = {"majority": {"accuracy": 35.4}, "tfidf_logreg": {"accuracy": 52.0}}
+    mnli = FinetuneResult("mnli", "classification", "accuracy", {}, [], baselines=baselines)
+    summary = SimpleNamespace(results={"mnli": mnli})
+    assert _best_baseline(summary, Row("mnli", "mnli", "accuracy", 80.0)) == 52.0
+    assert _best_baseline(summary, Row("mnli_mm", "mnli", "accuracy", 80.0)) is None  # other rows
+    assert _best_baseline(summary, Row("mnli", "mnli", "f1", 80.0)) is None  # no baseline on that metric
+    assert _best_baseline(summary, Row("sst2", "sst2", "accuracy", 90.0)) is None

@@ -190,7 +190,13 @@ def test_baselines_overlap_sentence_and_all_empty():
 
 
 def test_labels_and_baselines_survive_the_summary_and_reach_the_report_pieces():
-    from bert_core.evaluate.datanotes import baseline_metrics, baseline_table, data_notes, task_label
+    from bert_core.evaluate.datanotes import (
+        axis_label,
+        baseline_metrics,
+        baseline_table,
+        data_notes,
+        task_label,
+    )
     from bert_core.finetune.results import FinetuneResult, TrialResult
 
     label = "dev split: articles 18-35 of dev-v2.0, trained on 1-17"
@@ -210,6 +216,9 @@ def test_labels_and_baselines_survive_the_summary_and_reach_the_report_pieces():
     results = {"squad_v2": again}
     assert task_label(results, "squad_v2", "squad_v2") == f"squad_v2 ({label})"
     assert task_label(results, "sst2", "sst2") == "sst2"
+    assert axis_label(results, "squad_v2") == "dev split" and axis_label(results, "sst2") == ""
+    cut = FinetuneResult("cola", "classification", "mcc", {}, [], data_split={"eval_set": "first 4 rows"})
+    assert axis_label({"cola": cut}, "cola") == "dev rows cut"
     notes = data_notes(results)
     assert notes[0].startswith(f"squad_v2: {label}.") and "not official dev scores" in notes[0]
     assert "null-answer threshold -1.250, tuned on the evaluated articles" in notes[1]

@@ -44,6 +44,16 @@ def task_label(results: Mapping[str, FinetuneResult], task: str, name: str) -> s
     return f"{name} ({label})" if label else name
 
 
+def axis_label(results: Mapping[str, FinetuneResult], task: str) -> str:
+    """A few words for a plot's task axis when the scored rows are not the whole official dev split
+    (``dev split``, ``own files``, ``dev rows cut``), else empty: the report's notes say the rest."""
+    info = results[task].data_split if task in results else {}
+    origin = info.get("origin", "official")
+    if origin in ("dev_split", "own_files"):
+        return origin.replace("_", " ")
+    return "dev rows cut" if info.get("eval_set") else ""
+
+
 def data_notes(results: Mapping[str, FinetuneResult]) -> list[str]:
     """One sentence per task trained or scored on something else than the official splits."""
     notes = []

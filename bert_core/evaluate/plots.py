@@ -6,7 +6,8 @@ import io
 import math
 from typing import Any
 
-from bert_core.evaluate.summary import EvaluationSummary
+from bert_core.evaluate.datanotes import axis_label, best_baseline
+from bert_core.evaluate.summary import EvaluationSummary, Row
 
 
 def _figure_png(fig: Any, dpi: int) -> bytes:
@@ -42,7 +43,8 @@ def _grid_png(fig: Any, axes: Any, n_tasks: int, dpi: int) -> bytes:
 
 
 def plot_scores(summary: EvaluationSummary, dpi: int = 110) -> bytes:
-    """Grouped bars per task: ours (mean ± std over seeds as error bar), random init, published."""
+    """Grouped bars per task: ours (mean ± std over seeds as error bar), random init, the best trivial
+    baseline on the same rows, published."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,37 +53,32 @@ def plot_scores(summary: EvaluationSummary, dpi: int = 110) -> bytes:
     rows = summary.rows
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 2), 4.2))
     x = list(range(len(rows)))
-    width = 0.27
     ours = [r.ours if math.isfinite(r.ours) else 0.0 for r in rows]
-    ax.bar(
-        [i - width for i in x],
-        ours,
-        width,
-        yerr=[r.ours_std for r in rows],
-        capsize=3,
-        label="fine-tuned (dev)",
-        color="#1f77b4",
-    )
+    baselines = [_best_baseline(summary, r) for r in rows]
+    ours_style = dict(yerr=[r.ours_std for r in rows], capsize=3, label="fine-tuned (dev)", color="#1f77b4")
+    series: list[tuple[list[float], dict[str, Any]]] = [(ours, ours_style)]
     if any(r.random_init is not None for r in rows):
-        ax.bar(x, [r.random_init or 0.0 for r in rows], width, label="random init (dev)", color="#ff7f0e")
+        series.append(
+            ([r.random_init or 0.0 for r in rows], {"label": "random init (dev)", "color": "#ff7f0e"})
+        )
+    if any(b is not None for b in baselines):
+        series.append(([b or 0.0 for b in baselines], {"label": "best trivial baseline", "color": "#2ca02c"}))
     if any(r.reference is not None for r in rows):
         ref_label = f"published, {summary.reference.model}" if summary.reference else "published"
-        ax.bar(
-            [i + width for i in x],
-            [r.reference or 0.0 for r in rows],
-            width,
-            label=ref_label,
-            color="#bbbbbb",
-            hatch="//",
-            edgecolor="#666666",
-        )
-    labels = [
-        f"{r.name}\n{r.metric}" + (f"\n(ref {r.reference_split})" if r.reference_split else "") for r in rows
-    ]
+        style = {"color": "#bbbbbb", "hatch": "//", "edgecolor": "#666666"}
+        series.append(([r.reference or 0.0 for r in rows], {"label": ref_label, **style}))
+    width = 0.8 / len(series)
+    for k, (values, style) in enumerate(series):
+        ax.bar([i + (k - (len(series) - 1) / 2) * width for i in x], values, width, **style)
+    labels = []
+    for r in rows:
+        data = axis_label(summary.results, r.task)  # rows other than the official dev split's, named
+        ref = f"ref {r.reference_split}" if r.reference_split else ""
+        labels.append("\n".join([r.name, r.metric, *[f"({x})" for x in (data, ref) if x]]))
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("score (0-100)")
     ax.axhline(0, color="black", linewidth=0.6)
-    ax.set_title("Dev scores per task vs published scores for the same model size")
+    ax.set_title("Dev scores per task vs trivial baselines and published scores (same model size)")
     ax.legend(fontsize=8, loc="best")
     return _figure_png(fig, dpi)
 
@@ -149,3 +146,13 @@ def plot_trials(summary: EvaluationSummary, dpi: int = 110) -> bytes:
         ax.set_title(result.task, fontsize=9)
         ax.legend(fontsize=7)
     return _grid_png(fig, axes, len(tasks), dpi)
+
+
+def _best_baseline(summary: EvaluationSummary, row: Row) -> float | None:
+    """The best trivial baseline's score on ``row``'s rows and metric (the task's own dev rows and main
+    metric; MNLI's mismatched half has none)."""
+    result = summary.results.get(row.task)
+    if result is None or row.name != row.task or result.main_metric != row.metric:
+        return None
+    best = best_baseline(result)
+    return None if best is None else best[1]

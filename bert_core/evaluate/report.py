@@ -184,7 +184,7 @@ def render_report(
     staged temporary and committed by the caller with the stage's other outs; else each atomically.
     """
     plots = {
-        "scores": ("Dev scores vs published scores", plot_scores(summary, dpi)),
+        "scores": ("Dev scores vs trivial baselines and published scores", plot_scores(summary, dpi)),
         "trials": ("Learning-rate grid and seeds", plot_trials(summary, dpi)),
         "learning_curves": ("Learning curves of the selected trials", plot_learning_curves(summary, dpi)),
     }
