@@ -60,10 +60,6 @@ def _fmt(value: Any) -> str:
     return "n/a" if value is None else str(value)
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
-
-
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     """A Markdown (pipe) table; the cells are already formatted and stay as they are."""
     return tabulate(rows, header, tablefmt="pipe", disable_numparse=True)
@@ -265,7 +261,7 @@ def finetuned_card(
     labels: Sequence[str] = (),
     run_ids: Mapping[str, str] | None = None,
     outside_source: str | None = None,
-    baselines: Mapping[str, Mapping[str, float]] | None = None,
+    best_baselines: Mapping[str, tuple[str, float]] | None = None,
 ) -> str:
     """The card of a fine-tuned model (``models/finetuned/<task>``, ``bert-<task>``).
 
@@ -284,8 +280,8 @@ def finetuned_card(
         git_commit, lineage, run_ids: As :func:`pretrained_card`.
         pretraining: Provenance of the pretrained model (``pretrained_*`` info: source, version, shape).
         labels: Label names.
-        baselines: Trivial baselines on the same rows (name -> metric -> score): the best per metric is
-            shown beside the model's, and a model not above it on the main metric is said to be so.
+        best_baselines: The best trivial baseline on the same rows, per metric (metric -> (name, score)):
+            shown beside the model's score, and a model not above it on the main metric is said to be so.
     """
     scores = {k: float(v) for k, v in dev_metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
     shown = [k for k in (main_metric, *sorted(scores)) if k in scores]
@@ -335,29 +331,22 @@ def finetuned_card(
     if labels:
         body += [f"Labels: {', '.join(f'`{label}`' for label in labels)}.", ""]
     ref = f"published ({published_model}, {published_split})" if published else "published"
-    best = {  # metric -> (score, baseline) of the best trivial baseline
-        k: max(  # the first of equal scores, as the report picks it
-            ((float(b[k]), name) for name, b in (baselines or {}).items() if _finite(b.get(k))),
-            key=lambda t: t[0],
-        )
-        for k in shown
-        if any(_finite(b.get(k)) for b in (baselines or {}).values())
-    }
+    best = {k: best_baselines[k] for k in shown if k in (best_baselines or {})}
     rows = [
         (
             f"{k} (main)" if k == main_metric else k,
             _fmt(scores[k]),
-            *([f"{_fmt(best[k][0])} ({best[k][1]})" if k in best else "n/a"] if best else []),
+            *([f"{_fmt(best[k][1])} ({best[k][0]})" if k in best else "n/a"] if best else []),
             _fmt((published or {}).get(k)),
         )
         for k in shown
     ]
     columns = ["metric", "this model", *(["best trivial baseline"] if best else []), ref]
     body += [f"## Dev scores ({dev_split})", "", _table(rows, columns)]
-    if main_metric in best and not scores.get(main_metric, -math.inf) > best[main_metric][0]:
+    if main_metric in best and not scores.get(main_metric, -math.inf) > best[main_metric][1]:
         body += [
             "",
-            f"**Not above its best trivial baseline** (`{best[main_metric][1]}`) on `{main_metric}`.",
+            f"**Not above its best trivial baseline** (`{best[main_metric][0]}`) on `{main_metric}`.",
         ]
     if not published:
         body += ["", f"No published score for `{task}` at size `{preset or 'custom'}`."]

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from bert_core.finetune.results import FinetuneResult
+from bert_core.finetune.results import FinetuneResult, best_of_baselines
 
 BASELINE_NOTES = {
     "overlap_sentence": "the context sentence sharing the most words with the question, answered whole",
@@ -84,12 +84,7 @@ def data_notes(results: Mapping[str, FinetuneResult]) -> list[str]:
 
 def best_baseline(result: FinetuneResult) -> tuple[str, float] | None:
     """``(name, score)`` of the task's highest baseline on its main metric; ``None`` if none scored it."""
-    scored = [
-        (name, float(scores[result.main_metric]))
-        for name, scores in result.baselines.items()
-        if result.main_metric in scores and math.isfinite(float(scores[result.main_metric]))
-    ]
-    return max(scored, key=lambda s: s[1]) if scored else None  # max keeps the first of equal scores
+    return best_of_baselines(result.baselines, result.main_metric)
 
 
 def beats_baseline(result: FinetuneResult) -> bool | None:

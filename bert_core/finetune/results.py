@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,17 @@ def _score(value: Any) -> float:
     """A metric for ranking: NaN (an undefined correlation) ranks below everything."""
     v = float(value) if value is not None else math.nan
     return -math.inf if math.isnan(v) else v
+
+
+def best_of_baselines(baselines: Mapping[str, Mapping[str, Any]], metric: str) -> tuple[str, float] | None:
+    """``(name, score)`` of the highest trivial baseline on ``metric`` (of equal scores, the first);
+    ``None`` if none scored it."""
+    scored = [
+        (name, float(scores[metric]))
+        for name, scores in baselines.items()
+        if metric in scores and math.isfinite(float(scores[metric]))
+    ]
+    return max(scored, key=lambda s: s[1]) if scored else None  # max keeps the first of equal scores
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any
 from bert_core import modelcard
 from bert_core.constants import DVC_LOCK, REPO_ROOT
 from bert_core.evaluate.references import reference_for
+from bert_core.finetune.results import best_of_baselines
 from bert_core.serving import mlflow_model, serving_task
 from bert_core.tracking import Registration, git_commit, pipeline_run_id, register
 from bert_core.tracking.provenance import FINETUNE_STAGES, dvc_lineage
@@ -160,7 +161,11 @@ def finetuned_card_for(
         labels=tuple(getattr(spec, "labels", ()) or ())[:50],
         run_ids=run_ids,
         outside_source=None if from_pipeline else base,
-        baselines=baselines,
+        best_baselines={
+            metric: best
+            for metric in dict.fromkeys(k for scores in (baselines or {}).values() for k in scores)
+            if (best := best_of_baselines(baselines or {}, metric)) is not None
+        },
     )
 
 

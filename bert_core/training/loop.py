@@ -361,12 +361,11 @@ class Trainer:
         scalars = torch.stack([w.loss, w.grad_norm]).float() / max(w.steps, 1)
         self.dist.all_reduce(counts)
         self.dist.all_reduce(scalars)
-        stats = w.stats
-        for k in sorted(stats):
-            self.dist.all_reduce(stats[k])
+        for k in sorted(w.stats):
+            self.dist.all_reduce(w.stats[k])
         loss, gnorm = (scalars / self.dist.world_size).tolist()
         seqs, tokens, flops = counts.tolist()
-        metrics = {"loss": loss, **self.objective.summarize(stats)}
+        metrics = {"loss": loss, **self.objective.summarize(w.stats)}
         metrics.update(
             lr=w.lr,
             grad_norm=gnorm,

@@ -47,15 +47,15 @@ class MetricsWindow:
         self.grad_norm = zero.clone() if self.grad_norm is None else self.grad_norm
 
     def add_micro(self, seqs: int, tokens: int, flops: float | None, stats: dict[str, Tensor]) -> None:
-        self.seqs, self.tokens, self.flops = (
-            self.seqs + seqs,
-            self.tokens + tokens,
-            self.flops + (flops or 0.0),
-        )
+        self.seqs += seqs
+        self.tokens += tokens
+        self.flops += flops or 0.0
         sum_into(self.stats, stats, self.device)
 
     def add_step(self, loss: Tensor, grad_norm: Tensor, lr: float) -> None:
-        self.steps, self.timed_steps, self.lr = self.steps + 1, self.timed_steps + 1, lr
+        self.steps += 1
+        self.timed_steps += 1
+        self.lr = lr
         self.loss = self.loss + loss
         self.grad_norm = self.grad_norm + grad_norm.detach().float()
 
