@@ -110,10 +110,26 @@ def test_compiled_training_loop_runs():
     assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
 
 
+def test_fit_turns_tf32_on_for_its_run_and_back_off_after_it(monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    seen = []
+    step = PretrainingObjective.step
+
+    def spy(self, net, batch):
+        seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return step(self, net, batch)
+
+    monkeypatch.setattr(PretrainingObjective, "step", spy)
+    _fit("bf16" if torch.cuda.is_bf16_supported() else "fp16", steps=2)
+    assert seen and all(flags == (True, True) for flags in seen)
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
+
+
 @pytest.fixture
 def exact_fp32():
-    """TF32 off for the test: the Trainer turns it on process-wide, and padded and unpadded matmuls of other
-    shapes would then round differently (the equivalence is checked in true fp32, as on the CPU)."""
+    """TF32 off for the test: padded and unpadded matmuls of other shapes would round differently under it
+    (the equivalence is checked in true fp32, as on the CPU)."""
     old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield

@@ -114,6 +114,9 @@ class Trainer:
     def fit(self) -> FitResult:
         """setup -> train -> evaluate -> save -> clean up. See the module docstring for the faults raised."""
         self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
+        # TF32 is switched on for the run's matrix products and switched back after it: the flags are
+        # process-wide, and a caller's float32 work after fit() must get the precision it had before.
+        self._prev_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
         old_handlers: dict[int, Any] = {}
         try:
             self._setup()
@@ -491,3 +494,4 @@ class Trainer:
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
         torch.use_deterministic_algorithms(self._prev_deterministic)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self._prev_tf32
