@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -65,6 +66,25 @@ def test_learns_and_reports_metrics_next_to_baselines():
     assert 0.5 <= ev["eval_baseline_nsp_acc"] <= 1.0
     assert seen[-1] == (300, ev)
     assert result.stop_reason == "max_steps" and result.step == 300
+
+
+def test_the_throughput_of_a_segments_first_window_starts_after_its_first_step(monkeypatch):
+    """The first step holds compilation and warm-up (here: a clock that jumps 100 s during it)."""
+    real, jump = time.perf_counter, {"s": 0.0, "calls": 0}
+
+    def clock():
+        return real() + jump["s"]
+
+    def compile_once():
+        jump["calls"] += 1
+        if jump["calls"] == 1:
+            jump["s"] += 100.0
+
+    monkeypatch.setattr(time, "perf_counter", clock)
+    _, result = run(None, max_steps=10, accum=1, log_every=5, checkpoint_every=0, on_micro=compile_once)
+    first = next(h for h in result.history if h["kind"] == "train")
+    assert first["step"] == 5 and first["step_time_s"] < 10.0  # 4 timed steps, not 100 s / 5
+    assert first["seq_per_s"] > 1.0
 
 
 class _Regression(Objective):

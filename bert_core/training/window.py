@@ -3,7 +3,10 @@
 The sums (loss, gradient norm, the objective's statistics) and the number of steps they cover go into
 each checkpoint, so a run resumed mid-window logs the rows an uninterrupted run logs. The timing and the
 throughput counts (``t0``, ``timed_steps``, ``seqs``, ``tokens``, ``flops``) describe this process's
-segment only, so a resumed run's first throughput figures are its own.
+segment only, so a resumed run's first throughput figures are its own, and start after the segment's first
+step (where the first window has more than that step): that step holds ``torch.compile``'s compilation and
+the device's warm-up, about a minute for BERT-Base on a GPU, which would otherwise stand in a short phase's
+throughput as if it were training.
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ class MetricsWindow:
         self.lr = lr
         self.loss = self.loss + loss
         self.grad_norm = self.grad_norm + grad_norm.detach().float()
+
+    def restart_clock(self) -> None:
+        """Time the window from now on: its throughput counts start again, its sums stay."""
+        self.t0 = time.perf_counter()
+        self.timed_steps = self.seqs = self.tokens = 0
+        self.flops = 0.0
 
     def state(self) -> dict[str, Any]:
         """The sums and their step count, as a checkpoint stores them (JSON: dtype and values)."""
