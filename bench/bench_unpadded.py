@@ -8,6 +8,7 @@ same eval-mode loss as ``eager`` before timing):
     unpad             config.unpad=True: embeddings/projections/FFN/LayerNorms on the real tokens only
     compiled+unpad    the same under torch.compile (N symbolic: capture_dynamic_output_shape_ops)
     transformers      transformers.BertForPreTraining, attn_implementation="sdpa", padded
+    compiled+transformers  the same under torch.compile (ours and theirs compared at their best)
 
 Batches have a realistic length distribution: the lengths of real pretraining instances, built with the
 repo's own pair generator (``bert_core.pretrain_data.instances.create_pairs``, Google's algorithm, the
@@ -49,7 +50,7 @@ from bert_core.unpad import allow_data_dependent_shapes
 
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 VOCAB = SHARED / "checkpoints" / "bert-base-uncased" / "vocab.txt"
-VARIANTS = ("eager", "compiled", "unpad", "compiled+unpad", "transformers")
+VARIANTS = ("eager", "compiled", "unpad", "compiled+unpad", "transformers", "compiled+transformers")
 CLS, SEP, MASK, PAD = 101, 102, 103, 0
 
 
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     base = BertForPreTraining(config)
     models: dict[str, torch.nn.Module] = {}
     for name in variants:
-        if name == "transformers":
+        if "transformers" in name:
             hf = transformers.BertConfig(**config.to_hf_dict(), attn_implementation="sdpa")
             m = transformers.BertForPreTraining(hf)
         else:

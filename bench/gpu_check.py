@@ -1,16 +1,19 @@
 """One command for a GPU machine's first run: environment, GPU tests, pretraining and fine-tuning throughput.
 
 Parts, each in its own process under its own time cap (a part that fails or runs over is recorded in the
-summary with its error and output tail; the others still run), about 9 minutes in all on one GPU:
+summary with its error and output tail; the others still run), about 10 minutes in all on one H100, most
+of it ``torch.compile``'s compilation (about a minute per model and shape):
 
 - ``env``: Python, torch, CUDA, cuDNN, transformers, the device, ``nvidia-smi``;
 - ``tests``: ``pytest -m gpu`` on the GPU tests (``tests/test_gpu_training.py``, the model's CUDA test);
 - ``pretrain_loop``: the pretraining stage's loop (``bench/bench_gpu_pretrain.py``): BERT-Base, bf16,
   compiled, full-length synthetic batches at 128 (micro 256) and 512 (micro 64): tokens/s, seq/s, MFU
   (``bert_core/training/flops.py``), peak memory;
-- ``pretrain_compare_128`` / ``_512``: one step of eager, compiled, unpadded, compiled+unpadded and
-  transformers' ``BertForPreTraining`` (SDPA), interleaved (``bench/bench_unpadded.py``), on batches with
-  real pretraining lengths (from the corpus sample of ``.gpu/data``; full length without it);
+- ``pretrain_large``: the same loop for BERT-Large at 128 (micro 128), beside NVIDIA's published per-GPU rates;
+- ``pretrain_compare_128`` / ``_512``: one step of ours eager, compiled and unpadded and of transformers'
+  ``BertForPreTraining`` (SDPA) eager and compiled, interleaved (``bench/bench_unpadded.py``), on batches
+  with real pretraining lengths (from the corpus sample of ``.gpu/data``; full length without it);
+  ``--compare-variants`` picks others (``compiled+unpad``);
 - ``finetune``: SST-2-shaped fine-tuning, ours vs ``transformers.Trainer`` (``bench/gpu_finetune.py``);
 - ``smoke`` (only when asked for): ``bench/gpu_smoke.py``, the ``gpu-base`` recipe on capped data, ending
   with the load check in transformers.
@@ -23,6 +26,7 @@ that runs them next (``make gpu-run``: the check and the smoke in one command, m
 
     python -m bench.gpu_check                        # on the GPU machine (make gpu-check)
     python -m bench.gpu_check --parts env,tests,smoke,pretrain_loop --budget-s 540 --out DIR --work /tmp/w
+    python -m bench.gpu_check --parts tests,smoke --tests tests/test_model.py --smoke-args "--steps 100"
     python -m bench.gpu_check --device cpu --tiny    # seconds on a CPU: the dry run CI keeps alive
 """
 
@@ -38,6 +42,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import shlex  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -50,19 +55,31 @@ from typing import Any  # noqa: E402
 
 REPO = gpu_env.REPO
 GPU_TESTS = ("tests/test_gpu_training.py", "tests/test_model.py::test_cuda_matches_cpu")
-# Seconds per part on a GPU (the default parts' sum stays under ~9 minutes); --tiny runs them all in well
-# under a minute.
+# Seconds per part on a GPU, about 1.5 times what each took on an H100 (env 9, tests 76, the loop at 128
+# 60 with its compilation, the smoke's pretraining 171 of its ~245, three eager compare variants 33, our
+# fine-tuning 13 of a Trainer comparison that needs ~60); --tiny runs them all in well under a minute.
 CAPS = {
     "env": 25,
     "tests": 150,
-    "pretrain_loop": 120,
-    "pretrain_compare_128": 110,
-    "pretrain_compare_512": 100,
-    "finetune": 40,
-    "smoke": 240,
+    "pretrain_loop": 200,
+    "pretrain_large": 180,
+    "pretrain_compare_128": 240,
+    "pretrain_compare_512": 240,
+    "finetune": 100,
+    "smoke": 360,
 }
 #: The parts ``make gpu-check`` runs (the smoke has its own command, ``make gpu-smoke``).
-DEFAULT_PARTS = ("env", "tests", "pretrain_loop", "pretrain_compare_128", "pretrain_compare_512", "finetune")
+DEFAULT_PARTS = (
+    "env",
+    "tests",
+    "pretrain_loop",
+    "pretrain_large",
+    "pretrain_compare_128",
+    "pretrain_compare_512",
+    "finetune",
+)
+#: The compare parts' variants on a GPU: ours and transformers' each eager and compiled, and ours unpadded.
+COMPARE_VARIANTS = "eager,compiled,unpad,transformers,compiled+transformers"
 #: Under ``--budget-s``, a part is not started with less than this left (seconds): it could only time out.
 MIN_PART_S = 20.0
 
@@ -115,7 +132,7 @@ def part_tests(args: argparse.Namespace) -> dict:
         "gpu",
         "--junitxml",
         str(xml),
-        *GPU_TESTS,
+        *(args.tests.split(",") if args.tests else GPU_TESTS),
     ]
     # No third-party plugins: whatever the machine has installed (some fail to load without their package's
     # extras) has no part in these tests.
@@ -168,6 +185,19 @@ def part_pretrain_loop(args: argparse.Namespace) -> dict:
     return {"rows": rows}
 
 
+def part_pretrain_large(args: argparse.Namespace) -> dict:
+    from bench.bench_gpu_pretrain import run
+
+    if args.tiny:
+        kw = {"preset": "tiny", "seq_len": 64, "batch": 4, "steps": 2, "warm": 1, "compile_": False}
+        row = run(precision="fp32", device=args.device, **kw)
+    else:
+        kw = {"preset": "large", "seq_len": 128, "batch": 128, "steps": 20, "warm": 10, "compile_": True}
+        row = run(precision="bf16", device=args.device, **kw)
+    _progress(row)
+    return {"rows": [row]}
+
+
 def _compare(args: argparse.Namespace, seq_len: int, batch: int) -> dict:
     from bench import bench_unpadded
 
@@ -211,7 +241,11 @@ def _compare(args: argparse.Namespace, seq_len: int, batch: int) -> dict:
             "real" if real else "full",
             "--corpus-docs",
             "200",
+            "--variants",
+            COMPARE_VARIANTS,
         ]
+    if args.compare_variants:
+        argv += ["--variants", args.compare_variants]
     table = Path(args.part_json).with_suffix(".table.json")
     argv += ["--device", args.device, "--json", str(table)]
     bench_unpadded.main(argv)
@@ -248,7 +282,14 @@ def part_smoke(args: argparse.Namespace) -> dict:
     out = Path(args.part_json).with_suffix("")  # <work>/smoke/: the stages' outputs, models included
     try:
         code = gpu_smoke.main(
-            ["--device", args.device, "--out", str(out), *(["--tiny"] if args.tiny else [])]
+            [
+                "--device",
+                args.device,
+                "--out",
+                str(out),
+                *(["--tiny"] if args.tiny else []),
+                *shlex.split(args.smoke_args or ""),
+            ]
         )
     except SystemExit as err:  # refused before it started (no data root, no CUDA): its message says why
         raise PartFailed(f"smoke did not start: {err}", {}) from None
@@ -294,6 +335,7 @@ def run_part(name: str, args: argparse.Namespace, work: Path, cap: float) -> dic
         "--device",
         args.device,
         *(["--tiny"] if args.tiny else []),
+        *_part_options(args),
     ]
     t0 = time.perf_counter()
     print(f"[gpu-check] {name} (cap {cap:.0f} s) ...", flush=True)
@@ -319,6 +361,19 @@ def run_part(name: str, args: argparse.Namespace, work: Path, cap: float) -> dic
         entry["log_tail"] = log_file.read_text(errors="replace")[-4000:]
     print(f"[gpu-check] {name}: {status} in {entry['seconds']} s", flush=True)
     return entry
+
+
+def _part_options(args: argparse.Namespace) -> list[str]:
+    """The options that shape what a part runs, as its child process (and the next command) takes them."""
+    options = []
+    for flag, value in (
+        ("--tests", args.tests),
+        ("--compare-variants", args.compare_variants),
+        ("--smoke-args", args.smoke_args),
+    ):
+        if value:
+            options.append(f"{flag}={value}")
+    return options
 
 
 def child(args: argparse.Namespace) -> int:
@@ -361,12 +416,12 @@ def _table(rows: list[dict], columns: list[str]) -> list[str]:
 
 def markdown(summary: dict) -> str:
     parts = summary["parts"]
-    env = parts.get("env", {}).get("result", {})
+    env = summary["platform"] | parts.get("env", {}).get("result", {})
     lines = [
         f"# GPU check {summary['started']}",
         "",
-        f"Device: {env.get('device', summary['device'])}; Python {env.get('python')}, torch {env.get('torch')}, "
-        f"CUDA {env.get('cuda')}, transformers {env.get('transformers')}.",
+        f"Device: {env['device']}; Python {env['python']}, torch {env['torch']}, CUDA {env['cuda']}, "
+        f"transformers {env.get('transformers', '(see env)')}.",
         "",
         "| part | status | seconds |",
         "|---|---|---|",
@@ -377,8 +432,12 @@ def markdown(summary: dict) -> str:
     tests = parts.get("tests", {}).get("result", {})
     if tests.get("cases"):
         lines += ["", "## GPU tests", "", *_table(tests["cases"], ["test", "status", "seconds", "message"])]
-    loop = parts.get("pretrain_loop", {}).get("result", {})
-    if loop.get("rows"):
+    loop_rows = [
+        row
+        for name in ("pretrain_loop", "pretrain_large")
+        for row in parts.get(name, {}).get("result", {}).get("rows", [])
+    ]
+    if loop_rows:
         cols = [
             "preset",
             "seq_len",
@@ -395,7 +454,7 @@ def markdown(summary: dict) -> str:
             "",
             "## Pretraining, the stage's loop (full-length batches)",
             "",
-            *_table(loop["rows"], cols),
+            *_table(loop_rows, cols),
         ]
     for seq in (128, 512):
         cmp = parts.get(f"pretrain_compare_{seq}", {}).get("result", {})
@@ -449,6 +508,7 @@ NOT_RUN = "not run: out of budget"
 def _next_command(args: argparse.Namespace, parts: list[str]) -> str:
     """The command that runs ``parts`` (those the budget did not reach) with this run's other options."""
     options = [f"--device {args.device}", *(["--tiny"] if args.tiny else []), f"--parts {','.join(parts)}"]
+    options += [shlex.quote(o) for o in _part_options(args)]
     return "python3 -m bench.gpu_check " + " ".join(options)
 
 
@@ -480,6 +540,15 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds for the whole run: each part capped by what is left; the rest recorded as not run",
     )
     ap.add_argument("--work", type=Path, default=None, help="the parts' own files (default: --out)")
+    ap.add_argument(
+        "--tests", default=None, help="tests: comma-separated pytest ids (default: every GPU test)"
+    )
+    ap.add_argument(
+        "--compare-variants", default=None, help="pretrain_compare_*: a subset of bench_unpadded's variants"
+    )
+    ap.add_argument(
+        "--smoke-args", default=None, help='smoke: more options for bench.gpu_smoke ("--steps 100")'
+    )
     ap.add_argument("--part", choices=list(PARTS), help=argparse.SUPPRESS)
     ap.add_argument("--part-json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -503,6 +572,12 @@ def main(argv: list[str] | None = None) -> int:
         "started": stamp,
         "device": args.device,
         "tiny": args.tiny,
+        "platform": {
+            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        },
         "budget_s": args.budget_s,
         "parts": {},
     }

@@ -97,6 +97,8 @@ def smoke_caps(sections: dict[str, dict], args: argparse.Namespace) -> None:
         phase["warmup_ratio"] = 0.1
     if args.device == "cpu":
         pre["precision"], pre["compile"] = "fp32", False
+    if args.no_compile:  # each phase's first compiled step costs about a minute on BERT-Base
+        pre["compile"] = False
     fine = sections["finetune"]
     settings = {
         "train_limit": args.train_rows,
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true", help="the tiny profile and caps: a CPU dry run in seconds")
     ap.add_argument("--steps", type=int, default=None, help="pretraining steps (default 300; --tiny 4)")
+    ap.add_argument("--no-compile", action="store_true", help="pretrain eagerly (the recipe compiles)")
     ap.add_argument("--task", default="sst2")
     ap.add_argument("--train-rows", type=int, default=None, help="default 4000; --tiny 64")
     ap.add_argument("--eval-rows", type=int, default=None, help="default all; --tiny 64")

@@ -75,7 +75,14 @@ def test_entry_modules_import_without_the_orchestration_stack_or_great_expectati
 
 def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
     out = tmp_path / "check"
-    parts = ("env", "tests", "pretrain_loop", "pretrain_compare_512", "finetune")  # _128 runs the same code
+    parts = (
+        "env",
+        "tests",
+        "pretrain_loop",
+        "pretrain_large",
+        "pretrain_compare_512",
+        "finetune",
+    )  # _128: same code
     args = [
         "-m",
         "bench.gpu_check",
@@ -95,7 +102,31 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
     tests = summary["parts"]["tests"]["result"]
     assert tests["counts"]["skipped"] >= 8 and tests["counts"]["failure"] == tests["counts"]["error"] == 0
     assert summary["parts"]["finetune"]["result"]["rows"][0]["examples_per_s"] > 0
-    assert "## Fine-tuning" in (out / "summary.md").read_text()
+    assert [r["preset"] for r in summary["parts"]["pretrain_large"]["result"]["rows"]] == ["tiny"]
+    md = (out / "summary.md").read_text()
+    assert "## Fine-tuning" in md and "Device: cpu; Python 3." in md
+
+
+def test_the_part_options_reach_the_parts_and_the_command_for_the_rest(bare_env, tmp_path):
+    out = tmp_path / "check"
+    one_test = "tests/test_model.py::test_cuda_matches_cpu"
+    args = ["-m", "bench.gpu_check", "--device", "cpu", "--tiny", "--parts", "tests,pretrain_compare_128"]
+    options = ["--tests", one_test, "--compare-variants", "eager,transformers", "--smoke-args", "--steps 100"]
+    proc = _run([*args, *options, "--out", str(out)], bare_env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    parts = json.loads((out / "summary.json").read_text())["parts"]
+    assert [c["test"] for c in parts["tests"]["result"]["cases"]] == [
+        "tests.test_model::test_cuda_matches_cpu"
+    ]
+    assert [r["variant"] for r in parts["pretrain_compare_128"]["result"]["rows"]] == [
+        "eager",
+        "transformers",
+    ]
+    proc = _run([*args, *options, "--budget-s", "0", "--out", str(out)], bare_env)
+    assert proc.returncode == 1
+    assert json.loads((out / "summary.json").read_text())["next"].endswith(
+        f"--tests={one_test} --compare-variants=eager,transformers '--smoke-args=--steps 100'"
+    )
 
 
 def test_gpu_smoke_dry_run_trains_and_loads_in_transformers(bare_env, tmp_path, shared_data):
@@ -152,3 +183,21 @@ def test_a_failing_part_is_recorded_and_the_rest_still_run(bare_env, tmp_path):
     parts = json.loads((out / "summary.json").read_text())["parts"]
     assert parts["env"]["status"].startswith("timeout") and parts["finetune"]["status"].startswith("timeout")
     assert "timeout" in (out / "summary.md").read_text()
+
+
+def test_the_smoke_keeps_the_recipes_compilation_unless_told_not_to(bare_env):
+    code = textwrap.dedent(
+        """
+        import argparse
+        from bench.gpu_smoke import recipe, smoke_caps
+        for flag in (False, True):
+            sections = recipe("gpu-base")
+            args = argparse.Namespace(corpus_mb=1.0, steps=10, device="cuda", no_compile=flag, task="sst2",
+                                      train_rows=64, eval_rows=None)
+            smoke_caps(sections, args)
+            print(sections["pretrain"]["compile"], sections["pretrain"]["precision"])
+        """
+    )
+    proc = _run(["-c", code], bare_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "bf16", "False", "bf16"]
