@@ -55,9 +55,9 @@ from typing import Any  # noqa: E402
 
 REPO = gpu_env.REPO
 GPU_TESTS = ("tests/test_gpu_training.py", "tests/test_model.py::test_cuda_matches_cpu")
-# Seconds per part on a GPU, about 1.5 times what each took on an H100 (env 9, tests 76, the loop at 128
-# 60 with its compilation, the smoke's pretraining 171 of its ~245, three eager compare variants 33, our
-# fine-tuning 13 of a Trainer comparison that needs ~60); --tiny runs them all in well under a minute.
+# Seconds per part on a GPU, about 1.5 times what each took on an H100 (seconds: env 9, tests 76, the
+# loop's row at 128 60 with its compilation, the smoke's pretraining 171 of its ~245, three eager compare
+# variants 33, our fine-tuning 13 of a Trainer comparison that needs ~60); --tiny: well under a minute.
 CAPS = {
     "env": 25,
     "tests": 150,
@@ -213,8 +213,6 @@ def _compare(args: argparse.Namespace, seq_len: int, batch: int) -> dict:
             "1",
             "--warmup",
             "1",
-            "--variants",
-            "eager,unpad,transformers",
             "--lengths",
             "full",
             "--n-batches",
@@ -241,11 +239,11 @@ def _compare(args: argparse.Namespace, seq_len: int, batch: int) -> dict:
             "real" if real else "full",
             "--corpus-docs",
             "200",
-            "--variants",
-            COMPARE_VARIANTS,
         ]
-    if args.compare_variants:
-        argv += ["--variants", args.compare_variants]
+    argv += [
+        "--variants",
+        args.compare_variants or ("eager,unpad,transformers" if args.tiny else COMPARE_VARIANTS),
+    ]
     table = Path(args.part_json).with_suffix(".table.json")
     argv += ["--device", args.device, "--json", str(table)]
     bench_unpadded.main(argv)

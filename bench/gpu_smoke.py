@@ -191,7 +191,10 @@ def stage_table(stages: dict) -> list[str]:
 
 
 def write_summary(out: Path, summary: dict) -> None:
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    """``summary.json`` and ``summary.md``, each replaced whole (as ``gpu_check`` writes its own)."""
+    from bert_core.atomic import write_text_atomic
+
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     lines = [
         f"# GPU smoke ({summary['profile']}, {summary['device']})",
         "",
@@ -199,7 +202,7 @@ def write_summary(out: Path, summary: dict) -> None:
         "",
         *stage_table(summary["stages"]),
     ]
-    (out / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_atomic(out / "summary.md", "\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

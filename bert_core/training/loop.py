@@ -114,8 +114,7 @@ class Trainer:
     def fit(self) -> FitResult:
         """setup -> train -> evaluate -> save -> clean up. See the module docstring for the faults raised."""
         self._prev_deterministic = torch.are_deterministic_algorithms_enabled()
-        # TF32 is switched on for the run's matrix products and switched back after it: the flags are
-        # process-wide, and a caller's float32 work after fit() must get the precision it had before.
+        # TF32 for the run only: the flags are process-wide, a caller's float32 work after fit() keeps its own
         self._prev_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
         old_handlers: dict[int, Any] = {}
         try:
