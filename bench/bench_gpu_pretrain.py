@@ -21,6 +21,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -68,17 +69,60 @@ class SyntheticLoader:
             yield from self.batches
 
 
+def _kernel_table(prof: Any, steps: int, top: int) -> list[dict]:
+    """The ``top`` operators and kernels by self time on the device (without one: on the host), per step."""
+    events = [e for e in prof.key_averages() if e.key]
+    on_device = any(getattr(e, "self_device_time_total", 0) for e in events)
+
+    def own(e: Any) -> float:  # microseconds over the profiled steps
+        return float(getattr(e, "self_device_time_total", 0) if on_device else e.self_cpu_time_total)
+
+    total = sum(own(e) for e in events) or 1.0
+    return [
+        {
+            "name": e.key[:90],
+            "ms_per_step": own(e) / 1000 / steps,
+            "share": own(e) / total,
+            "calls_per_step": e.count / steps,
+            "clock": "device" if on_device else "host",
+        }
+        for e in sorted(events, key=own, reverse=True)[:top]
+    ]
+
+
 def run(
-    preset: str, seq_len: int, batch: int, steps: int, warm: int, compile_: bool, precision: str, device: str
+    preset: str,
+    seq_len: int,
+    batch: int,
+    steps: int,
+    warm: int,
+    compile_: bool,
+    precision: str,
+    device: str,
+    profile_top: int = 0,
 ) -> dict:
+    """``warm`` untimed steps, ``steps`` timed ones; with ``profile_top``, one more window of ``warm`` steps under
+    ``torch.profiler`` (after the timed ones, so its overhead stays out of the figures): the top kernels."""
     cfg = BertConfig.from_preset(preset, vocab_size=VOCAB, hidden_dropout_prob=0.1)
     torch.manual_seed(0)
     model = BertForPreTraining(cfg)
     objective = PretrainingObjective.for_config(cfg)
     max_pred = 20 if seq_len <= 128 else 80
     logs: list[dict] = []
+    windows = 1 + steps // warm  # logged windows before the profiled one
+    profiler: list[Any] = []
+
+    def on_metrics(step: int, metrics: dict) -> None:
+        logs.append(metrics)
+        if profile_top and len(logs) == windows:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if device == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            profiler.append(torch.profiler.profile(activities=activities))
+            profiler[0].__enter__()
+
     tc = TrainConfig(
-        max_steps=warm + steps,
+        max_steps=warm + steps + (warm if profile_top else 0),
         lr=1e-4,
         warmup_ratio=0.01,
         precision=precision,
@@ -92,10 +136,14 @@ def run(
         objective,
         SyntheticLoader(batch, seq_len, max_pred),
         tc,
-        on_metrics=lambda s, m: logs.append(m),
+        on_metrics=on_metrics,
     ).fit()
+    if profiler:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        profiler[0].__exit__(None, None, None)
     total = time.perf_counter() - t0
-    timed = logs[1:]  # the first window holds compilation and warm-up
+    timed = logs[1:windows]  # the first window holds compilation and warm-up; the last, the profiler
     seconds = sum(m["step_time_s"] for m in timed) * warm
     tokens = batch * seq_len * warm * len(timed)
     out = {
@@ -112,6 +160,8 @@ def run(
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan"),
         "wall_s": total,
     }
+    if profiler:
+        out["top_kernels"] = _kernel_table(profiler[0], warm, profile_top)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -8,7 +8,7 @@ of it ``torch.compile``'s compilation (about a minute per model and shape):
 - ``tests``: ``pytest -m gpu`` on the GPU tests (``tests/test_gpu_training.py``, the model's CUDA test);
 - ``pretrain_loop``: the pretraining stage's loop (``bench/bench_gpu_pretrain.py``): BERT-Base, bf16,
   compiled, full-length synthetic batches at 128 (micro 256) and 512 (micro 64): tokens/s, seq/s, MFU
-  (``bert_core/training/flops.py``), peak memory;
+  (``bert_core/training/flops.py``), peak memory; and the top kernels of one profiled window at 128;
 - ``pretrain_large``: the same loop for BERT-Large at 128 (micro 128), beside NVIDIA's published per-GPU rates;
 - ``pretrain_compare_128`` / ``_512``: one step of ours eager, compiled and unpadded and of transformers'
   ``BertForPreTraining`` (SDPA) eager and compiled, interleaved (``bench/bench_unpadded.py``), on batches
@@ -178,8 +178,8 @@ def part_pretrain_loop(args: argparse.Namespace) -> dict:
             {"preset": "base", "steps": 20, "warm": 10, "compile_": True, "precision": "bf16"},
         )
     rows = []
-    for seq_len, batch in plan:
-        row = run(seq_len=seq_len, batch=batch, device=args.device, **kw)
+    for seq_len, batch in plan:  # the first row also profiles one window: where a step's time goes
+        row = run(seq_len=seq_len, batch=batch, device=args.device, profile_top=15 if not rows else 0, **kw)
         rows.append(row)
         _progress(row)
     return {"rows": rows}
@@ -454,6 +454,14 @@ def markdown(summary: dict) -> str:
             "",
             *_table(loop_rows, cols),
         ]
+        for row in loop_rows:
+            if row.get("top_kernels"):
+                lines += [
+                    "",
+                    f"### Where a step goes: {row['preset']}, seq {row['seq_len']} (one profiled window)",
+                    "",
+                    *_table(row["top_kernels"], ["name", "ms_per_step", "share", "calls_per_step", "clock"]),
+                ]
     for seq in (128, 512):
         cmp = parts.get(f"pretrain_compare_{seq}", {}).get("result", {})
         if cmp.get("rows"):

@@ -103,8 +103,10 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
     assert tests["counts"]["skipped"] >= 8 and tests["counts"]["failure"] == tests["counts"]["error"] == 0
     assert summary["parts"]["finetune"]["result"]["rows"][0]["examples_per_s"] > 0
     assert [r["preset"] for r in summary["parts"]["pretrain_large"]["result"]["rows"]] == ["tiny"]
+    top = summary["parts"]["pretrain_loop"]["result"]["rows"][0]["top_kernels"]
+    assert len(top) == 15 and top[0]["ms_per_step"] >= top[-1]["ms_per_step"] > 0
     md = (out / "summary.md").read_text()
-    assert "## Fine-tuning" in md and "Device: cpu; Python 3." in md
+    assert "## Fine-tuning" in md and "Device: cpu; Python 3." in md and "### Where a step goes" in md
 
 
 def test_the_part_options_reach_the_parts_and_the_command_for_the_rest(bare_env, tmp_path):
