@@ -75,7 +75,7 @@ def release_interrupted_writes(err: BaseException, store: Path | None) -> None:
     store = store.resolve()
     files: dict[int, bool] = {}  # connection id -> on the store (or closed)
     for obj in gc.get_objects():
-        if not isinstance(obj, sqlite3.Cursor):
+        if not issubclass(type(obj), sqlite3.Cursor):  # not isinstance: obj.__class__ warns on some objects
             continue
         con = obj.connection
         if id(con) not in files:
