@@ -110,16 +110,15 @@ def run(
     max_pred = 20 if seq_len <= 128 else 80
     logs: list[dict] = []
     windows = 1 + steps // warm  # logged windows before the profiled one
-    profiler: list[Any] = []
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(activities=activities) if profile_top else None
 
     def on_metrics(step: int, metrics: dict) -> None:
         logs.append(metrics)
-        if profile_top and len(logs) == windows:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if device == "cuda":
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            profiler.append(torch.profiler.profile(activities=activities))
-            profiler[0].__enter__()
+        if profiler is not None and len(logs) == windows:
+            profiler.start()
 
     tc = TrainConfig(
         max_steps=warm + steps + (warm if profile_top else 0),
@@ -138,10 +137,10 @@ def run(
         tc,
         on_metrics=on_metrics,
     ).fit()
-    if profiler:
+    if profiler is not None:
         if device == "cuda":
             torch.cuda.synchronize()
-        profiler[0].__exit__(None, None, None)
+        profiler.stop()
     total = time.perf_counter() - t0
     timed = logs[1:windows]  # the first window holds compilation and warm-up; the last, the profiler
     seconds = sum(m["step_time_s"] for m in timed) * warm
@@ -160,8 +159,8 @@ def run(
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan"),
         "wall_s": total,
     }
-    if profiler:
-        out["top_kernels"] = _kernel_table(profiler[0], warm, profile_top)
+    if profiler is not None:
+        out["top_kernels"] = _kernel_table(profiler, warm, profile_top)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()

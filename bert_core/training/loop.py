@@ -275,7 +275,7 @@ class Trainer:
             else MetricsWindow(self.device)
         )
         params = [p for p in self.model.parameters() if p.requires_grad]
-        first = True
+        start = self.step
         while True:
             if cfg.max_steps is not None and self.step >= cfg.max_steps:
                 reason = "max_steps"
@@ -321,9 +321,8 @@ class Trainer:
             )
             if self.step % cfg.log_every == 0 or done:
                 self._log_train()
-            elif first:  # its step held compilation and warm-up: the window's throughput starts after it
+            elif self.step == start + 1:  # that step held compilation and warm-up: timed from the next
                 self._win.restart_clock()
-            first = False
             if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
                 self._timed(self._evaluate)
             if stop:
