@@ -69,25 +69,35 @@ class SyntheticLoader:
             yield from self.batches
 
 
-def _kernel_table(prof: Any, steps: int, top: int) -> list[dict]:
-    """The ``top`` operators and kernels by self time on the device (without one: on the host), per step."""
+def _kernel_table(prof: Any, steps: int, top: int) -> tuple[list[dict], float]:
+    """The ``top`` kernels by time on the device (without one: operators by self time on the host), per step,
+    and the milliseconds a step that all of them take together: against the step time, how busy the device is.
+
+    On a device only the device's own events count, not the host operators that launched them nor the
+    annotations around them (both carry the same time again): the rule of torch's own ``table()`` total.
+    """
+    from torch.autograd import DeviceType
+
     events = [e for e in prof.key_averages() if e.key]
-    on_device = any(getattr(e, "self_device_time_total", 0) for e in events)
+    kernels = [e for e in events if e.device_type != DeviceType.CPU and not e.is_user_annotation]
+    on_device = bool(kernels)
+    rows = kernels if on_device else events
 
     def own(e: Any) -> float:  # microseconds over the profiled steps
-        return float(getattr(e, "self_device_time_total", 0) if on_device else e.self_cpu_time_total)
+        return float(e.self_device_time_total if on_device else e.self_cpu_time_total)
 
-    total = sum(own(e) for e in events) or 1.0
-    return [
+    total = sum(own(e) for e in rows) or 1.0
+    table = [
         {
-            "name": e.key[:90],
+            "name": e.key if len(e.key) <= 100 else e.key[:99] + "…",
             "ms_per_step": own(e) / 1000 / steps,
             "share": own(e) / total,
             "calls_per_step": e.count / steps,
             "clock": "device" if on_device else "host",
         }
-        for e in sorted(events, key=own, reverse=True)[:top]
+        for e in sorted(rows, key=own, reverse=True)[:top]
     ]
+    return table, total / 1000 / steps
 
 
 def run(
@@ -160,7 +170,7 @@ def run(
         "wall_s": total,
     }
     if profiler is not None:
-        out["top_kernels"] = _kernel_table(profiler, warm, profile_top)
+        out["top_kernels"], out["busy_ms_per_step"] = _kernel_table(profiler, warm, profile_top)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -458,7 +458,9 @@ def markdown(summary: dict) -> str:
             if row.get("top_kernels"):
                 lines += [
                     "",
-                    f"### Where a step goes: {row['preset']}, seq {row['seq_len']} (one profiled window)",
+                    f"### Where a step goes: {row['preset']}, seq {row['seq_len']} (one profiled window: "
+                    f"{row['top_kernels'][0]['clock']} busy {row['busy_ms_per_step']:.1f} ms of a "
+                    f"{row['step_time_ms']:.1f}-ms step)",
                     "",
                     *_table(row["top_kernels"], ["name", "ms_per_step", "share", "calls_per_step", "clock"]),
                 ]

@@ -203,3 +203,37 @@ def test_the_smoke_keeps_the_recipes_compilation_unless_told_not_to(bare_env):
     proc = _run(["-c", code], bare_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["True", "bf16", "False", "bf16"]
+
+
+def test_the_kernel_table_counts_each_kernel_once_not_the_operator_or_annotation_around_it():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from bench.bench_gpu_pretrain import _kernel_table
+
+    def event(key, device_type, device_us, annotation=False):
+        return SimpleNamespace(
+            key=key,
+            device_type=device_type,
+            is_user_annotation=annotation,
+            self_device_time_total=device_us,
+            self_cpu_time_total=50,
+            count=4,
+        )
+
+    events = [
+        event("aten::mm", DeviceType.CPU, 3000),  # the host operator: its kernel's time again
+        event("nvjet_gemm", DeviceType.CUDA, 3000),
+        event("triton_poi_fused_gelu", DeviceType.CUDA, 1000, annotation=True),  # inductor's range: again
+        event("triton_poi_fused_gelu", DeviceType.CUDA, 1000),
+    ]
+    prof = SimpleNamespace(key_averages=lambda: events)
+    rows, busy = _kernel_table(prof, steps=2, top=15)
+    assert [(r["name"], r["ms_per_step"], r["share"], r["calls_per_step"]) for r in rows] == [
+        ("nvjet_gemm", 1.5, 0.75, 2),
+        ("triton_poi_fused_gelu", 0.5, 0.25, 2),
+    ]
+    assert busy == 2.0 and {r["clock"] for r in rows} == {"device"}
+    host_rows, _ = _kernel_table(SimpleNamespace(key_averages=lambda: events[:1]), steps=2, top=15)
+    assert host_rows[0]["clock"] == "host" and host_rows[0]["ms_per_step"] == 0.025
