@@ -269,7 +269,7 @@ def part_finetune(args: argparse.Namespace) -> dict:
     from bench import gpu_finetune
 
     argv = ["--device", args.device] + (
-        ["--preset", "tiny", "--steps", "3", "--batch-size", "8"] if args.tiny else []
+        ["--preset", "tiny", "--steps", "4", "--warm-steps", "2", "--batch-size", "8"] if args.tiny else []
     )
     return gpu_finetune.main(argv)
 
@@ -486,10 +486,11 @@ def markdown(summary: dict) -> str:
     if fine.get("rows"):
         lines += [
             "",
-            f"## Fine-tuning, SST-2-shaped (batch {fine['batch']}, {fine['steps']} steps, "
-            f"ours / transformers = {fine['ours_over_transformers']:.2f})",
+            f"## Fine-tuning, SST-2-shaped (batch {fine['batch']}, timed after step {fine['warm_steps']} of "
+            f"{fine['steps']}; ours / transformers = {fine['ours_over_transformers']:.2f}, padded to 8: "
+            f"{fine['ours_pad8_over_transformers']:.2f})",
             "",
-            *_table(fine["rows"], ["contender", "examples_per_s", "seconds", "peak_mem_gib"]),
+            *_table(fine["rows"], ["contender", "examples_per_s", "seconds", "widths", "peak_mem_gib"]),
         ]
     smoke = parts.get("smoke", {}).get("result", {})
     if smoke.get("stages"):

@@ -4,10 +4,13 @@ Synthetic single sentences with SST-2 train's short lengths (4-66 tokens incl. [
 11: a log-normal draw), two labels, batch 32, the same initial weights for both; no data files needed, so
 the GPU machine runs it bare. ``ours`` is :class:`bert_core.training.Trainer` with the fine-tuning
 objective and the stage's loader (dynamic padding, length-grouped batches: ``bert_core.finetune.collate``);
-``transformers`` is ``transformers.Trainer`` with per-batch dynamic padding (random order), bf16 on a GPU.
-Throughput counts training examples over the whole training call of each (start-up and the first,
-slower steps included alike: ``Trainer.train`` cannot be timed from its tenth step), so use enough
-``--steps`` that start-up is small.
+``ours_pad8`` the same with widths rounded up to a multiple of 8 (fewer shapes: each new width costs
+the attention kernels a new plan on a GPU); ``transformers`` is ``transformers.Trainer`` with per-batch
+dynamic padding (random order), bf16 on a GPU. Each contender runs in-process one after the other, so
+throughput counts the examples after its first ``--warm-steps`` steps over the time they take (a
+callback at that step for both: the first contender's CUDA start-up and the first steps' kernel
+selection stay out alike); ``seconds`` is the whole training call, start-up included, and ``widths``
+the distinct padded widths it met.
 
     python -m bench.gpu_finetune --device cuda --steps 150
 """
@@ -25,6 +28,7 @@ import numpy as np
 import torch
 
 CLS, SEP = 101, 102
+_WIDTHS: set[int] = set()  # the padded widths the running contender met
 
 
 def sst2_shaped(n: int, vocab: int, seed: int = 0) -> list[dict]:
@@ -40,6 +44,7 @@ def sst2_shaped(n: int, vocab: int, seed: int = 0) -> list[dict]:
 
 def _pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
     width = max(len(f["input_ids"]) for f in features)
+    _WIDTHS.add(width)
     ids = torch.zeros(len(features), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, f in enumerate(features):
@@ -57,27 +62,63 @@ def _peak_gib(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
 
 
-def run_ours(init: Path, features: list[dict], args: argparse.Namespace) -> dict:
-    from bert_core.finetune.collate import make_loader
-    from bert_core.finetune.trial import EpochLoader, FinetuneObjective
-    from bert_core.model import BertForSequenceClassification
-    from bert_core.training import TrainConfig, Trainer
+class _Clock:
+    """Wall time at the end of the warm-up step and of the last step (the device synchronised at each)."""
 
-    model = BertForSequenceClassification.from_pretrained(init)
-    config = TrainConfig(
-        max_steps=args.steps,
-        lr=2e-5,
-        warmup_ratio=0.1,
-        log_every=args.steps,
-        device=args.device,
-        precision="bf16" if args.device == "cuda" else "fp32",
-    )
-    loader = EpochLoader(make_loader(features, args.batch_size, shuffle=True, seed=1))
-    t0 = time.perf_counter()
-    Trainer(model, FinetuneObjective(), loader, config).fit()
-    if args.device == "cuda":
-        torch.cuda.synchronize()
-    return {"seconds": time.perf_counter() - t0}
+    def __init__(self, device: str, warm: int, last: int) -> None:
+        self.device, self.warm, self.last = device, warm, last
+        self.marks: dict[int, float] = {}
+
+    def at(self, step: int) -> None:
+        if step in (self.warm, self.last):
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+            self.marks[step] = time.perf_counter()
+
+    def result(self, t0: float, batch: int) -> dict:
+        end = self.marks[self.last]
+        return {
+            "examples_per_s": (self.last - self.warm) * batch / (end - self.marks[self.warm]),
+            "seconds": end - t0,
+            "widths": len(_WIDTHS),
+        }
+
+
+def _ours(pad_to_multiple_of: int | None):
+    def run(init: Path, features: list[dict], args: argparse.Namespace) -> dict:
+        from bert_core.finetune.collate import make_loader
+        from bert_core.finetune.trial import EpochLoader, FinetuneObjective
+        from bert_core.model import BertForSequenceClassification
+        from bert_core.training import TrainConfig, Trainer
+
+        model = BertForSequenceClassification.from_pretrained(init)
+        config = TrainConfig(
+            max_steps=args.steps,
+            lr=2e-5,
+            warmup_ratio=0.1,
+            log_every=args.warm_steps,  # on_metrics at the warm-up step and at the last
+            device=args.device,
+            precision="bf16" if args.device == "cuda" else "fp32",
+        )
+        loader = make_loader(
+            features, args.batch_size, shuffle=True, seed=1, pad_to_multiple_of=pad_to_multiple_of
+        )
+        clock = _Clock(args.device, args.warm_steps, args.steps)
+
+        def batches():
+            for batch in EpochLoader(loader):
+                _WIDTHS.add(int(batch["input_ids"].shape[1]))
+                yield batch
+
+        class Loader:
+            def __iter__(self):
+                return batches()
+
+        t0 = time.perf_counter()
+        Trainer(model, FinetuneObjective(), Loader(), config, on_metrics=lambda step, m: clock.at(step)).fit()
+        return clock.result(t0, args.batch_size)
+
+    return run
 
 
 def run_transformers(init: Path, features: list[dict], args: argparse.Namespace) -> dict:
@@ -104,14 +145,22 @@ def run_transformers(init: Path, features: list[dict], args: argparse.Namespace)
             bf16=args.device == "cuda",
             use_cpu=args.device == "cpu",
         )
+        clock = _Clock(args.device, args.warm_steps, args.steps)
+
+        class Mark(transformers.TrainerCallback):
+            def on_step_end(self, args_, state, control, **kwargs):
+                clock.at(state.global_step)
+
         trainer = transformers.Trainer(
-            model=model, args=targs, train_dataset=features, data_collator=_pad_batch
+            model=model,
+            args=targs,
+            train_dataset=features,
+            data_collator=_pad_batch,
+            callbacks=[Mark()],
         )
         t0 = time.perf_counter()
         trainer.train()
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        return {"seconds": time.perf_counter() - t0}
+        return clock.result(t0, args.batch_size)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -120,8 +169,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--preset", default="base")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--warm-steps", type=int, default=30, help="steps before the clock starts")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if not 0 < args.warm_steps < args.steps or args.steps % args.warm_steps:
+        ap.error(f"--warm-steps {args.warm_steps} must divide --steps {args.steps} and be smaller")
     from bert_core.config import BertConfig
     from bert_core.model import BertForSequenceClassification
 
@@ -131,6 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
         "preset": args.preset,
         "batch": args.batch_size,
         "steps": args.steps,
+        "warm_steps": args.warm_steps,
         "device": args.device,
         "mean_tokens": float(np.mean([len(f["input_ids"]) for f in features])),
         "rows": [],
@@ -141,15 +194,17 @@ def main(argv: list[str] | None = None) -> dict:
         BertForSequenceClassification(
             BertConfig.from_preset(args.preset, vocab_size=vocab, num_labels=2)
         ).save_pretrained(init)
-        for name, fn in (("ours", run_ours), ("transformers", run_transformers)):
+        contenders = (("ours", _ours(None)), ("ours_pad8", _ours(8)), ("transformers", run_transformers))
+        for name, fn in contenders:
             if args.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
+            _WIDTHS.clear()
             row = {"contender": name, **fn(init, features, args), "peak_mem_gib": _peak_gib(args.device)}
-            row["examples_per_s"] = args.steps * args.batch_size / row["seconds"]
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
-    ours, theirs = (r["examples_per_s"] for r in result["rows"])
-    result["ours_over_transformers"] = ours / theirs
+    speed = {r["contender"]: r["examples_per_s"] for r in result["rows"]}
+    result["ours_over_transformers"] = speed["ours"] / speed["transformers"]
+    result["ours_pad8_over_transformers"] = speed["ours_pad8"] / speed["transformers"]
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result

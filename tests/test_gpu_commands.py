@@ -101,7 +101,9 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
     assert {n: p["status"] for n, p in summary["parts"].items()} == dict.fromkeys(parts, "ok")
     tests = summary["parts"]["tests"]["result"]
     assert tests["counts"]["skipped"] >= 8 and tests["counts"]["failure"] == tests["counts"]["error"] == 0
-    assert summary["parts"]["finetune"]["result"]["rows"][0]["examples_per_s"] > 0
+    fine = summary["parts"]["finetune"]["result"]["rows"]
+    assert [r["contender"] for r in fine] == ["ours", "ours_pad8", "transformers"]
+    assert all(r["examples_per_s"] > 0 and r["widths"] >= 1 for r in fine)
     assert [r["preset"] for r in summary["parts"]["pretrain_large"]["result"]["rows"]] == ["tiny"]
     top = summary["parts"]["pretrain_loop"]["result"]["rows"][0]["top_kernels"]
     assert len(top) == 15 and top[0]["ms_per_step"] >= top[-1]["ms_per_step"] > 0
