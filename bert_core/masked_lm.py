@@ -2,8 +2,9 @@
 
 * ``labels`` (B, T), transformers' form (-100 = no prediction): :func:`sparse_mlm` gathers the N labelled
   positions with a boolean mask before the prediction head. N depends on the data, so under
-  ``torch.compile`` this is a ``nonzero`` and a graph break; it stays for callers that use the
-  transformers interface.
+  ``torch.compile`` this is a ``nonzero``: one graph only where Dynamo may keep N symbolic
+  (:func:`bert_core.unpad.allow_data_dependent_shapes`, which the Trainer sets), a break elsewhere; it
+  stays for callers that use the transformers interface.
 * ``masked_lm_positions`` / ``masked_lm_ids`` / ``masked_lm_weights`` (B, P), the form of Google's
   ``run_pretraining.py`` (``max_predictions_per_seq`` = P slots per row, padded slots of weight 0):
   :func:`mlm_at_positions` gathers with static shapes and takes the weighted mean, so the compiled
@@ -38,10 +39,10 @@ def sparse_mlm(
     selected = labels != IGNORE_INDEX  # (B, T)
     masked_labels = labels[selected]  # (N,)
     masked_logits = head(hidden[selected])  # (N, H) -> (N, V)
-    if masked_labels.numel() == 0:
-        loss = masked_logits.sum() * 0.0  # no masked position: zero loss, not NaN (model deviation 2)
-    else:
-        loss = F.cross_entropy(masked_logits, masked_labels)
+    # The mean over the N labelled positions; with none the sum is 0, so the loss is 0, not NaN (model
+    # deviation 2), without a branch on N: under torch.compile a branch on data is a graph break.
+    total = F.cross_entropy(masked_logits, masked_labels, reduction="sum")
+    loss = total / torch.sym_max(masked_labels.shape[0], 1)
     return loss, None, masked_logits, masked_labels
 
 

@@ -92,17 +92,29 @@ def test_pretraining_step_is_one_graph():
     assert (graphs, breaks) == (1, 0), reasons
 
 
-@pytest.mark.slow
-def test_labels_path_still_breaks_the_graph():
-    """Transformers-style ``labels`` keep the sparse gather (a ``nonzero``): the check above can fail."""
+def test_labels_path_is_one_graph_once_data_dependent_sizes_are_allowed(monkeypatch):
+    """Transformers-style ``labels`` gather the N labelled positions (a ``nonzero``): one graph when
+    Dynamo may keep N symbolic, as the Trainer lets it under compile; the loss has no branch on N (with
+    none labelled it is 0, not NaN). Without that setting the gather itself breaks it."""
+    import torch._dynamo
+
     model = BertForPreTraining(tiny_config())
     batch = pretraining_batch(padded=True)
     labels = torch.full((B, T), IGNORE_INDEX)
     real = batch.pop("masked_lm_weights") > 0
     rows = torch.arange(B)[:, None].expand(B, P)
     labels[rows[real], batch.pop("masked_lm_positions")[real]] = batch.pop("masked_lm_ids")[real]
-    _, breaks, _ = graphs_and_breaks(lambda b: model(**b).loss, batch | {"labels": labels})
+    batch["labels"] = labels
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", False)
+    _, breaks, _ = graphs_and_breaks(lambda b: model(**b).loss, batch)
     assert breaks > 0
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+    graphs, breaks, reasons = graphs_and_breaks(lambda b: model(**b).loss, batch)
+    assert (graphs, breaks) == (1, 0), reasons
+    none = batch | {"labels": torch.full((B, T), IGNORE_INDEX)}
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(**none).mlm_loss, torch.tensor(0.0))
 
 
 def test_compiled_pretraining_loss_and_grads_match_eager():
