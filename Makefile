@@ -132,7 +132,7 @@ test-scale: venv
 # ---- A GPU machine's first run (bench/gpu_check.py, bench/gpu_smoke.py; docs/benchmarks.md, GPU) ---------
 # Here (pip's network and the data root):  make gpu-bundle [GPU_PYTHON_VERSION=3.12]  -> .gpu/ (ignored)
 # There (its own python3 with torch+CUDA; no venv, no network), with .gpu carried along the working tree:
-#   make gpu-check   # ~10 min: env, pytest -m gpu, pretraining + fine-tuning throughput -> reports/gpu-check/<time>/
+#   make gpu-check   # <= 9 min: env, pytest -m gpu, pretraining + fine-tuning throughput -> reports/gpu-check/<time>/
 #   make gpu-smoke   # gpu-base recipe on capped data, then a load check in transformers -> outputs/gpu-smoke/<time>/
 #   make gpu-run [GPU_BUDGET_S=540] [GPU_OUT=dir]  # both in one command on a machine held for a fixed time:
 #                    # most telling parts first, each capped by what is left; only the two summaries in GPU_OUT
@@ -149,7 +149,7 @@ gpu-bundle: venv
 	$(PY) -m bench.gpu_bundle --python-version $(GPU_PYTHON_VERSION)
 
 gpu-check:
-	$(GPU_PYTHON) -m bench.gpu_check $(GPU_ARGS)
+	$(GPU_PYTHON) -m bench.gpu_check --budget-s $(GPU_BUDGET_S) $(GPU_ARGS)
 
 gpu-smoke:
 	$(GPU_PYTHON) -m bench.gpu_smoke $(GPU_ARGS)
