@@ -2,7 +2,8 @@
 
 Parts, each in its own process under its own time cap (a part that fails or runs over is recorded in the
 summary with its error and output tail; the others still run), about 10 minutes in all on one H100, most
-of it ``torch.compile``'s compilation (about a minute per model and shape):
+of it ``torch.compile``'s compilation (about a minute per model and shape); ``make gpu-check`` bounds it
+with ``--budget-s``:
 
 - ``env``: Python, torch, CUDA, cuDNN, transformers, the device, ``nvidia-smi``;
 - ``tests``: ``pytest -m gpu`` on the GPU tests (``tests/test_gpu_training.py``, the model's CUDA test);
@@ -164,38 +165,32 @@ def part_tests(args: argparse.Namespace) -> dict:
     return out
 
 
-def part_pretrain_loop(args: argparse.Namespace) -> dict:
+def _loop_rows(args: argparse.Namespace, preset: str, plan: list[tuple[int, int]], profile: bool) -> dict:
+    """The stage's loop (``bench_gpu_pretrain.run``) at each (seq_len, micro batch) of ``plan``, bf16 and
+    compiled; ``profile``: the first row also profiles one window (where a step's time goes). ``--tiny``:
+    one tiny fp32 row instead."""
     from bench.bench_gpu_pretrain import run
 
     if args.tiny:
-        plan, kw = (
-            [(64, 4)],
-            {"preset": "tiny", "steps": 2, "warm": 1, "compile_": False, "precision": "fp32"},
-        )
+        preset, plan = "tiny", [(64, 4)]
+        kw = {"steps": 2, "warm": 1, "compile_": False, "precision": "fp32"}
     else:
-        plan, kw = (
-            [(128, 256), (512, 64)],
-            {"preset": "base", "steps": 20, "warm": 10, "compile_": True, "precision": "bf16"},
-        )
+        kw = {"steps": 20, "warm": 10, "compile_": True, "precision": "bf16"}
     rows = []
-    for seq_len, batch in plan:  # the first row also profiles one window: where a step's time goes
-        row = run(seq_len=seq_len, batch=batch, device=args.device, profile_top=15 if not rows else 0, **kw)
+    for seq_len, batch in plan:
+        top = 15 if profile and not rows else 0
+        row = run(preset=preset, seq_len=seq_len, batch=batch, device=args.device, profile_top=top, **kw)
         rows.append(row)
         _progress(row)
     return {"rows": rows}
 
 
-def part_pretrain_large(args: argparse.Namespace) -> dict:
-    from bench.bench_gpu_pretrain import run
+def part_pretrain_loop(args: argparse.Namespace) -> dict:
+    return _loop_rows(args, "base", [(128, 256), (512, 64)], profile=True)
 
-    if args.tiny:
-        kw = {"preset": "tiny", "seq_len": 64, "batch": 4, "steps": 2, "warm": 1, "compile_": False}
-        row = run(precision="fp32", device=args.device, **kw)
-    else:
-        kw = {"preset": "large", "seq_len": 128, "batch": 128, "steps": 20, "warm": 10, "compile_": True}
-        row = run(precision="bf16", device=args.device, **kw)
-    _progress(row)
-    return {"rows": [row]}
+
+def part_pretrain_large(args: argparse.Namespace) -> dict:
+    return _loop_rows(args, "large", [(128, 128)], profile=False)
 
 
 def _compare(args: argparse.Namespace, seq_len: int, batch: int) -> dict:

@@ -18,6 +18,7 @@ the distinct padded widths it met.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -28,7 +29,6 @@ import numpy as np
 import torch
 
 CLS, SEP = 101, 102
-_WIDTHS: set[int] = set()  # the padded widths the running contender met
 
 
 def sst2_shaped(n: int, vocab: int, seed: int = 0) -> list[dict]:
@@ -42,9 +42,9 @@ def sst2_shaped(n: int, vocab: int, seed: int = 0) -> list[dict]:
     return out
 
 
-def _pad_batch(features: list[dict]) -> dict[str, torch.Tensor]:
+def _pad_batch(features: list[dict], widths: set[int]) -> dict[str, torch.Tensor]:
     width = max(len(f["input_ids"]) for f in features)
-    _WIDTHS.add(width)
+    widths.add(width)
     ids = torch.zeros(len(features), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, f in enumerate(features):
@@ -63,11 +63,13 @@ def _peak_gib(device: str) -> float | None:
 
 
 class _Clock:
-    """Wall time at the end of the warm-up step and of the last step (the device synchronised at each)."""
+    """Wall time at the end of the warm-up step and of the last step (the device synchronised at each), and
+    the padded widths the contender met."""
 
     def __init__(self, device: str, warm: int, last: int) -> None:
         self.device, self.warm, self.last = device, warm, last
         self.marks: dict[int, float] = {}
+        self.widths: set[int] = set()
 
     def at(self, step: int) -> None:
         if step in (self.warm, self.last):
@@ -80,14 +82,14 @@ class _Clock:
         return {
             "examples_per_s": (self.last - self.warm) * batch / (end - self.marks[self.warm]),
             "seconds": end - t0,
-            "widths": len(_WIDTHS),
+            "widths": len(self.widths),
         }
 
 
 def _ours(pad_to_multiple_of: int | None):
     def run(init: Path, features: list[dict], args: argparse.Namespace) -> dict:
         from bert_core.finetune.collate import make_loader
-        from bert_core.finetune.trial import EpochLoader, FinetuneObjective
+        from bert_core.finetune.trial import FinetuneObjective
         from bert_core.model import BertForSequenceClassification
         from bert_core.training import TrainConfig, Trainer
 
@@ -105,17 +107,16 @@ def _ours(pad_to_multiple_of: int | None):
         )
         clock = _Clock(args.device, args.warm_steps, args.steps)
 
-        def batches():
-            for batch in EpochLoader(loader):
-                _WIDTHS.add(int(batch["input_ids"].shape[1]))
-                yield batch
-
-        class Loader:
+        class Batches:  # the stage's loader, noting each batch's width
             def __iter__(self):
-                return batches()
+                for batch in loader:
+                    clock.widths.add(int(batch["input_ids"].shape[1]))
+                    yield batch
 
         t0 = time.perf_counter()
-        Trainer(model, FinetuneObjective(), Loader(), config, on_metrics=lambda step, m: clock.at(step)).fit()
+        Trainer(
+            model, FinetuneObjective(), Batches(), config, on_metrics=lambda step, m: clock.at(step)
+        ).fit()
         return clock.result(t0, args.batch_size)
 
     return run
@@ -155,7 +156,7 @@ def run_transformers(init: Path, features: list[dict], args: argparse.Namespace)
             model=model,
             args=targs,
             train_dataset=features,
-            data_collator=_pad_batch,
+            data_collator=functools.partial(_pad_batch, widths=clock.widths),
             callbacks=[Mark()],
         )
         t0 = time.perf_counter()
@@ -198,7 +199,6 @@ def main(argv: list[str] | None = None) -> dict:
         for name, fn in contenders:
             if args.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            _WIDTHS.clear()
             row = {"contender": name, **fn(init, features, args), "peak_mem_gib": _peak_gib(args.device)}
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
