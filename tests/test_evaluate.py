@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 
 import pytest
@@ -461,7 +462,32 @@ def test_the_evaluate_headline_puts_the_task_scores_first(results_dir, tmp_path)
     keys = score_keys(metrics)
     assert {"sst2.accuracy", "mnli_mm.accuracy", "squad_v1.f1", "cola.matthews_corr"} <= set(keys)
     top = headline(metrics, [*keys, *get("evaluate").headline])
-    assert list(top)[: len(keys)] == keys and "glue.average" in top and len(top) <= MAX_HEADLINE
+    names = [k.partition("=")[0] for k in keys]  # a dev-split row's score is shown under its own name
+    assert list(top)[: len(keys)] == names and "glue.average" in top and len(top) <= MAX_HEADLINE
+
+
+def test_every_task_of_the_paper_fits_the_evaluate_headline_and_dev_split_scores_say_so(caplog):
+    """The ``gpu-base`` task set (GLUE, both SQuADs, SWAG, CoNLL-2003: 14 rows with MNLI-mm), both SQuADs
+    on a dev split: every row and the stage's own keys, none pushed to the details; a dev-split score is
+    named as one, so that it is never diffed against an official dev score."""
+    from bert_core.evaluate.references import GLUE_AVERAGE_ROWS, headline_metric
+    from bert_core.evaluate.report import score_keys
+    from flows._stage import MAX_HEADLINE, headline
+    from flows.stages import get
+
+    rows = [*GLUE_AVERAGE_ROWS, "wnli", "squad_v1", "squad_v2", "swag", "conll2003"]
+    metrics = {f"{r}.{headline_metric(r, '')}": 50.0 + i for i, r in enumerate(rows)}
+    metrics |= {"squad_v1.dev_split": 1.0, "squad_v2.dev_split": 1.0, "tasks": 13.0, "gap.glue_average": 2.0}
+    metrics |= {k: 1.0 for k in get("evaluate").headline}
+    with caplog.at_level(logging.WARNING):
+        top = headline(metrics, [*score_keys(metrics), *get("evaluate").headline])
+    assert not caplog.records and len(top) == len(rows) + len(get("evaluate").headline) <= MAX_HEADLINE
+    assert top["squad_v1.dev_split.f1"] == metrics["squad_v1.f1"] and "squad_v1.f1" not in top
+    assert (
+        top["squad_v2.dev_split.f1"] == metrics["squad_v2.f1"]
+        and top["sst2.accuracy"] == metrics["sst2.accuracy"]
+    )
+    assert list(top)[: len(rows)] == [k for k in top if k.split(".", 1)[0] in rows]
 
 
 def test_the_scores_plot_puts_a_tasks_best_baseline_beside_its_own_dev_rows_only():

@@ -198,6 +198,8 @@ def test_labels_and_baselines_survive_the_summary_and_reach_the_report_pieces():
         task_label,
     )
     from bert_core.finetune.results import FinetuneResult, TrialResult
+    from flows import stages
+    from flows._stage import headline
 
     label = "dev split: articles 18-35 of dev-v2.0, trained on 1-17"
     trial = TrialResult("pretrained", 1e-3, 1, {"f1": 55.0, "exact": 52.0}, extra={"null_threshold": -1.25})
@@ -213,6 +215,9 @@ def test_labels_and_baselines_survive_the_summary_and_reach_the_report_pieces():
     again = FinetuneResult.from_json(json.loads(json.dumps(result.to_json())))
     assert again.data_split == result.data_split and again.baselines == result.baselines
     assert again.metrics()["baseline.all_empty.f1"] == 49.1
+    # the stage's DVC metrics file marks the score as a dev-split one, beside the score itself
+    top = headline(again.metrics(), stages.get("finetune").headline, main="f1")
+    assert top["score"] == 55.0 and top["dev_split"] == 1.0
     results = {"squad_v2": again}
     assert task_label(results, "squad_v2", "squad_v2") == f"squad_v2 ({label})"
     assert task_label(results, "sst2", "sst2") == "sst2"
@@ -238,6 +243,7 @@ def test_labels_and_baselines_survive_the_summary_and_reach_the_report_pieces():
         "sst2", "classification", "accuracy", {}, [TrialResult("pretrained", 1e-3, 1, {"accuracy": 80.0})]
     )
     assert data_notes({"sst2": official}) == [] and baseline_table({"sst2": official}) is None
+    assert "dev_split" not in official.metrics()
 
 
 # Numbers the official evaluate-v2.0.py (rajpurkar/SQuAD-explorer) prints for leaderboard prediction files

@@ -240,17 +240,20 @@ _NOT_ROWS = frozenset({"glue", "gap", "gap_reference", "random_init", "reference
 
 
 def score_keys(metrics: dict[str, float]) -> list[str]:
-    """The flat keys of the rows' task scores in :func:`evaluate_results`'s metrics, ``<row>.<metric>``
-    with each row's headline metric (:func:`~bert_core.evaluate.references.headline_metric`), in row order:
-    the first columns of the DVC metrics file."""
+    """The rows' task scores in :func:`evaluate_results`'s metrics, in row order, as headline patterns
+    (:func:`flows._stage.headline`): ``<row>.<metric>`` with each row's headline metric
+    (:func:`~bert_core.evaluate.references.headline_metric`), shown as ``<row>.dev_split.<metric>`` where
+    the row trained and was scored on halves of the dev file, so that it is never read, or diffed, as an
+    official dev score. They are the first columns of the DVC metrics file."""
     rows = dict.fromkeys(
         k.split(".", 1)[0] for k in metrics if "." in k and k.split(".", 1)[0] not in _NOT_ROWS
     )
     keys = []
     for row in rows:
-        key = f"{row}.{headline_metric(row, '')}"
-        if key in metrics:
-            keys.append(key)
+        metric = headline_metric(row, "")
+        if f"{row}.{metric}" in metrics:
+            dev_split = f"{row}.dev_split" in metrics
+            keys.append(f"{row}.dev_split.{metric}={row}.{metric}" if dev_split else f"{row}.{metric}")
     return keys
 
 

@@ -14,7 +14,9 @@ stable so that runs compare key by key:
 - ``train.examples_per_second`` / ``train.seconds`` / ``train.examples``;
 - ``dev.null_threshold`` (SQuAD v2.0: the tuned null-answer threshold);
 - ``baseline.<name>.<metric>``: trivial baselines, fitted on the same training rows, scored on the same
-  evaluated rows (:meth:`bert_core.kinds.base.TaskKind.baselines`).
+  evaluated rows (:meth:`bert_core.kinds.base.TaskKind.baselines`);
+- ``dev_split`` = 1 where the task trained and was scored on halves of the official dev file (a data-limited
+  run, ``finetune.tasks.<task>.dev_split``): its ``dev.*`` scores are not official dev scores.
 """
 
 from __future__ import annotations
@@ -176,6 +178,8 @@ class FinetuneResult:
         out["trials"] = float(len(self.trials))
         for name, values in self.baselines.items():
             out.update({f"baseline.{name}.{k}": float(v) for k, v in values.items()})
+        if self.data_split.get("origin") == "dev_split":
+            out["dev_split"] = 1.0
         return {k: v for k, v in out.items() if isinstance(v, float) and math.isfinite(v)}
 
     def write_curves(self, out_dir: str | Path) -> tuple[Path, Path]:
