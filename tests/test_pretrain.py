@@ -301,6 +301,30 @@ def test_global_batch_that_processes_cannot_split(data):
 
 
 @pytest.mark.parametrize(
+    ("global_batch", "micro_batch", "world_size", "split"),
+    [
+        (256, 128, 1, (128, 2)),  # gpu-base on one GPU
+        (256, 128, 2, (128, 1)),
+        (256, 128, 8, (32, 1)),  # eight GPUs keep the paper's 256, not 8 x 128
+        (256, 32, 8, (32, 1)),  # the seq-512 phase
+        (384, 128, 2, (96, 2)),  # the largest micro batch up to 128 that divides 192
+        (8, 8, 1, (8, 1)),
+    ],
+)
+def test_each_process_takes_its_share_of_the_global_batch_in_micro_batches_up_to_micro_batch(
+    global_batch, micro_batch, world_size, split
+):
+    from bert_core.pretrain.params import PhaseParams
+
+    phase = PhaseParams(name="seq128", share=1.0, micro_batch=micro_batch, global_batch=global_batch)
+    assert phase.split(world_size) == split
+    micro, accum = split
+    assert micro * accum * world_size == global_batch and micro <= micro_batch
+    params = small_params(phases=[phase.model_dump()], max_steps=10)
+    assert params.train_config(0, world_size=world_size).grad_accum == accum
+
+
+@pytest.mark.parametrize(
     ("change", "msg"),
     [
         ({"phases.0.global_batch": 6}, "not a multiple of micro_batch"),

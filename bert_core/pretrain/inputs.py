@@ -92,12 +92,10 @@ def read_inputs(
     phases: list[PhaseData] = []
     max_pos: int | None = None
     for i, phase in enumerate(params.phases):
-        per_process = phase.micro_batch * world_size
-        if phase.global_batch % per_process:
-            raise ValueError(
-                f"pretrain.phases[{i}].global_batch = {phase.global_batch} cannot be split over {world_size} "
-                f"process(es) x micro_batch {phase.micro_batch}: it must be a multiple of {per_process}"
-            )
+        try:
+            phase.split(world_size)
+        except ValueError as err:
+            raise ValueError(f"pretrain.phases[{i}].{err}") from None
         read: dict[str, tuple[dict[str, Any], str]] = {}
         for split in ("train", "heldout"):
             d = data_dir / phase.name / split

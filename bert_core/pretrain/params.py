@@ -78,9 +78,9 @@ class PhaseParams(StrictModel):
         name: the data directory under ``data_dir`` (``seq128``, ``seq512``); its ``index.json`` gives the
             phase's sequence length.
         share: share of the total ``max_steps`` / time budget given to this phase.
-        micro_batch: sequences per forward/backward on one process.
-        global_batch: sequences per optimizer step over all processes
-            (= micro_batch x gradient accumulation x world size).
+        micro_batch: the most sequences per forward/backward on one process (its memory bound).
+        global_batch: sequences per optimizer step over all processes; each of N processes takes
+            ``global_batch / N`` a step, in micro batches of at most ``micro_batch`` (:meth:`split`).
         lr: peak learning rate (None: ``optimizer.lr``).
         warmup_ratio: warmup as a share of the phase's steps (or budget).
         warmup_steps: warmup in steps (step mode only); give one of the two.
@@ -104,6 +104,22 @@ class PhaseParams(StrictModel):
         if self.warmup_ratio is not None and self.warmup_steps is not None:
             raise ValueError("give warmup_ratio or warmup_steps, not both")
         return self
+
+    def split(self, world_size: int) -> tuple[int, int]:
+        """(sequences per forward/backward, accumulation steps) of each of ``world_size`` processes.
+
+        A process takes ``global_batch / world_size`` sequences a step, in the largest micro batch up to
+        ``micro_batch`` that divides them: the recipe's global batch holds on any number of processes (the
+        paper's 256 at micro batch 128 is 128 x 2 on one GPU and 32 x 1 on each of eight).
+        """
+        share, rest = divmod(self.global_batch, world_size)
+        if rest:
+            raise ValueError(
+                f"global_batch = {self.global_batch} cannot be split over {world_size} process(es): "
+                f"it must be a multiple of {world_size}"
+            )
+        micro = max(d for d in range(1, min(self.micro_batch, share) + 1) if share % d == 0)
+        return micro, share // micro
 
 
 class PretrainParams(StrictModel):
@@ -207,7 +223,7 @@ class PretrainParams(StrictModel):
             lr=phase.lr or optimizer.lr,
             max_steps=self.phase_steps(i),
             time_budget_s=self.phase_budget_s(i),
-            grad_accum=phase.global_batch // (phase.micro_batch * world_size),
+            grad_accum=phase.split(world_size)[1],
             max_eval_batches=self.eval_batches,
             seed=self.seed + 1000 * i,
         )

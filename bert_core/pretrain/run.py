@@ -218,9 +218,10 @@ def _phase_trainer(
     # where shapes cost nothing, transformers' dense labels are up to ~10% faster on CPU (docs/benchmarks.md,
     # "Static-shape MLM step"). Both give the same loss, gradients and metrics (tests/test_static_mlm.py).
     mlm_format = _mlm_format(params)
+    micro_batch, _ = phase.split(dist.world_size)
     train = PretrainingLoader(
         data.train_dir,
-        phase.micro_batch,
+        micro_batch,
         rank=dist.rank,
         world_size=dist.world_size,
         seed=cfg.seed,
@@ -255,7 +256,7 @@ def _phase_trainer(
         phase.name,
         f"{steps} steps" if steps else f"{budget:.0f} s budget",
         phase.global_batch,
-        phase.micro_batch,
+        micro_batch,
         cfg.grad_accum,
         dist.world_size,
         train.steps_per_epoch // cfg.grad_accum,
