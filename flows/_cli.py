@@ -8,12 +8,16 @@ pipeline, ``predict``, ``ui`` and ``serve`` exit by the same rule (:func:`run_co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
@@ -42,10 +46,11 @@ CONSOLE_FORMAT = "%(asctime)s.%(msecs)03d | %(levelname)-7s | %(name)s - %(messa
 CONSOLE_DATEFMT = "%H:%M:%S"
 
 
-def configure_logging() -> None:
-    """INFO lines of ``bert_core`` on stderr (for stages that log outside Prefect, e.g. torchrun ranks),
-    formatted as Prefect's console handler formats them: one time stamp, one level, the logger name."""
-    logging.basicConfig(level=logging.INFO, format=CONSOLE_FORMAT, datefmt=CONSOLE_DATEFMT)
+def configure_logging(level: int = logging.INFO) -> None:
+    """``level`` and above of ``bert_core`` on stderr (for stages that log outside Prefect, e.g. torchrun
+    ranks), formatted as Prefect's console handler formats them: one time stamp, one level, the logger
+    name."""
+    logging.basicConfig(level=level, format=CONSOLE_FORMAT, datefmt=CONSOLE_DATEFMT)
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
@@ -200,6 +205,96 @@ def _uses_prefect() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def run_ranks(processes: int, module: str, argv: list[str], *, grace_s: float = 30.0) -> int:
+    """``python -m module argv`` as ``processes`` DDP ranks on this machine (the environment ``torchrun
+    --standalone`` gives its ranks); their exit status: 0, the first failed rank's, or 128 + N after stop
+    signal N.
+
+    Each rank runs in a session of its own, so that a stop signal reaches it once: one to this process, or to
+    its process group (as DVC and Ctrl-C send it), is passed to every rank, which writes a checkpoint and
+    stops (rank 0 saying so). A rank that fails leaves the others waiting in a collective: they get SIGTERM,
+    and SIGKILL ``grace_s`` later. Should this process die first, each rank stops itself as after SIGTERM
+    (:func:`stop_with_launcher`).
+    """
+    log = logging.getLogger("bert_core.flows")
+    with socket.socket() as sock:  # a free port for rank 0's rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        # each rank its share of the cores (torch's default is all of them, in every rank)
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes)),
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(processes),
+        "LOCAL_WORLD_SIZE": str(processes),
+        LAUNCHER_PID: str(os.getpid()),
+    }
+    cmd = [sys.executable, "-m", module, *argv]
+    log.info("%d processes (DDP, ranks 0-%d): %s", processes, processes - 1, " ".join(cmd[1:]))
+    ranks = [
+        subprocess.Popen(
+            cmd,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            start_new_session=True,
+        )
+        for rank in range(processes)
+    ]
+    stopped_by: int | None = None
+    failed: int | None = None  # the first failed rank's status
+    failed_at = 0.0
+    while None in (codes := [r.poll() for r in ranks]):
+        try:
+            if failed is None and stopped_by is None and (bad := [c for c in codes if c]):
+                failed, failed_at = _status(bad[0]), time.monotonic()
+                _signal_all(ranks, signal.SIGTERM)
+            elif failed is not None and time.monotonic() - failed_at > grace_s:
+                _signal_all(ranks, signal.SIGKILL)
+            time.sleep(0.1)
+        except BaseException as err:
+            signum = signal_of(err)
+            if signum is None:
+                _signal_all(ranks, signal.SIGKILL)
+                raise
+            stopped_by = stopped_by or signum
+            _signal_all(ranks, signum)
+    if stopped_by is not None:
+        return 128 + stopped_by
+    if failed is None and (bad := [c for c in codes if c]):  # failed as the others ended
+        failed = _status(bad[0])
+    return failed or 0
+
+
+def _status(returncode: int) -> int:
+    """A process's exit status as a shell gives it: a process killed by signal N (``-N``) is 128 + N."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _signal_all(ranks: list[subprocess.Popen], signum: int) -> None:
+    for rank in ranks:
+        if rank.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                rank.send_signal(signum)
+
+
+#: Set in each rank :func:`run_ranks` starts: the launcher's process id.
+LAUNCHER_PID = "BERT_LAUNCHER_PID"
+
+
+def stop_with_launcher() -> None:
+    """In a rank that :func:`run_ranks` started: SIGTERM to itself, once, when the launcher is gone (killed
+    without passing a signal on; the rank then belongs to another parent), so it checkpoints and stops."""
+    launcher = int(os.environ.get(LAUNCHER_PID, "0"))
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if launcher:
+        threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
 def run_stage(
     name: str,
     flow: Callable[..., Any],
@@ -207,21 +302,28 @@ def run_stage(
     *,
     doc: str | None = None,
     other_ranks: Callable[..., Any] | None = None,
+    processes: Callable[[Any], int] | None = None,
     log_to_stderr: bool = False,
 ) -> int:
     """Parse ``argv``, validate the stage's params, call ``flow(**options)`` under the settled Prefect API;
     return the exit code. ``doc``'s first paragraph is the ``--help`` text. Under ``torchrun``, ranks other
     than 0 run ``other_ranks`` instead (no Prefect, no tracking), and ``flow`` is then a zero-argument
-    function that builds the flow, so that they never import Prefect."""
+    function that builds the flow, so that they never import Prefect. Outside ``torchrun``, where
+    ``processes(params)`` is more than 1, the command starts itself that many times (:func:`run_ranks`)."""
     stage, where = get(name), [""]
 
-    def body() -> None:
+    def body() -> int | None:
         kwargs = vars(build_parser(stage, doc.split("\n\n")[0] if doc else None).parse_args(argv))
-        if log_to_stderr:
-            configure_logging()
+        if log_to_stderr:  # under torchrun, rank 0 speaks for all: the others say only what goes wrong
+            configure_logging(logging.INFO if _uses_prefect() else logging.WARNING)
         instance = [str(kwargs[o.dest]) for o in stage.options if o.positional]
+        if not _uses_prefect():  # a DDP rank but the first: its lines name it
+            instance.append(f"rank {os.environ['RANK']}")
+        stop_with_launcher()
         where[0] = f" ({', '.join(instance)})" if instance else ""
-        stage.load_params(kwargs["params_file"])  # fail fast on bad params, before Prefect starts
+        params = stage.load_params(kwargs["params_file"])  # fail fast on bad params, before Prefect starts
+        if processes is not None and "LOCAL_RANK" not in os.environ and (n := processes(params)) > 1:
+            return run_ranks(n, stage.flow_module, sys.argv[1:] if argv is None else argv)
         if not _uses_prefect() and other_ranks is not None:
             other_ranks(**kwargs)
         else:
@@ -229,6 +331,7 @@ def run_stage(
 
             with prefect_api(announce=False):
                 (flow() if other_ranks is not None else flow)(**kwargs)
+        return None
 
     return run_command(
         body,

@@ -9,6 +9,7 @@ signal writes a checkpoint and exits 128 + N; the next run resumes from it.
 from __future__ import annotations
 
 import logging
+import os
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,13 @@ def pretrain_flow_fn(
     from flows._stage import headline, stage
 
     params: PretrainParams = STAGE.load_params(params_file)
+    if "LOCAL_RANK" not in os.environ and (n := params.process_count()) > 1:
+        log.warning(
+            "pretrain.processes gives %d processes here, but a flow run trains in its own process only: "
+            "the stage command (python -m flows.pretrain, dvc repro, the bert-pipeline deployment) starts "
+            "them all",
+            n,
+        )
     dist = setup_distributed(params.device)
     card = pretrained_card(params)
     init = find_init_checkpoint(vocab_dir)  # vocab.from_checkpoint: continued pretraining
@@ -112,7 +120,15 @@ def _other_rank(
 
 
 #: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).
-main = partial(run_stage, "pretrain", prefect_flow, doc=__doc__, other_ranks=_other_rank, log_to_stderr=True)
+main = partial(
+    run_stage,
+    "pretrain",
+    prefect_flow,
+    doc=__doc__,
+    other_ranks=_other_rank,
+    processes=PretrainParams.process_count,
+    log_to_stderr=True,
+)
 
 
 if __name__ == "__main__":

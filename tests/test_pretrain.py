@@ -324,6 +324,31 @@ def test_each_process_takes_its_share_of_the_global_batch_in_micro_batches_up_to
     assert params.train_config(0, world_size=world_size).grad_accum == accum
 
 
+def test_processes_auto_is_one_per_gpu_as_many_as_split_every_global_batch(monkeypatch):
+    """``auto``: 1 on a CPU (or with ``device: cpu``); on 8 GPUs 8 for the paper's 256, but 6 for a batch
+    of 36 and 4 for a phase of 4; a number is taken as it is."""
+    import torch
+
+    def phases(*batches: int) -> list[dict]:
+        share = 1 / len(batches)
+        return [
+            {"name": f"p{i}", "share": share, "micro_batch": 1, "global_batch": b}
+            for i, b in enumerate(batches)
+        ]
+
+    auto = small_params(processes="auto", device="auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert auto.process_count() == 1 and small_params(processes=3).process_count() == 3
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert small_params(processes="auto", device="auto", phases=phases(256, 256)).process_count() == 8
+    assert small_params(processes="auto", device="auto", phases=phases(36)).process_count() == 6
+    assert small_params(processes="auto", device="auto", phases=phases(256, 4)).process_count() == 4
+    assert small_params(processes="auto", device="cpu", phases=phases(256)).process_count() == 1
+    with pytest.raises(ValueError, match=r"processes: 2 with device cuda:1: each process takes a GPU"):
+        small_params(processes=2, device="cuda:1")
+
+
 @pytest.mark.parametrize(
     ("change", "msg"),
     [

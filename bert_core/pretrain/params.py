@@ -151,6 +151,11 @@ class PretrainParams(StrictModel):
     log_every: int = Field(20, ge=1)
     seed: int = Field(0, ge=0)
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    processes: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1,
+        description="training processes on this machine (DDP, one GPU each): auto = one per visible GPU "
+        "(1 on a CPU), as many as split every phase's global batch evenly (process_count)",
+    )
     num_threads: int | None = Field(None, ge=1, description="CPU threads for torch (null: torch's default)")
     deterministic: bool = False
     registered_model: str = Field("bert-pretrained", min_length=1, description="MLflow registry name")
@@ -178,6 +183,11 @@ class PretrainParams(StrictModel):
             raise ValueError(
                 f"phase shares must add up to 1, got {total:g} ({[p.share for p in self.phases]})"
             )
+        if self.processes != 1 and self.device.startswith("cuda:"):
+            raise ValueError(
+                f"processes: {self.processes} with device {self.device}: each process takes a GPU of its "
+                "own; use device auto or cuda (CUDA_VISIBLE_DEVICES chooses the GPUs)"
+            )
         for i, p in enumerate(self.phases):
             if self.time_budget_minutes is not None and p.warmup_steps:
                 raise ValueError(
@@ -191,6 +201,18 @@ class PretrainParams(StrictModel):
                     f"but warmup_steps = {p.warmup_steps}: the warmup must be shorter than the phase"
                 )
         return self
+
+    def process_count(self) -> int:
+        """How many training processes to start here: ``processes``, or for ``auto`` one per visible GPU
+        (none unless ``device`` allows CUDA: 1), the most, up to that, that split every phase's
+        ``global_batch`` evenly (:meth:`PhaseParams.split`)."""
+        if self.processes != "auto":
+            return self.processes
+        import torch
+
+        gpus = torch.cuda.device_count() if self.device != "cpu" and torch.cuda.is_available() else 1
+        even = [n for n in range(1, max(gpus, 1) + 1) if all(p.global_batch % n == 0 for p in self.phases)]
+        return even[-1]
 
     def phase_steps(self, i: int) -> int | None:
         """Optimizer steps of phase ``i`` (None without ``max_steps``); at least 1."""

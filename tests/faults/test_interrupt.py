@@ -296,6 +296,45 @@ def test_ctrl_c_to_dvc_during_pretraining_then_a_rerun_gives_the_same_model(
     assert after["models/pretrained"] == reference["models/pretrained"], "not the uninterrupted run's model"
 
 
+@pytest.mark.faults
+def test_ctrl_c_to_pretraining_on_two_processes_then_a_rerun_resumes(
+    tiny_pipeline: TinyPipeline, prefect_api, tmp_path
+):
+    """``pretrain.processes: 2`` (gloo on CPU): the stage command starts its two ranks; Ctrl-C to DVC's
+    process group reaches each once, through the command: one checkpoint, rank 0's line, no process left;
+    the rerun resumes on two processes and completes."""
+    pipe = tiny_pipeline
+    pipe.build(until="pretrain")
+    clone = pipe.clone(tmp_path / "clone")
+    params = clone / "params" / "pretrain.yaml"
+    doc = yaml.safe_load(params.read_text())
+    doc["pretrain"]["processes"] = 2  # a changed param: DVC runs the stage again
+    params.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    res = signal_when(
+        [PY, "-m", "dvc", "repro", "--single-item", "pretrain"],
+        cwd=clone,
+        env=pipe.env(clone),
+        ready=_checkpoint_written(clone, LATE_CHECKPOINT),
+        sig=signal.SIGINT,
+    )
+    assert res.returncode == 255 and "exited with 130" in res.output, res.output[-4000:]
+    assert_one_line(
+        res, r"pretrain stage interrupted: training stopped by SIGINT after step \d+; checkpoint \S+"
+    )
+    assert (
+        "2 processes (DDP, ranks 0-1)" in res.output and "(rank 1): training stopped by SIGINT" in res.output
+    )
+    assert not wait_gone(res.children), f"processes left behind: {alive(res.children)}"
+    states = [json.loads(p.read_text()) for p in (clone / CHECKPOINTS).glob("*/step-*/state.json")]
+    assert states and {s["world_size"] for s in states} == {2}
+
+    rerun = pipe.dvc("repro", "pretrain", root=clone, timeout=900)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-4000:]
+    assert re.search(r"resumed from \S*step-\d+", rerun.stdout + rerun.stderr), rerun.stdout[-4000:]
+    assert "up to date" in pipe.dvc("status", "pretrain", root=clone).stdout
+
+
 # ------------------------------------------------------------------------------- Prefect unreachable
 
 
