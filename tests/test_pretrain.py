@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 
@@ -324,7 +325,7 @@ def test_each_process_takes_its_share_of_the_global_batch_in_micro_batches_up_to
     assert params.train_config(0, world_size=world_size).grad_accum == accum
 
 
-def test_processes_auto_is_one_per_gpu_as_many_as_split_every_global_batch(monkeypatch):
+def test_processes_auto_is_one_per_gpu_as_many_as_split_every_global_batch(monkeypatch, caplog):
     """``auto``: 1 on a CPU (or with ``device: cpu``); on 8 GPUs 8 for the paper's 256, but 6 for a batch
     of 36 and 4 for a phase of 4; a number is taken as it is."""
     import torch
@@ -342,7 +343,9 @@ def test_processes_auto_is_one_per_gpu_as_many_as_split_every_global_batch(monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert small_params(processes="auto", device="auto", phases=phases(256, 256)).process_count() == 8
-    assert small_params(processes="auto", device="auto", phases=phases(36)).process_count() == 6
+    with caplog.at_level(logging.WARNING, logger="bert_core.pretrain.params"):
+        assert small_params(processes="auto", device="auto", phases=phases(36)).process_count() == 6
+    assert "processes: auto uses 6 of the 8 GPUs: global_batch 36 splits evenly over 6" in caplog.text
     assert small_params(processes="auto", device="auto", phases=phases(256, 4)).process_count() == 4
     assert small_params(processes="auto", device="cpu", phases=phases(256)).process_count() == 1
     with pytest.raises(ValueError, match=r"processes: 2 with device cuda:1: each process takes a GPU"):

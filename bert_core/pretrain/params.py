@@ -9,6 +9,7 @@ so the two stages cannot disagree.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -19,6 +20,8 @@ from bert_core.params import StrictModel, mlflow_alias, mlflow_model_name
 
 if TYPE_CHECKING:
     from bert_core.training.config import TrainConfig
+
+log = logging.getLogger(__name__)
 
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 
@@ -212,6 +215,17 @@ class PretrainParams(StrictModel):
 
         gpus = torch.cuda.device_count() if self.device != "cpu" and torch.cuda.is_available() else 1
         even = [n for n in range(1, max(gpus, 1) + 1) if all(p.global_batch % n == 0 for p in self.phases)]
+        if even[-1] < gpus:
+            batches = sorted({p.global_batch for p in self.phases})
+            log.warning(
+                "processes: auto uses %d of the %d GPUs: global_batch %s splits evenly over %d processes, "
+                "not %d",
+                even[-1],
+                gpus,
+                "/".join(map(str, batches)),
+                even[-1],
+                gpus,
+            )
         return even[-1]
 
     def phase_steps(self, i: int) -> int | None:
