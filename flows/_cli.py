@@ -2,7 +2,8 @@
 table, the params checked before Prefect starts, and the exit code DVC sees: 0 done; 1 any error, with one
 line ``<stage> stage failed[ (<task>)]: <Type>: <message>``; 128 + signal number for SIGINT / SIGTERM
 (or a stage's own interrupt that wrote a checkpoint), with one ``<stage> stage interrupted`` line. The
-pipeline, ``predict``, ``ui`` and ``serve`` exit by the same rule (:func:`run_command`).
+pipeline, ``predict``, ``ui`` and ``serve`` exit by the same rule (:func:`run_command`). A stage on several
+processes of one machine (``pretrain.processes``) starts its DDP ranks here (:func:`run_ranks`).
 """
 
 from __future__ import annotations
