@@ -14,7 +14,6 @@ import gc
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -206,6 +205,11 @@ def _uses_prefect() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def is_rank() -> bool:
+    """This process is one rank of several, started by ``torchrun`` or :func:`run_ranks`."""
+    return "LOCAL_RANK" in os.environ
+
+
 def run_ranks(processes: int, module: str, argv: list[str], *, grace_s: float = 30.0) -> int:
     """``python -m module argv`` as ``processes`` DDP ranks on this machine (the environment ``torchrun
     --standalone`` gives its ranks); their exit status: 0, the first failed rank's, or 128 + N after stop
@@ -217,10 +221,10 @@ def run_ranks(processes: int, module: str, argv: list[str], *, grace_s: float = 
     and SIGKILL ``grace_s`` later. Should this process die first, each rank stops itself as after SIGTERM
     (:func:`stop_with_launcher`).
     """
+    from flows._served import free_port
+
     log = logging.getLogger("bert_core.flows")
-    with socket.socket() as sock:  # a free port for rank 0's rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # rank 0's rendezvous
     env = {
         # each rank its share of the cores (torch's default is all of them, in every rank)
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes)),
@@ -323,7 +327,7 @@ def run_stage(
         stop_with_launcher()
         where[0] = f" ({', '.join(instance)})" if instance else ""
         params = stage.load_params(kwargs["params_file"])  # fail fast on bad params, before Prefect starts
-        if processes is not None and "LOCAL_RANK" not in os.environ and (n := processes(params)) > 1:
+        if processes is not None and not is_rank() and (n := processes(params)) > 1:
             return run_ranks(n, stage.flow_module, sys.argv[1:] if argv is None else argv)
         if not _uses_prefect() and other_ranks is not None:
             other_ranks(**kwargs)

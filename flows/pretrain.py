@@ -9,13 +9,12 @@ signal writes a checkpoint and exits 128 + N; the next run resumes from it.
 from __future__ import annotations
 
 import logging
-import os
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bert_core.pretrain import PretrainParams, pretrain, write_curves
-from flows._cli import exit_command, run_stage
+from flows._cli import exit_command, is_rank, run_stage
 from flows.stages import get
 
 STAGE = get("pretrain")
@@ -41,7 +40,7 @@ def pretrain_flow_fn(
     from flows._stage import headline, stage
 
     params: PretrainParams = STAGE.load_params(params_file)
-    if "LOCAL_RANK" not in os.environ and (n := params.process_count()) > 1:
+    if not is_rank() and (n := params.process_count()) > 1:
         log.warning(
             "pretrain.processes gives %d processes here, but a flow run trains in its own process only: "
             "the stage command (python -m flows.pretrain, dvc repro, the bert-pipeline deployment) starts "

@@ -215,18 +215,14 @@ class PretrainParams(StrictModel):
 
         gpus = torch.cuda.device_count() if self.device != "cpu" and torch.cuda.is_available() else 1
         even = [n for n in range(1, max(gpus, 1) + 1) if all(p.global_batch % n == 0 for p in self.phases)]
-        if even[-1] < gpus:
-            batches = sorted({p.global_batch for p in self.phases})
+        n = even[-1]
+        if n < gpus:
+            batches = "/".join(map(str, sorted({p.global_batch for p in self.phases})))
             log.warning(
-                "processes: auto uses %d of the %d GPUs: global_batch %s splits evenly over %d processes, "
-                "not %d",
-                even[-1],
-                gpus,
-                "/".join(map(str, batches)),
-                even[-1],
-                gpus,
+                f"processes: auto uses {n} of the {gpus} GPUs: global_batch {batches} splits evenly over "
+                f"{n} processes, not {gpus}"
             )
-        return even[-1]
+        return n
 
     def phase_steps(self, i: int) -> int | None:
         """Optimizer steps of phase ``i`` (None without ``max_steps``); at least 1."""
