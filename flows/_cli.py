@@ -220,17 +220,21 @@ def run_ranks(processes: int, module: str, argv: list[str], *, grace_s: float = 
     stops (rank 0 saying so). A rank that fails leaves the others waiting in a collective: they get SIGTERM,
     and SIGKILL ``grace_s`` later. Should this process die first, each rank stops itself as after SIGTERM
     (:func:`stop_with_launcher`).
+
+    This process holds the ranks' rendezvous store, as torchrun's agent does, on a port it binds once: a
+    port picked free and handed to rank 0 to bind could be taken by another program in between.
     """
-    from flows._served import free_port
+    from torch.distributed import TCPStore
 
     log = logging.getLogger("bert_core.flows")
-    port = free_port()  # rank 0's rendezvous
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     env = {
         # each rank its share of the cores (torch's default is all of them, in every rank)
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // processes)),
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
+        "MASTER_PORT": str(store.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # every rank a client of ``store``
         "WORLD_SIZE": str(processes),
         "LOCAL_WORLD_SIZE": str(processes),
         LAUNCHER_PID: str(os.getpid()),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -18,11 +19,23 @@ from pathlib import Path
 from flows._cli import stop_with_launcher
 
 
+def _held(host: str, port: int) -> bool:
+    """Whether another process holds ``host:port`` (the launcher's rendezvous store)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+        return False
+
+
 def main() -> int:
     out, mode = Path(sys.argv[1]), sys.argv[2]
     rank = int(os.environ["RANK"])
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+    keys += ("TORCHELASTIC_USE_AGENT_STORE",)
     record: dict = {"env": {k: os.environ.get(k) for k in keys}, "signals": [], "pid": os.getpid()}
+    record["port_held"] = _held(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
 
     def save() -> None:
         tmp = out / f".rank-{rank}.json"

@@ -47,12 +47,17 @@ def _launcher(out: Path, n: int) -> subprocess.Popen:
 
 def test_each_rank_gets_torchruns_environment_and_a_share_of_the_cores(out):
     assert run_ranks(3, "ranks_fake", [str(out), "ok"]) == 0
-    envs = [r["env"] for r in _ranks(out, 3)]
+    ranks = _ranks(out, 3)
+    envs = [r["env"] for r in ranks]
     assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [
         (str(r), str(r), "3") for r in range(3)
     ]
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1 and envs[0]["MASTER_PORT"].isdigit()
     assert envs[0]["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 3))
+    # the launcher holds the rendezvous store on its port from before any rank starts: no other program can
+    # take the port in between, and every rank (rank 0 too) is a client
+    assert all(r["port_held"] for r in ranks)
+    assert {e["TORCHELASTIC_USE_AGENT_STORE"] for e in envs} == {"True"}
 
 
 def test_a_failed_rank_stops_the_others_and_its_status_is_the_commands(out):
