@@ -61,6 +61,28 @@ def test_a_kind_chosen_in_the_ui_is_kept():
     assert client.get_experiment_by_name("chosen").tags[EXPERIMENT_KIND_TAG] == "finetuning"
 
 
+def test_stages_that_start_together_tag_the_experiment_without_a_warning(monkeypatch, caplog):
+    """Two stages find the new experiment untagged; the second's insert then fails on SQLite's unique key
+    (``UNIQUE constraint failed: experiment_tags.key, ...``): the tag is there, nothing to report."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from bert_core.tracking.run import tag_experiment_kind
+
+    client = MlflowClient()
+    untagged = mlflow.get_experiment(client.create_experiment("together"))
+    client.set_experiment_tag(untagged.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)  # the other stage
+
+    def late(self, *args):
+        raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: experiment_tags.key")
+
+    monkeypatch.setattr(MlflowClient, "set_experiment_tag", late)
+    with caplog.at_level("WARNING", logger="bert_core"):
+        tag_experiment_kind(untagged)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert client.get_experiment(untagged.experiment_id).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+
+
 def test_task_data_become_dataset_inputs(tmp_path):
     from bert_core.finetune.trial import SplitData, TrialData
 

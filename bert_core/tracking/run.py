@@ -477,16 +477,25 @@ EXPERIMENT_KIND = "custom_model_development"
 def tag_experiment_kind(experiment: Any) -> None:
     """Tag ``experiment`` (an MLflow ``Experiment``) as a model-training experiment unless it already is.
 
-    A kind someone chose in the UI is kept. A failure only costs the UI's default view: logged, never raised.
+    A kind someone chose in the UI is kept. Stages that start together all find the tag missing; on SQLite all
+    but the first then fail on the tag's unique key, which is no failure: the tag is there. Any other failure
+    only costs the UI's default view: logged, never raised.
     """
     import mlflow
+
+    client = mlflow.MlflowClient()
+
+    def tag() -> None:
+        try:
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        except Exception:
+            if not client.get_experiment(experiment.experiment_id).tags.get(EXPERIMENT_KIND_TAG):
+                raise
 
     try:
         if (getattr(experiment, "tags", None) or {}).get(EXPERIMENT_KIND_TAG):
             return
-        retry_tracking(mlflow.MlflowClient().set_experiment_tag, attempts=3)(
-            experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND
-        )
+        retry_tracking(tag, attempts=3)()
     except Exception as err:  # the UI's default view only
         log.warning(
             "could not tag experiment %s as %s: %s", getattr(experiment, "name", "?"), EXPERIMENT_KIND, err
