@@ -285,6 +285,7 @@ def load_state_dict_into(
     strict: bool = False,
     ignore_mismatched_sizes: bool = False,
     init_missing: bool = False,
+    new_head: bool = False,
 ) -> LoadReport:
     """Copy checkpoint tensors into ``model`` (cast to the model's dtype) after :func:`normalise_keys`.
 
@@ -292,6 +293,9 @@ def load_state_dict_into(
         init_missing: (Re-)initialise the modules owning missing or mismatched tensors with the
             model's ``_init_weights`` first; needed when ``model`` was built uninitialised
             (``to_empty``), harmless otherwise.
+        new_head: The caller puts a new task head on a checkpoint's encoder (fine-tuning): tensors outside
+            the encoder (``bert.``) that the checkpoint lacks are expected, and logged at INFO, not as a
+            warning. A missing encoder tensor is a warning either way.
 
     Raises:
         CheckpointError: shapes differ (naming each tensor and both shapes) unless
@@ -338,19 +342,22 @@ def load_state_dict_into(
             f"strict load of {where} into {type(model).__name__} failed: missing {report.missing_keys}, "
             f"unexpected {report.unexpected_keys}"
         )
+    fresh = report.missing_keys + [k for k, _, _ in report.mismatched_keys]
     if init_missing:
-        fresh = report.missing_keys + [k for k, _, _ in report.mismatched_keys]
         for owner in sorted({key.rpartition(".")[0] for key in fresh}):
             model._init_weights(model.get_submodule(owner))
     model.load_state_dict(loadable, strict=False)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
-    if report.missing_keys or report.mismatched_keys:
+    head = [k for k in fresh if new_head and not k.startswith("bert.")]
+    if head:
+        log.info("%s: the task head is new, initialised fresh: %s", type(model).__name__, head)
+    if surprising := [k for k in fresh if k not in head]:
         log.warning(
             "%s: newly initialised (not in %s): %s; train the model before using it for predictions",
             type(model).__name__,
             where,
-            report.missing_keys + [k for k, _, _ in report.mismatched_keys],
+            surprising,
         )
     if report.unexpected_keys:
         log.info("%s: unused tensors of %s: %s", type(model).__name__, where, report.unexpected_keys)
@@ -364,6 +371,7 @@ def load_pretrained(
     config: BertConfig | None = None,
     strict: bool = False,
     ignore_mismatched_sizes: bool = False,
+    new_head: bool = False,
     **config_overrides: Any,
 ) -> tuple[M, LoadReport]:
     """Build ``model_cls`` from a Hugging Face model directory and load its weights.
@@ -378,6 +386,7 @@ def load_pretrained(
         config: Use this config instead of ``config.json``.
         strict: Raise if any tensor is newly initialised or unused.
         ignore_mismatched_sizes: Re-initialise tensors whose shape differs instead of raising.
+        new_head: A new task head is expected (:func:`load_state_dict_into`).
         **config_overrides: ``BertConfig`` fields to change, e.g. ``num_labels=3``.
     """
     path = Path(path)
@@ -395,6 +404,7 @@ def load_pretrained(
         strict=strict,
         ignore_mismatched_sizes=ignore_mismatched_sizes,
         init_missing=True,
+        new_head=new_head,
     )
     model.eval()
     return model, report

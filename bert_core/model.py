@@ -358,6 +358,7 @@ class BertPreTrainedModel(nn.Module):
         strict: bool = False,
         ignore_mismatched_sizes: bool = False,
         output_loading_info: bool = False,
+        new_head: bool = False,
         **config_overrides: Any,
     ) -> Self | tuple[Self, Any]:
         """Load a Hugging Face BERT model directory (config.json + model.safetensors / pytorch_model.bin).
@@ -372,6 +373,8 @@ class BertPreTrainedModel(nn.Module):
             ignore_mismatched_sizes: Re-initialise tensors whose shape differs (e.g. a classifier with
                 another label count) instead of raising.
             output_loading_info: Also return the :class:`bert_core.hf.LoadReport`.
+            new_head: A new task head on the checkpoint's encoder is expected (fine-tuning): it is
+                logged at INFO, not as a warning.
             **config_overrides: Fields to change on the loaded config, e.g. ``num_labels=3``.
         """
         from bert_core import hf
@@ -382,6 +385,7 @@ class BertPreTrainedModel(nn.Module):
             config=config,
             strict=strict,
             ignore_mismatched_sizes=ignore_mismatched_sizes,
+            new_head=new_head,
             **config_overrides,
         )
         return (model, report) if output_loading_info else model

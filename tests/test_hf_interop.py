@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from bert_core import model as ours_mod
 from bert_core.config import BertConfig
@@ -265,6 +266,23 @@ def test_pretraining_checkpoint_into_classifier_initialises_the_new_head(tmp_pat
         tmp_path, num_labels=4, output_loading_info=True
     )
     assert set(info["missing_keys"]) == set(report.missing_keys)
+
+
+def test_a_new_task_head_for_fine_tuning_is_no_warning_a_missing_encoder_tensor_still_is(tmp_path, caplog):
+    pre = ours_mod.BertForPreTraining(make_config())
+    pre.save_pretrained(tmp_path)
+    with caplog.at_level(logging.INFO, logger="bert_core.hf"):
+        ours_mod.BertForSequenceClassification.from_pretrained(tmp_path, num_labels=2, new_head=True)
+    assert [r.levelname for r in caplog.records if "classifier.weight" in r.getMessage()] == ["INFO"]
+    state = load_file(tmp_path / "model.safetensors")
+    del state["bert.encoder.layer.0.output.dense.bias"]
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="bert_core.hf"):
+        ours_mod.BertForSequenceClassification.from_pretrained(tmp_path, num_labels=2, new_head=True)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "bert.encoder.layer.0.output.dense.bias" in warned[0]
+    assert "classifier" not in warned[0]
 
 
 def test_bare_encoder_checkpoint_into_head_and_head_checkpoint_into_encoder(tmp_path):

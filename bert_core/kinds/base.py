@@ -207,7 +207,7 @@ class TaskKind(ABC):
         torch.manual_seed(seed)
         if init == "random":
             return cls(config)
-        model = cls.from_pretrained(source_dir, config=config, ignore_mismatched_sizes=True)
+        model = cls.from_pretrained(source_dir, config=config, ignore_mismatched_sizes=True, new_head=True)
         model.train()
         return model
 
