@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
+import pandas as pd
 
 from bert_core.kinds.base import ServingInputError
 
@@ -48,7 +49,10 @@ class BertPyfunc(mlflow.pyfunc.PythonModel):
         """
         self.predictor.check_record(record)
 
-    def predict(self, context, model_input, params=None):  # no type hints: MLflow would read them as a schema
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> Any:
+        """The rows MLflow hands over after checking them against the signature (always a DataFrame, whatever
+        the caller gave). The hint says so: MLflow infers no schema from it (the signature is the schema)
+        and, unlike no hint at all, it does not make MLflow warn on every load."""
         from mlflow.exceptions import MlflowException
         from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
