@@ -122,6 +122,22 @@ def test_squad_sliding_windows(tokenizer):
         encode_squad([ex], tokenizer, max_seq_length=8, doc_stride=4, max_query_length=5)
 
 
+def test_a_context_longer_than_the_model_is_windowed_without_transformers_indexing_warning(
+    shared_data, capfd
+):
+    """The whole context is tokenised once, then cut into windows: transformers' warning that a sequence over
+    ``model_max_length`` "will result in indexing errors" would be wrong, and alarm every SQuAD run."""
+    context = " ".join(["the oak tree grew tall near the river bank"] * 80)  # ~720 tokens > 512
+    from transformers import BertTokenizerFast
+
+    vocab = str(shared_data / "checkpoints/bert-base-uncased/vocab.txt")
+    tokenizer = BertTokenizerFast(vocab=vocab, model_max_length=512)  # as bert-base-uncased's files give it
+    capfd.readouterr()
+    feats = encode_squad([_squad_example(context, "oak")], tokenizer, max_seq_length=128, doc_stride=64)
+    assert len(feats) > 1
+    assert "indexing errors" not in capfd.readouterr().err
+
+
 def test_multiple_choice_pairs(tokenizer):
     ex = {
         "id": "s1",

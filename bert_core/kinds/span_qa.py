@@ -117,8 +117,14 @@ def encode_squad(
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     questions = [str(e["question"]).lstrip() for e in examples]
     contexts = [str(e["context"]) for e in examples]
+    # Whole contexts (and questions) are longer than the model's limit by design, cut into windows below:
+    # verbose=False spares transformers' warning that such a sequence "will result in indexing errors".
     q_enc = tokenizer(
-        questions, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
+        questions,
+        add_special_tokens=False,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+        verbose=False,
     )["input_ids"]
     # Many questions share a paragraph: tokenise each distinct context once.
     unique = list(dict.fromkeys(contexts))
@@ -128,6 +134,7 @@ def encode_squad(
         return_offsets_mapping=True,
         return_attention_mask=False,
         return_token_type_ids=False,
+        verbose=False,
     )
     by_context = {c: (ids, offs) for c, ids, offs in zip(unique, c_enc["input_ids"], c_enc["offset_mapping"])}
     features: list[Feature] = []
