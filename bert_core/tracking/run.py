@@ -475,12 +475,8 @@ EXPERIMENT_KIND = "custom_model_development"
 
 
 def tag_experiment_kind(experiment: Any) -> None:
-    """Tag ``experiment`` (an MLflow ``Experiment``) as a model-training experiment unless it already is.
-
-    A kind someone chose in the UI is kept. Stages that start together all find the tag missing; on SQLite all
-    but the first then fail on the tag's unique key, which is no failure: the tag is there. Any other failure
-    only costs the UI's default view: logged, never raised.
-    """
+    """Tag ``experiment`` (an MLflow ``Experiment``) as a model-training experiment unless it already is (a
+    kind chosen in the UI is kept). A failure only costs the UI's default view: logged, never raised."""
     import mlflow
 
     client = mlflow.MlflowClient()
@@ -488,7 +484,7 @@ def tag_experiment_kind(experiment: Any) -> None:
     def tag() -> None:
         try:
             client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-        except Exception:
+        except Exception:  # stages that start together: on SQLite the later ones hit the tag's unique key
             if not client.get_experiment(experiment.experiment_id).tags.get(EXPERIMENT_KIND_TAG):
                 raise
 
