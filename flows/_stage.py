@@ -330,4 +330,10 @@ def stage(
             raise
         finally:
             _log_checks_dir(run, checks_dir)
+        log.info("%s: outputs in place: %s", run_name or name, ", ".join(_shown(o) for o in staged.finals))
         body.finish(run_name or name)
+
+
+def _shown(path: Path) -> str:
+    """``path`` as a log line names it: relative to the repository when inside it."""
+    return str(path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path)

@@ -49,9 +49,12 @@ def test_a_failing_metrics_write_keeps_every_previous_out(tmp_path, monkeypatch)
     assert _names(tmp_path) == before  # no temporaries
 
 
-def test_all_outs_are_committed_together(tmp_path):
+def test_all_outs_are_committed_together(tmp_path, caplog):
     out, metrics = _previous(tmp_path)
-    with stage("corpus", {}, out, metrics_path=metrics) as s:
+    with (
+        caplog.at_level("INFO", logger="bert_core.stage"),
+        stage("corpus", {}, out, metrics_path=metrics) as s,
+    ):
         _build(s[out])
         s.done({"documents": 2})
         assert metrics.read_text() == '{"old": true}'  # not before the block ends
@@ -67,3 +70,6 @@ def test_all_outs_are_committed_together(tmp_path):
         "metrics/details",
         "metrics/details/corpus.json",
     ]
+    # the log names the outputs where they now are, not where they were staged
+    details = metrics.parent / "details" / "corpus.json"
+    assert f"corpus: outputs in place: {out}, {metrics}, {details}" in caplog.messages

@@ -345,7 +345,7 @@ def save_model(model: torch.nn.Module, vocab_dir: Path, out_dir: Path, readme: s
         for name in TOKENIZER_FILES:
             if (vocab_dir / name).is_file():
                 shutil.copy2(vocab_dir / name, tmp / name)
-    log.info("model written to %s", out_dir)
+    log.debug("model written to %s", out_dir)  # a stage's runner names the committed outputs
     return out_dir
 
 
