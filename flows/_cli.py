@@ -171,8 +171,8 @@ def run_command(
     - 1 for an error of ``errors``: ``<name> failed<instance>: <Type>: <message>`` (others are raised);
     - 128 + N for signal N: ``<name> interrupted<instance>: stopped by <SIGNAL><after_stop>``, also when the
       signal arrives while an error is being reported;
-    - an interrupt's own ``exit_code`` (training that stopped itself after writing a checkpoint):
-      ``<name> interrupted<instance>: <message>``.
+    - an interrupt's own ``exit_code`` (training that stopped itself after writing a checkpoint), also when a
+      signal lands while it unwinds: ``<name> interrupted<instance>: <message>``.
     """
     old_handlers = install_signal_handlers()
     try:
@@ -182,9 +182,9 @@ def run_command(
             print(failure_line(f"{name} failed{instance()}", err), file=sys.stderr)
             return 1
     except BaseException as err:  # SIGINT/SIGTERM, also one arriving while an error above is handled
-        if not isinstance(err, Interrupted) and isinstance(getattr(err, "exit_code", None), int):
-            print(f"{name} interrupted{instance()}: {err}", file=sys.stderr)
-            return err.exit_code
+        if (own := _own_stop(err)) is not None:
+            print(f"{name} interrupted{instance()}: {own}", file=sys.stderr)
+            return own.exit_code
         signum = signal_of(err)
         if signum is None:
             raise
@@ -198,6 +198,19 @@ def run_command(
         return 128 + signum
     finally:
         restore_signal_handlers(old_handlers)
+
+
+def _own_stop(err: BaseException) -> Any:
+    """The interrupt ``err`` carries that stopped on its own after writing a checkpoint (training's, with an
+    ``exit_code``), also when a signal arrived while it unwound (a rank of several gets the stop from another
+    rank first, and its own signal later): ``None`` when there is none."""
+    seen: BaseException | None = err
+    while seen is not None:
+        stop = isinstance(seen, KeyboardInterrupt) and not isinstance(seen, Interrupted)
+        if stop and isinstance(getattr(seen, "exit_code", None), int):
+            return seen
+        seen = seen.__context__
+    return None
 
 
 def _uses_prefect() -> bool:

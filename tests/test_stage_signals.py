@@ -8,6 +8,7 @@ import sys
 import time
 import warnings
 import weakref
+from pathlib import Path
 
 import pytest
 
@@ -73,6 +74,21 @@ def _error_then_signal() -> None:
     raise Slow()
 
 
+def _training_stopped() -> None:
+    from bert_core.training.config import TrainingInterrupted
+
+    raise TrainingInterrupted(signal.SIGTERM, 61, Path("ck/step-00000061"))
+
+
+def _training_stopped_then_signal() -> None:
+    """Training stopped on another rank's word and wrote its checkpoint; this rank's own SIGTERM lands
+    while that stop unwinds (a rank of several whose launcher died)."""
+    try:
+        _training_stopped()
+    finally:
+        signal.raise_signal(signal.SIGTERM)
+
+
 @pytest.mark.parametrize(
     "body, errors, code, line",
     [
@@ -82,8 +98,29 @@ def _error_then_signal() -> None:
         (lambda: signal.raise_signal(signal.SIGINT), (Exception,), 130, "predict interrupted (in.jsonl): "),
         (lambda: signal.raise_signal(signal.SIGTERM), (), 143, "stopped by SIGTERM; nothing written"),
         (_error_then_signal, (Exception,), 143, "predict interrupted (in.jsonl): stopped by SIGTERM"),
+        (
+            _training_stopped,
+            (Exception,),
+            143,
+            "interrupted (in.jsonl): training stopped by SIGTERM after step 61",
+        ),
+        (
+            _training_stopped_then_signal,
+            (Exception,),
+            143,
+            "training stopped by SIGTERM after step 61; checkpoint",
+        ),
     ],
-    ids=["done", "own status", "error", "SIGINT", "SIGTERM", "signal while an error is reported"],
+    ids=[
+        "done",
+        "own status",
+        "error",
+        "SIGINT",
+        "SIGTERM",
+        "signal while an error is reported",
+        "training's own stop",
+        "signal while training's stop unwinds",
+    ],
 )
 def test_every_command_exits_by_one_rule_with_one_line(body, errors, code, line, capsys):
     """``run_command`` (stages, ``predict``, the pipeline): 0 or the body's status; 1 and one line for an
