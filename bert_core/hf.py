@@ -349,7 +349,7 @@ def load_state_dict_into(
     model.load_state_dict(loadable, strict=False)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
-    head = [k for k in fresh if new_head and not k.startswith("bert.")]
+    head = [k for k in fresh if new_head and not k.startswith(PREFIX)]
     if head:
         log.info("%s: the task head is new, initialised fresh: %s", type(model).__name__, head)
     if surprising := [k for k in fresh if k not in head]:

@@ -214,13 +214,17 @@ class PretrainParams(StrictModel):
         import torch
 
         gpus = torch.cuda.device_count() if self.device != "cpu" and torch.cuda.is_available() else 1
-        even = [n for n in range(1, max(gpus, 1) + 1) if all(p.global_batch % n == 0 for p in self.phases)]
-        n = even[-1]
+        splits = [k for k in range(1, gpus + 1) if all(p.global_batch % k == 0 for p in self.phases)]
+        n = splits[-1]  # 1 splits every batch
         if n < gpus:
             batches = "/".join(map(str, sorted({p.global_batch for p in self.phases})))
             log.warning(
-                f"processes: auto uses {n} of the {gpus} GPUs: global_batch {batches} splits evenly over "
-                f"{n} processes, not {gpus}"
+                "processes: auto uses %d of the %d GPUs: global_batch %s splits evenly over %d processes, not %d",
+                n,
+                gpus,
+                batches,
+                n,
+                gpus,
             )
         return n
 

@@ -481,7 +481,7 @@ def tag_experiment_kind(experiment: Any) -> None:
 
     client = mlflow.MlflowClient()
 
-    def tag() -> None:
+    def set_experiment_tag() -> None:  # the name the retry's warning shows
         try:
             client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         except Exception:  # stages that start together: on SQLite the later ones hit the tag's unique key
@@ -491,7 +491,7 @@ def tag_experiment_kind(experiment: Any) -> None:
     try:
         if (getattr(experiment, "tags", None) or {}).get(EXPERIMENT_KIND_TAG):
             return
-        retry_tracking(tag, attempts=3)()
+        retry_tracking(set_experiment_tag, attempts=3)()
     except Exception as err:  # the UI's default view only
         log.warning(
             "could not tag experiment %s as %s: %s", getattr(experiment, "name", "?"), EXPERIMENT_KIND, err
