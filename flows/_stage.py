@@ -27,7 +27,7 @@ from tabulate import tabulate
 
 from bert_core import tracking
 from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_json_atomic, write_text_atomic
-from bert_core.constants import REPO_ROOT
+from bert_core.constants import REPO_ROOT, repo_relative
 from bert_core.params import flatten
 from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
 from flows.stages import details_file, get
@@ -330,10 +330,7 @@ def stage(
             raise
         finally:
             _log_checks_dir(run, checks_dir)
-        log.info("%s: outputs in place: %s", run_name or name, ", ".join(_shown(o) for o in staged.finals))
+        log.info(
+            "%s: outputs in place: %s", run_name or name, ", ".join(repo_relative(o) for o in staged.finals)
+        )
         body.finish(run_name or name)
-
-
-def _shown(path: Path) -> str:
-    """``path`` as a log line names it: relative to the repository when inside it."""
-    return str(path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path)

@@ -118,10 +118,11 @@ GLUE_CASES = {
 
 
 @pytest.mark.parametrize("task", list(GLUE_CASES))
-def test_glue_task_end_to_end(task, tiny_model, data_root, tmp_path):
+def test_glue_task_end_to_end(task, tiny_model, data_root, tmp_path, monkeypatch):
     from bert_core.metrics import glue_metrics
     from bert_core.tasks import get_task, load_task_split
 
+    monkeypatch.setattr("bert_core.constants.REPO_ROOT", tmp_path)  # the outputs lie in "the repository"
     spec = get_task(task)
     params = _params()
     result = _run(task, params, tiny_model, data_root, tmp_path)
@@ -172,6 +173,10 @@ def test_glue_task_end_to_end(task, tiny_model, data_root, tmp_path):
 
     assert hf_task(model_dir) == serving_task(spec, params.for_task(task))
     assert FinetuneResult.load(tmp_path / task / "summary.json").metrics() == pytest.approx(metrics)
+    # The summary (a DVC output) names its files relative to the repository: the same bytes in every clone.
+    named = json.loads((tmp_path / task / "summary.json").read_text())["outputs"]
+    assert named["model"] == f"models/{task}" and f"{task}/{dev_file}" in named.values()
+    assert all(not Path(p).is_absolute() and (tmp_path / p).exists() for p in named.values())
 
 
 def test_squad_v1_real_dev_subset(tiny_model, data_root, tmp_path):

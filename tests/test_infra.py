@@ -117,3 +117,15 @@ def test_stage_run_logs_to_mlflow(tmp_path):
     with pytest.raises(ValueError), stage_run("unit", None) as failed:
         raise ValueError("boom")
     assert mlflow.get_run(failed.run_id).info.status == "FAILED"
+
+
+def test_a_path_is_named_relative_to_the_repository_only_when_inside_it(tmp_path, monkeypatch):
+    from bert_core.constants import REPO_ROOT, repo_relative
+
+    assert repo_relative(REPO_ROOT / "models" / "finetuned" / "sst2") == "models/finetuned/sst2"
+    monkeypatch.chdir(REPO_ROOT / "flows")
+    assert repo_relative("../results/finetune") == "results/finetune"  # relative to the working directory
+    assert repo_relative(tmp_path / "out") == str(tmp_path / "out")  # elsewhere: as given
+    link = tmp_path / "checkout"
+    link.symlink_to(REPO_ROOT)
+    assert repo_relative(link / "metrics" / "vocab.json") == "metrics/vocab.json"

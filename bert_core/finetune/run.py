@@ -28,6 +28,7 @@ import torch
 
 from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_json_atomic
 from bert_core.config import preset_for
+from bert_core.constants import repo_relative
 from bert_core.finetune.inference import load_tokenizer, predict
 from bert_core.finetune.params import FinetuneParams, TaskSettings
 from bert_core.finetune.reference import run_reference_trials
@@ -289,8 +290,8 @@ def _write_outputs(
         details[split] = score.details
     for split, d in data.test.items():
         predicted(split, d)
-    rel = {k: str(Path(out_dir) / Path(v).relative_to(tmp_out)) for k, v in paths.items()}
-    result.outputs = {"model": str(model_out), **rel}
+    rel = {k: repo_relative(Path(out_dir) / Path(v).relative_to(tmp_out)) for k, v in paths.items()}
+    result.outputs = {"model": repo_relative(model_out), **rel}
     summary = result.to_json()
     summary["details"] = details
     summary["data"] = {
