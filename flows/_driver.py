@@ -80,11 +80,11 @@ def read_stage_metrics(root: Path, files: tuple[str, ...]) -> dict[str, Any]:
 
 
 #: The stamp a stage's console line starts with: Prefect's console format (``21:43:43.399 | INFO    | ``) or
-#: :func:`flows._cli.configure_logging`'s (the same), or Python's default ``logging.basicConfig`` with a date
-#: (``2026-11-24 21:43:43,399 INFO ``).
+#: :func:`flows._cli.configure_logging`'s (the same), Python's default ``logging.basicConfig`` with a date
+#: (``2026-11-24 21:43:43,399 INFO ``), or MLflow's own handler's (``2026/11/24 21:43:43 INFO ``).
 _STAMP = re.compile(
-    r"^(?:\d{4}-\d{2}-\d{2} )?\d{2}:\d{2}:\d{2}[.,]\d{3}(?: \| | )(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)"
-    r"\s*(?:\| )?"
+    r"^(?:\d{4}[-/]\d{2}[-/]\d{2} )?\d{2}:\d{2}:\d{2}(?:[.,]\d{3})?(?: \| | )"
+    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*(?:\| )?"
 )
 
 

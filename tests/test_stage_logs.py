@@ -133,6 +133,7 @@ def test_a_stage_prints_a_library_line_once_with_one_time_stamp(tmp_path):
     [
         "21:43:43.399 | INFO    | bert_core.training.loop - step 25 train: loss=2.3",
         "2026-11-24 21:43:43,399 INFO bert_core.training.loop: step 25 train: loss=2.3",
+        "2026/11/24 21:43:43 INFO bert_core.training.loop: step 25 train: loss=2.3",  # MLflow's own format
     ],
 )
 def test_the_pipeline_relays_a_stage_line_without_its_stamp(line):
@@ -148,3 +149,21 @@ def test_a_relayed_warning_stays_a_warning_and_an_unstamped_line_is_kept():
 
     assert relayed("09:00:01.002 | WARNING | bert_core.x - low disk")[0] == logging.WARNING
     assert relayed("Running stage 'pretrain':") == (logging.INFO, "Running stage 'pretrain':")
+
+
+def test_a_stage_registering_a_model_prints_no_artifact_progress_bars(tmp_path):
+    """A registration reads back the model it has just logged; MLflow's progress bars for that copy said
+    nothing, twice per stage, in every stage log."""
+    script = (
+        "import sys, mlflow, flows\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from serving_models import register_all\n"
+        f"mlflow.set_tracking_uri('sqlite:///{tmp_path}/mlflow.db')\n"
+        f"register_all(__import__('pathlib').Path('{tmp_path}'), {{'bert-sst2': 'sst2'}})\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Downloading artifacts" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
