@@ -107,7 +107,8 @@ def follow_stage(stage: str, feed: StageFeed, root: str, metrics_files: tuple[st
     """One DVC stage as seen from the pipeline: its log lines, then its outcome and metrics."""
     logger = get_run_logger()
     for line in feed:
-        logger.log(*relayed(line))
+        if line.strip():  # DVC ends each stage with an empty line
+            logger.log(*relayed(line))
     metrics = read_stage_metrics(Path(root), metrics_files)
     if metrics:
         metrics_artifact(f"pipeline-{stage}", stage, metrics)

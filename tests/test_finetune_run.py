@@ -9,8 +9,10 @@ predictions against the official scorers, so the files and the metrics cannot dr
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -118,10 +120,11 @@ GLUE_CASES = {
 
 
 @pytest.mark.parametrize("task", list(GLUE_CASES))
-def test_glue_task_end_to_end(task, tiny_model, data_root, tmp_path, monkeypatch):
+def test_glue_task_end_to_end(task, tiny_model, data_root, tmp_path, monkeypatch, caplog):
     from bert_core.metrics import glue_metrics
     from bert_core.tasks import get_task, load_task_split
 
+    caplog.set_level(logging.INFO, "bert_core")
     monkeypatch.setattr("bert_core.constants.REPO_ROOT", tmp_path)  # the outputs lie in "the repository"
     spec = get_task(task)
     params = _params()
@@ -163,6 +166,9 @@ def test_glue_task_end_to_end(task, tiny_model, data_root, tmp_path, monkeypatch
     constant = "mean" if spec.kind == "regression" else "majority"
     assert f"baseline.{constant}.{spec.main_metric}" in metrics
     assert json.loads((tmp_path / task / "summary.json").read_text())["baselines"] == result.baselines
+    shown = [r.getMessage() for r in caplog.records if "trivial baselines" in r.getMessage()]
+    assert shown and shown[0].startswith(f"{task}: trivial baselines: {constant} "), caplog.text
+    assert not re.search(r"\d\.\d{5}|[{}]", shown[0]), shown[0]  # figures to 4 digits, not a dict's repr
     # The selected model is a Hugging Face directory that transformers loads with its head.
     model_dir = tmp_path / "models" / task
     assert (model_dir / "config.json").is_file() and (model_dir / "model.safetensors").is_file()

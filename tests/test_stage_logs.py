@@ -167,3 +167,17 @@ def test_a_stage_registering_a_model_prints_no_artifact_progress_bars(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Downloading artifacts" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+
+
+def test_the_relay_drops_dvcs_empty_lines(tmp_path, monkeypatch):
+    from flows import _driver
+
+    logged: list[tuple[int, str]] = []
+    logger = type("L", (), {"log": lambda self, level, text: logged.append((level, text))})()
+    monkeypatch.setattr(_driver, "get_run_logger", lambda: logger)
+    feed = _driver.StageFeed()
+    for line in ("Running stage 'vocab':", "09:00:01.002 | INFO    | bert_core.x - done", "", "  "):
+        feed.put(line)
+    feed.close("ran")
+    _driver.follow_stage.fn("vocab", feed, str(tmp_path), ())
+    assert logged == [(logging.INFO, "Running stage 'vocab':"), (logging.INFO, "bert_core.x - done")]

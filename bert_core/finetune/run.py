@@ -207,7 +207,13 @@ def finetune_task(
         baselines = get_kind(spec).baselines(
             spec, data.dev[spec.main_dev_split].rows, train_rows=data.train.rows
         )
-        log.info("%s: trivial baselines %s", spec.name, baselines)
+        log.info(
+            "%s: trivial baselines: %s",
+            spec.name,
+            "; ".join(
+                f"{n} " + ", ".join(f"{k}={v:.4g}" for k, v in m.items()) for n, m in baselines.items()
+            ),
+        )
         result = FinetuneResult(
             spec.name,
             spec.kind,
