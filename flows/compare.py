@@ -142,16 +142,36 @@ def comparison_rows(a: Side, b: Side, patterns: tuple[str, ...] = DEFAULT_METRIC
     return rows
 
 
+#: Tags that say what a fine-tuning run started from; compared beside its params.
+SOURCE_TAGS = ("pretrained_model_version", "pretrained_model")
+
+
+def setting_changes(a: Side, b: Side) -> list[dict[str, Any]]:
+    """One row per (task, setting) that differs between the sides, for the tasks both ran: the run's params
+    and what it started from (:data:`SOURCE_TAGS`). A metric delta reads only beside what changed."""
+    rows = []
+    for task in sorted(set(a.runs) & set(b.runs)):
+        ra, rb = a.runs[task].data, b.runs[task].data
+        sa = {**ra.params, **{k: ra.tags[k] for k in SOURCE_TAGS if k in ra.tags}}
+        sb = {**rb.params, **{k: rb.tags[k] for k in SOURCE_TAGS if k in rb.tags}}
+        for key in sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k)):
+            rows.append({"task": task, "setting": key, "a": sa.get(key), "b": sb.get(key)})
+    return rows
+
+
 def _fmt(value: float | None, signed: bool = False) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:+.4g}" if signed else f"{value:.4g}"
 
 
-def render(rows: list[dict[str, Any]], a: Side, b: Side, fmt: str = "text") -> str:
-    """The table as aligned text, Markdown, CSV or JSON."""
+def render(
+    rows: list[dict[str, Any]], a: Side, b: Side, fmt: str = "text", changes: list[dict[str, Any]] = ()
+) -> str:
+    """The metrics table as aligned text, Markdown, CSV or JSON; ``changes`` (the settings that differ,
+    :func:`setting_changes`) before it, except in CSV (one table)."""
     if fmt == "json":
-        return json.dumps({"a": a.label, "b": b.label, "rows": rows}, indent=2)
+        return json.dumps({"a": a.label, "b": b.label, "changes": list(changes), "rows": rows}, indent=2)
     header = ["task", "metric", "A", "B", "B - A"]
     body = [[r["task"], r["metric"], _fmt(r["a"]), _fmt(r["b"]), _fmt(r["delta"], signed=True)] for r in rows]
     if fmt == "csv":
@@ -164,9 +184,15 @@ def render(rows: list[dict[str, Any]], a: Side, b: Side, fmt: str = "text") -> s
     table = functools.partial(
         tabulate, body, header, colalign=("left", "left", "right", "right", "right"), disable_numparse=True
     )
-    if fmt == "markdown":
-        return f"A = {a.label}, B = {b.label}\n\n" + table(tablefmt="pipe")
-    return f"A = {a.label}\nB = {b.label}\n\n" + table(tablefmt="simple")
+    style = "pipe" if fmt == "markdown" else "simple"
+    sides = f"A = {a.label}, B = {b.label}" if fmt == "markdown" else f"A = {a.label}\nB = {b.label}"
+    differ = [[c["task"], c["setting"], c["a"] or "-", c["b"] or "-"] for c in changes]
+    if differ:
+        settings = tabulate(differ, ["task", "setting", "A", "B"], tablefmt=style, disable_numparse=True)
+        sides += f"\n\nSettings that differ:\n\n{settings}"
+    else:
+        sides += "\n\nSettings that differ: none (same params and starting model per task)"
+    return f"{sides}\n\n" + table(tablefmt=style)
 
 
 def ui_link(experiment_id: str, a: Side, b: Side, base: str = "http://127.0.0.1:5000") -> str:
@@ -188,8 +214,7 @@ def compare(spec_a: str, spec_b: str, patterns: tuple[str, ...] = DEFAULT_METRIC
             "(run the pipeline first, or set MLFLOW_TRACKING_URI to the store it wrote)"
         )
     a, b = select(client, spec_a, runs), select(client, spec_b, runs)
-    rows = comparison_rows(a, b, patterns)
-    text = render(rows, a, b, fmt)
+    text = render(comparison_rows(a, b, patterns), a, b, fmt, setting_changes(a, b))
     if fmt in ("text", "markdown"):
         text += f"\n\nSide by side in the MLflow UI (make ui): {ui_link(exp_id, a, b)}"
     return text

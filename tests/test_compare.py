@@ -14,7 +14,12 @@ from flows import compare
 
 
 def _log(
-    pipeline: str, task: str, metrics: dict[str, float], model: str = "bert-pretrained/1", **tags: str
+    pipeline: str,
+    task: str,
+    metrics: dict[str, float],
+    model: str = "bert-pretrained/1",
+    params: dict[str, str] | None = None,
+    **tags: str,
 ) -> str:
     mlflow.set_tracking_uri(tracking_uri())
     mlflow.set_experiment(FINETUNE_EXPERIMENT)
@@ -26,6 +31,7 @@ def _log(
     }
     with mlflow.start_run(tags={**all_tags, **tags}) as run:
         mlflow.log_metrics(metrics)
+        mlflow.log_params(params or {})
     return run.info.run_id
 
 
@@ -39,10 +45,17 @@ def _templates(tmp_path_factory):
         shutil.copy(root / "empty.db", root / "runs.db")
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/runs.db")
         # Two pipeline runs: p1 (model v1) then p2 (model v2); p2 reran sst2 and has a nested trial.
-        _log("p1-aaaa", "sst2", {"dev.accuracy": 80.0, "train.seconds": 10})
+        lr = "settings.learning_rates"
+        _log(
+            "p1-aaaa",
+            "sst2",
+            {"dev.accuracy": 80.0, "train.seconds": 10},
+            params={lr: "[2e-05]", "seeds": "1"},
+        )
         _log("p1-aaaa", "mrpc", {"dev.f1": 70.0, "dev.accuracy": 65.0})
         _log("p2-bbbb", "sst2", {"dev.accuracy": 81.0}, model="bert-pretrained/2")
-        _log("p2-bbbb", "sst2", {"dev.accuracy": 83.5}, model="bert-pretrained/2")  # the latest counts
+        latest = {lr: "[3e-05]", "seeds": "1"}  # the latest counts
+        _log("p2-bbbb", "sst2", {"dev.accuracy": 83.5}, model="bert-pretrained/2", params=latest)
         _log("p2-bbbb", "squad", {"dev.f1": 50.0, "dev.exact_match": 40.0}, model="bert-pretrained/2")
         runs = mlflow.search_runs(experiment_names=[FINETUNE_EXPERIMENT], output_format="list")
         _log(
@@ -86,6 +99,30 @@ def test_pipeline_runs_side_by_side(store):
     assert rows[("mrpc", "dev.f1")]["b"] is None and rows[("mrpc", "dev.f1")]["delta"] is None
     assert rows[("squad", "dev.f1")]["b"] == 50.0  # the top-level run, not the nested trial
     assert ("sst2", "train.seconds") not in rows  # default metric filter: dev*
+
+
+def test_the_settings_that_differ_are_shown_before_the_scores(store, capsys):
+    client = compare._client()
+    _, runs = compare.finetune_runs(client)
+    a, b = compare.select(client, "p1-aaaa", runs), compare.select(client, "p2-bbbb", runs)
+    assert compare.setting_changes(a, b) == [  # sst2 only: the one task both sides ran
+        {
+            "task": "sst2",
+            "setting": "pretrained_model_version",
+            "a": "bert-pretrained/1",
+            "b": "bert-pretrained/2",
+        },
+        {"task": "sst2", "setting": "settings.learning_rates", "a": "[2e-05]", "b": "[3e-05]"},
+    ]
+    assert compare.main(["p1-aaaa", "p2-bbbb"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        out.index("Settings that differ:") < out.index("settings.learning_rates") < out.index("dev.accuracy")
+    )
+    assert compare.main(["p2-bbbb", "latest"]) == 0
+    assert "Settings that differ: none" in capsys.readouterr().out
+    assert compare.main(["p1-aaaa", "p2-bbbb", "--format", "json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["changes"]) == 2
 
 
 def test_latest_prefix_and_model_versions(store):
