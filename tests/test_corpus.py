@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import signal
 import time
@@ -214,10 +215,14 @@ def test_exact_duplicates_dropped(shared_data, tmp_path):
     assert ids == {"a:x.txt", "b:z.txt"}  # the first occurrence wins
 
 
-def test_global_byte_cap_is_deterministic(shared_data, tmp_path):
+def test_global_byte_cap_is_deterministic(shared_data, tmp_path, caplog):
     root = make_root(shared_data, tmp_path)
     params = small_params(cap={"max_bytes": 60_000})
+    caplog.set_level(logging.INFO, "bert_core")
     s1 = build_corpus(params, tmp_path / "o1", data_root=root, workers=1)
+    line = f"corpus: {s1.documents:,} documents ({s1.documents_train:,} train, {s1.documents_heldout:,} held out)"
+    summary = [m for m in caplog.messages if m.startswith(line)]  # the stage's summary reads as a sentence
+    assert len(summary) == 1 and "; stopped at corpus.cap; " in summary[0] and "over_cap" in summary[0]
     s2 = build_corpus(params, tmp_path / "o2", data_root=root, workers=2)
     assert s1.bytes <= 60_000 and s1.capped and s1.dropped["over_cap"] >= 1
     assert (s1.documents, s1.bytes) == (s2.documents, s2.bytes)

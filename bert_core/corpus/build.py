@@ -310,5 +310,5 @@ def build_corpus(
             "unicode_version": unicodedata.unidata_version,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    log.info("corpus: %s", {k: v for k, v in stats.as_metrics().items() if not isinstance(v, dict)})
+    log.info("corpus: %s", stats.summary())
     return stats

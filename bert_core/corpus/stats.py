@@ -53,6 +53,22 @@ class CorpusStats:
     data_root: str = "hub"
     check_report: Any = None
 
+    def summary(self) -> str:
+        """One log line a reader takes in at a glance (every figure is also in :meth:`as_metrics`)."""
+        dropped = sum(self.dropped.values())
+        line = (
+            f"{self.documents:,} documents ({self.documents_train:,} train, {self.documents_heldout:,} held out), "
+            f"{self.sentences:,} sentences, {self.words:,} words, {self.bytes / 1e6:.3g} MB "
+            f"from {self.input_files:,} file(s) ({self.input_bytes / 1e6:.3g} MB read) in {self.elapsed_s:.1f} s"
+        )
+        notes = ["stopped at corpus.cap"] if self.capped else []
+        if dropped:
+            kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(self.dropped.items()))
+            notes.append(f"{dropped:,} documents dropped ({kinds})")
+        if self.utf8_replacements:
+            notes.append(f"{self.utf8_replacements:,} bad UTF-8 sequences replaced")
+        return "; ".join([line, *notes])
+
     def as_metrics(self) -> dict[str, Any]:
         mb_s = self.input_bytes / 1e6 / self.elapsed_s if self.elapsed_s > 0 else 0.0
         return {
