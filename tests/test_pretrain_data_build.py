@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -151,10 +152,14 @@ def test_same_bytes_with_one_or_two_workers(built, inputs, tmp_path):
     assert mismatch == [] and errors == []
 
 
-def test_seed_changes_the_output_and_dynamic_mode_stores_unmasked(inputs, tmp_path):
+def test_seed_changes_the_output_and_dynamic_mode_stores_unmasked(inputs, tmp_path, caplog):
     corpus, vocab = inputs
     kw = dict(corpus_dir=corpus, vocab_dir=vocab, run_checks=False)
-    build_pretrain_data(params(phases=["seq128"], seed=1), output_dir=tmp_path / "a", **kw)
+    caplog.set_level(logging.INFO, "bert_core")
+    built = build_pretrain_data(params(phases=["seq128"], seed=1), output_dir=tmp_path / "a", **kw)
+    train = built.metrics["seq128"]["train"]
+    said = f"pretrain_data seq128: {train['instances']:,} train instances ({train['tokens']:,} tokens, mean length"
+    assert sum(m.startswith(said) for m in caplog.messages) == 1, caplog.messages  # one summary per phase
     build_pretrain_data(params(phases=["seq128"], seed=2, masking="dynamic"), output_dir=tmp_path / "b", **kw)
     a = (tmp_path / "a/seq128/train/shard-00000.tokens.bin").read_bytes()
     b = (tmp_path / "b/seq128/train/shard-00000.tokens.bin").read_bytes()

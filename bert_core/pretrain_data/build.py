@@ -486,4 +486,18 @@ def build_pretrain_data(
             for report in result.reports:
                 report.raise_for_critical()
     result.seconds = time.perf_counter() - t0
+    for phase, splits in result.metrics.items():
+        train, heldout = splits["train"], splits["heldout"]
+        log.info(
+            "pretrain_data %s: %s train instances (%s tokens, mean length %.0f of %d, IsNext %.1f%%), "
+            "%s held out, in %.1f s",
+            phase,
+            f"{train['instances']:,}",
+            f"{train['tokens']:,}",
+            train["mean_length"],
+            train["max_seq_length"],
+            100 * train["is_next_share"],
+            f"{heldout['instances']:,}",
+            result.seconds,
+        )
     return result
