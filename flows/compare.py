@@ -15,6 +15,7 @@ import math
 import re
 import sys
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +167,7 @@ def _fmt(value: float | None, signed: bool = False) -> str:
 
 
 def render(
-    rows: list[dict[str, Any]], a: Side, b: Side, fmt: str = "text", changes: list[dict[str, Any]] = ()
+    rows: list[dict[str, Any]], a: Side, b: Side, fmt: str = "text", changes: Sequence[dict[str, Any]] = ()
 ) -> str:
     """The metrics table as aligned text, Markdown, CSV or JSON; ``changes`` (the settings that differ,
     :func:`setting_changes`) before it, except in CSV (one table)."""
