@@ -486,18 +486,11 @@ def build_pretrain_data(
             for report in result.reports:
                 report.raise_for_critical()
     result.seconds = time.perf_counter() - t0
-    for phase, splits in result.metrics.items():
-        train, heldout = splits["train"], splits["heldout"]
-        log.info(
-            "pretrain_data %s: %s train instances (%s tokens, mean length %.0f of %d, IsNext %.1f%%), "
-            "%s held out, in %.1f s",
-            phase,
-            f"{train['instances']:,}",
-            f"{train['tokens']:,}",
-            train["mean_length"],
-            train["max_seq_length"],
-            100 * train["is_next_share"],
-            f"{heldout['instances']:,}",
-            result.seconds,
+    for phase, m in result.metrics.items():
+        t, held_out = m["train"], f"{m['heldout']['instances']:,}"
+        made = (
+            f"{t['instances']:,} train instances ({t['tokens']:,} tokens, mean length {t['mean_length']:.0f} "
+            f"of {t['max_seq_length']}, IsNext {t['is_next_share']:.1%})"
         )
+        log.info("pretrain_data %s: %s, %s held out, in %.1f s", phase, made, held_out, result.seconds)
     return result
