@@ -238,7 +238,7 @@ def test_the_report_shows_ours_the_reference_checkpoint_and_random_init(tmp_path
     assert (
         "| sst2 | accuracy | 64 | 80.0 | 83.5 | -3.5 | 60.0 | +20.0 | 83.2 |" in md
     )  # Turc et al. BERT-Tiny
-    assert "Reference checkpoint: reference checkpoint X." in md
+    assert "Reference checkpoint X." in md and "Reference checkpoint: reference" not in md
 
 
 def test_the_report_says_why_there_is_no_reference_column(tmp_path):
@@ -255,7 +255,7 @@ def test_the_report_says_why_there_is_no_reference_column(tmp_path):
     (results / "sst2" / "summary.json").write_text(json.dumps(summary.to_json()))
     _, paths = evaluate_results(results, tmp_path / "m.json", tmp_path / "reports")
     md = re.sub(r" {2,}", " ", paths["markdown"].read_text())
-    assert f"reference checkpoint {missing} not found locally" in md
+    assert f"Reference checkpoint {missing} not found locally" in md
     assert "| sst2 | accuracy | 64 | 80.0 | – | – | – | – |" in md
 
 

@@ -33,8 +33,8 @@ def reference_notes(summary: EvaluationSummary) -> list[str]:
         if r.model.get(REFERENCE_STATUS_KEY)
     }
     if not notes:
-        return ["Reference checkpoint: none ran (no task sets reference_baseline: true)."]
-    return [f"Reference checkpoint: {n}." for n in sorted(notes)]
+        return ["No reference checkpoint ran (no task sets reference_baseline: true)."]
+    return [f"{n[:1].upper()}{n[1:]}." for n in sorted(notes)]  # each note names the reference checkpoint
 
 
 def reference_label(summary: EvaluationSummary) -> str | None:
