@@ -18,6 +18,7 @@ from bert_core.corpus import (
     build_corpus,
     iter_documents,
 )
+from bert_core.corpus.shards import read_manifest
 from bert_core.owned import mark_output
 from bert_core.params import ParamsError, load_params
 
@@ -62,15 +63,21 @@ def test_missing_path(tmp_path, prev_out):
     assert_untouched(prev_out)
 
 
-def test_non_utf8_is_replaced_and_counted(tmp_path):
+def test_non_utf8_is_replaced_counted_and_the_files_named(tmp_path, caplog):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "latin1.txt").write_bytes(("Caf\xe9 au lait. " + SENT * 3).encode("latin-1"))
     (tmp_path / "src" / "cp1252.txt").write_bytes(b"\x93Quoted\x94 text. " + SENT.encode() * 3 + b"\xff\xfe")
     (tmp_path / "src" / "good.txt").write_text(SENT * 4, encoding="utf-8")
     params = params_for({"name": "t", "kind": "text", "path": "src"})
-    stats = build_corpus(params, tmp_path / "out", data_root=tmp_path, workers=1)
+    with caplog.at_level("INFO", logger="bert_core.corpus"):
+        stats = build_corpus(params, tmp_path / "out", data_root=tmp_path, workers=1)
     assert stats.files_with_utf8_errors == 2
     assert stats.utf8_replacements == 1 + 2 + 2
+    bad = sorted(str(tmp_path / "src" / f) for f in ("cp1252.txt", "latin1.txt"))
+    assert sorted(read_manifest(tmp_path / "out")["utf8_error_files"]) == bad
+    named = [m.split(": ")[0] for m in caplog.messages if "not UTF-8" in m]  # one line per file: a warning
+    assert sorted(named) == bad  # for cp1252.txt (4 bytes of 320: no text file?), else an INFO line
+    assert any("5 bad UTF-8 sequences replaced in 2 file(s)" in m for m in caplog.messages)
     text = {d["doc_id"]: " ".join(d["sentences"]) for d in docs(tmp_path / "out")}
     assert text["t:latin1.txt"].startswith("Caf\ufffd au lait.")
     assert "\ufffdQuoted\ufffd text." in text["t:cp1252.txt"]

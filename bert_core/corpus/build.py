@@ -307,6 +307,7 @@ def build_corpus(
             # Everything but timings, so the directory is identical for any worker count.
             "stats": {k: v for k, v in stats.as_metrics().items() if k not in _RUN_DEPENDENT},
             "bad_record_examples": stats.bad_record_examples,
+            "utf8_error_files": stats.utf8_error_files,
             "unicode_version": unicodedata.unidata_version,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from bert_core.corpus.params import CorpusParams, SourceSpec
-from bert_core.corpus.readers import SourceFile
+from bert_core.corpus.readers import MAX_BAD_RECORD_EXAMPLES, SourceFile
 from bert_core.corpus.shards import SCHEMA, DocumentShardWriter
 from bert_core.corpus.stats import CorpusStats, UnitResult
 
@@ -101,7 +101,9 @@ class Merger:
         st.records += result.stats.records
         st.utf8_replacements += result.stats.utf8_replacements
         st.files_with_utf8_errors += result.stats.files_with_utf8_errors
-        if result.stats.utf8_replacements > BINARY_SHARE * max(result.stats.input_bytes, 1):
+        replaced, named = result.stats.utf8_replacements, st.utf8_error_files
+        binary = replaced > BINARY_SHARE * max(result.stats.input_bytes, 1)
+        if binary:
             log.warning(
                 "%s: %d of its %d bytes are not UTF-8 (each replaced by U+FFFD in the corpus): is it a text "
                 "file? Leave it out (the source's exclude) or convert it to UTF-8",
@@ -109,10 +111,14 @@ class Merger:
                 result.stats.utf8_replacements,
                 result.stats.input_bytes,
             )
+        if replaced and str(unit.path) not in named and len(named) < MAX_BAD_RECORD_EXAMPLES:
+            named.append(str(unit.path))  # a file read in several units is named once
+            if not binary:
+                log.info("%s: bytes that are not UTF-8, each sequence replaced by U+FFFD", unit.path)
         st.gutenberg_stripped += result.stats.gutenberg_stripped
         st.units_stopped_early += int(result.stats.stopped_early)
         st.dropped.update(result.stats.dropped)
-        room = 20 - len(st.bad_record_examples)
+        room = MAX_BAD_RECORD_EXAMPLES - len(st.bad_record_examples)
         st.bad_record_examples.extend(result.stats.bad_record_examples[: max(room, 0)])
         if result.path is None:
             return

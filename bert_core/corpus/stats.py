@@ -43,6 +43,7 @@ class CorpusStats:
     gutenberg_stripped: int = 0
     units_stopped_early: int = 0
     bad_record_examples: list[str] = field(default_factory=list)
+    utf8_error_files: list[str] = field(default_factory=list)  # the first 20 files with bytes replaced
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
     capped: bool = False
     shards_train: int = 0
@@ -66,7 +67,10 @@ class CorpusStats:
             kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(self.dropped.items()))
             notes.append(f"{dropped:,} documents dropped ({kinds})")
         if self.utf8_replacements:
-            notes.append(f"{self.utf8_replacements:,} bad UTF-8 sequences replaced")
+            notes.append(
+                f"{self.utf8_replacements:,} bad UTF-8 sequences replaced in {self.files_with_utf8_errors:,} "
+                "file(s) (logged above, listed in the manifest)"
+            )
         return "; ".join([line, *notes])
 
     def as_metrics(self) -> dict[str, Any]:
