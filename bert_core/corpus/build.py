@@ -307,9 +307,10 @@ def build_corpus(
             # Everything but timings, so the directory is identical for any worker count.
             "stats": {k: v for k, v in stats.as_metrics().items() if k not in _RUN_DEPENDENT},
             "bad_record_examples": stats.bad_record_examples,
-            "utf8_error_files": stats.utf8_error_files,
             "unicode_version": unicodedata.unidata_version,
         }
+        if stats.utf8_error_files:  # only then: a clean corpus's manifest stays byte for byte as it was
+            manifest["utf8_error_files"] = stats.utf8_error_files
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     log.info("corpus: %s", stats.summary())
     return stats
