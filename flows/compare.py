@@ -190,9 +190,9 @@ def render(
     differ = [[c["task"], c["setting"], c["a"] or "-", c["b"] or "-"] for c in changes]
     if differ:
         settings = tabulate(differ, ["task", "setting", "A", "B"], tablefmt=style, disable_numparse=True)
-        sides += f"\n\nSettings that differ:\n\n{settings}"
+        sides += f"\n\nSettings that differ (tasks both sides ran):\n\n{settings}"
     else:
-        sides += "\n\nSettings that differ: none (same params and starting model per task)"
+        sides += "\n\nSettings that differ (tasks both sides ran): none"
     return f"{sides}\n\n" + table(tablefmt=style)
 
 

@@ -117,10 +117,10 @@ def test_the_settings_that_differ_are_shown_before_the_scores(store, capsys):
     assert compare.main(["p1-aaaa", "p2-bbbb"]) == 0
     out = capsys.readouterr().out
     assert (
-        out.index("Settings that differ:") < out.index("settings.learning_rates") < out.index("dev.accuracy")
+        out.index("Settings that differ") < out.index("settings.learning_rates") < out.index("dev.accuracy")
     )
     assert compare.main(["p2-bbbb", "latest"]) == 0
-    assert "Settings that differ: none" in capsys.readouterr().out
+    assert "Settings that differ (tasks both sides ran): none" in capsys.readouterr().out
     assert compare.main(["p1-aaaa", "p2-bbbb", "--format", "json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["changes"]) == 2
 
