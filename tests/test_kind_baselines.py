@@ -66,6 +66,31 @@ def test_stsb_mean_scores_zero_correlation_and_ridge_is_scored_with_pearson_spea
     assert set(out["tfidf_ridge"]) == {"pearson", "spearman"} and out["tfidf_ridge"]["pearson"] > 0
 
 
+def test_pairs_get_a_word_overlap_baseline_that_sees_what_the_sides_share():
+    rte = get_task("rte")  # entailment (0) when the hypothesis repeats the premise, else not (1)
+    words = ["sun", "rain", "snow", "wind", "fog", "hail", "dust", "heat"]
+    train = [
+        _sentence(i, f"the {w} came", int(i % 2 == 1), text_b=f"the {w} came" if i % 2 == 0 else "a cat sat")
+        for i, w in enumerate(words * 5)
+    ]
+    dev = [  # words never seen in training: only the overlap tells the label
+        _sentence(100, "blue ocean waves", 0, text_b="blue ocean waves"),
+        _sentence(101, "blue ocean waves", 1, text_b="green hills far"),
+    ]
+    out = get_kind(rte).baselines(rte, dev, train_rows=train)
+    assert out["word_overlap"] == {"accuracy": 100.0} and out["tfidf_logreg"]["accuracy"] < 100.0
+    stsb = get_task("stsb")  # the score grows with the words the sides share
+    base = "one two three four"
+    scored = [
+        _sentence(i, base, float(k), text_b=" ".join(base.split()[:k] + ["x", "y", "z", "w"][k:]))
+        for i, k in enumerate([0, 1, 2, 3, 4] * 4)
+    ]
+    out = get_kind(stsb).baselines(stsb, scored[:5], train_rows=scored)
+    assert out["word_overlap"]["spearman"] == pytest.approx(100.0)
+    sst2 = get_task("sst2")  # a single sentence has nothing to overlap with
+    assert "word_overlap" not in get_kind(sst2).baselines(sst2, SST2_DEV, train_rows=SST2_TRAIN)
+
+
 def test_unlabelled_rows_give_no_baselines():
     spec = get_task("sst2")
     test_rows = [dict(r, label=None) for r in SST2_DEV]

@@ -27,6 +27,7 @@ BASELINE_NOTES = {
     "mean": "the mean training score for every pair (correlation 0)",
     "tfidf_logreg": "TF-IDF 1-2 grams + logistic regression, fitted on the same training rows",
     "tfidf_ridge": "TF-IDF 1-2 grams + ridge regression, fitted on the same training rows",
+    "word_overlap": "the pair's word overlap (TF-IDF cosine, shared words) + a linear model, same training rows",
     "lexicon": "CoNLL-2003's baseline: training entity phrases of a single type, longest first",
     "tfidf_ending": "TF-IDF of the ending alone + logistic regression, best-scored ending",
 }
