@@ -89,8 +89,9 @@ def _word_overlap(estimator: Any) -> Any:
 
 
 class OverlapFeatures:
-    """A pair's ``text_a`` and ``text_b`` -> (TF-IDF cosine, shared share of word types), the TF-IDF
-    (unigrams) fitted on both sides of the training pairs: a scikit-learn transformer without parameters."""
+    """A pair's ``text_a`` and ``text_b`` -> (the cosine of their TF-IDF vectors, the share of their word
+    types in common), the TF-IDF (unigrams) fitted on both sides of the training pairs: a scikit-learn
+    transformer without parameters."""
 
     def fit(self, x: Any, y: Any = None) -> OverlapFeatures:
         self.vectorizer_ = _vectorizer().set_params(ngram_range=(1, 1))
@@ -190,7 +191,11 @@ def sequence_baselines(
             "tfidf_logreg": _tuned(_text_pipeline(logreg, pairs), y_train, regression=False),
         }
     if pairs:
-        overlap = LinearRegression() if regression else LogisticRegression(random_state=RANDOM_STATE)
+        overlap = (
+            LinearRegression()
+            if regression
+            else LogisticRegression(max_iter=MAX_ITER, random_state=RANDOM_STATE)
+        )
         models["word_overlap"] = _word_overlap(overlap)
     out: Baselines = {}
     for name, model in models.items():
