@@ -150,11 +150,13 @@ SOURCE_TAGS = ("pretrained_model_version", "pretrained_model")
 def setting_changes(a: Side, b: Side) -> list[dict[str, Any]]:
     """One row per (task, setting) that differs between the sides, for the tasks both ran: the run's params
     and what it started from (:data:`SOURCE_TAGS`). A metric delta reads only beside what changed."""
+
+    def settings(run: Any) -> dict[str, str]:
+        return {**run.data.params, **{k: run.data.tags[k] for k in SOURCE_TAGS if k in run.data.tags}}
+
     rows = []
     for task in sorted(set(a.runs) & set(b.runs)):
-        ra, rb = a.runs[task].data, b.runs[task].data
-        sa = {**ra.params, **{k: ra.tags[k] for k in SOURCE_TAGS if k in ra.tags}}
-        sb = {**rb.params, **{k: rb.tags[k] for k in SOURCE_TAGS if k in rb.tags}}
+        sa, sb = settings(a.runs[task]), settings(b.runs[task])
         for key in sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k)):
             rows.append({"task": task, "setting": key, "a": sa.get(key), "b": sb.get(key)})
     return rows

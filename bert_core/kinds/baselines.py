@@ -90,8 +90,8 @@ def _word_overlap(estimator: Any) -> Any:
 
 class OverlapFeatures:
     """A pair's ``text_a`` and ``text_b`` -> (the cosine of their TF-IDF vectors, the share of their word
-    types in common), the TF-IDF (unigrams) fitted on both sides of the training pairs: a scikit-learn
-    transformer without parameters."""
+    types in common), the TF-IDF (unigrams) fitted on both sides of the training pairs: a step of a
+    scikit-learn pipeline (``fit``/``transform``; it has no parameters to search)."""
 
     def fit(self, x: Any, y: Any = None) -> OverlapFeatures:
         self.vectorizer_ = _vectorizer().set_params(ngram_range=(1, 1))
@@ -105,12 +105,6 @@ class OverlapFeatures:
         shared = [(set(words(ta)), set(words(tb))) for ta, tb in zip(x["text_a"], x["text_b"], strict=True)]
         jaccard = np.array([len(wa & wb) / max(len(wa | wb), 1) for wa, wb in shared])
         return np.column_stack([cosine, jaccard])
-
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {}
-
-    def set_params(self, **params: Any) -> OverlapFeatures:
-        return self
 
 
 def _tuned(pipeline: Any, y: Sequence[Any], *, regression: bool) -> Any:
