@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -69,9 +70,25 @@ class SyntheticLoader:
             yield from self.batches
 
 
-def _kernel_table(prof: Any, steps: int, top: int) -> tuple[list[dict], float]:
-    """The ``top`` kernels by time on the device (without one: operators by self time on the host), per step,
-    and the milliseconds a step that all of them take together: against the step time, how busy the device is.
+#: Kernel (or, on a CPU, operator) names by what they do, first match wins: where a step's time goes.
+KERNEL_GROUPS = [
+    (group, re.compile(p, re.I))
+    for group, p in (
+        ("attention", r"flash|fmha|attention|mem_eff|scaled_dot_product"),
+        ("matmul", r"gemm|cutlass|nvjet|xmma|cublas|aten::(mm|addmm|bmm|matmul|linear)\b"),
+        ("optimizer", r"multi_tensor|adam|foreach"),
+        ("fused elementwise (compiled)", r"^triton_"),
+        ("copy and fill", r"memcpy|memset|copy_|fill_"),
+        ("reduction and elementwise (eager)", r"elementwise|reduce|vectorized|softmax|norm|dropout|gelu"),
+        ("communication", r"nccl"),
+    )
+]
+
+
+def _kernel_table(prof: Any, steps: int, top: int) -> tuple[list[dict], float, dict]:
+    """The ``top`` kernels by time on the device (without one: operators by self time on the host), per step;
+    the milliseconds a step that all of them take together (against the step time, how busy the device is);
+    and every kernel's time summed by what it does (``KERNEL_GROUPS``).
 
     On a device only the device's own events count, not the host operators that launched them nor the
     annotations around them (both carry the same time again): the rule of torch's own ``table()`` total.
@@ -87,6 +104,11 @@ def _kernel_table(prof: Any, steps: int, top: int) -> tuple[list[dict], float]:
         return float(e.self_device_time_total if on_device else e.self_cpu_time_total)
 
     total = sum(own(e) for e in rows) or 1.0
+    groups: dict[str, float] = {}
+    for e in rows:
+        group = next((g for g, pattern in KERNEL_GROUPS if pattern.search(e.key)), "other")
+        groups[group] = groups.get(group, 0.0) + own(e)
+    by_group = {g: {"ms_per_step": t / 1000 / steps, "share": t / total} for g, t in groups.items()}
     table = [
         {
             "name": e.key if len(e.key) <= 100 else e.key[:99] + "…",
@@ -97,7 +119,7 @@ def _kernel_table(prof: Any, steps: int, top: int) -> tuple[list[dict], float]:
         }
         for e in sorted(rows, key=own, reverse=True)[:top]
     ]
-    return table, total / 1000 / steps
+    return table, total / 1000 / steps, dict(sorted(by_group.items(), key=lambda kv: -kv[1]["ms_per_step"]))
 
 
 def run(
@@ -170,7 +192,9 @@ def run(
         "wall_s": total,
     }
     if profiler is not None:
-        out["top_kernels"], out["busy_ms_per_step"] = _kernel_table(profiler, warm, profile_top)
+        out["top_kernels"], out["busy_ms_per_step"], out["kernel_groups"] = _kernel_table(
+            profiler, warm, profile_top
+        )
     del model
     if device == "cuda":
         torch.cuda.empty_cache()

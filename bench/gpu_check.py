@@ -458,6 +458,13 @@ def markdown(summary: dict) -> str:
                     f"{row['step_time_ms']:.1f}-ms step)",
                     "",
                     *_table(row["top_kernels"], ["name", "ms_per_step", "share", "calls_per_step", "clock"]),
+                    "",
+                    "All of them by what they do:",
+                    "",
+                    *_table(
+                        [{"group": g, **v} for g, v in row.get("kernel_groups", {}).items()],
+                        ["group", "ms_per_step", "share"],
+                    ),
                 ]
     for seq in (128, 512):
         cmp = parts.get(f"pretrain_compare_{seq}", {}).get("result", {})

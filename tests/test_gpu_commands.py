@@ -107,8 +107,11 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
     assert [r["preset"] for r in summary["parts"]["pretrain_large"]["result"]["rows"]] == ["tiny"]
     top = summary["parts"]["pretrain_loop"]["result"]["rows"][0]["top_kernels"]
     assert len(top) == 15 and top[0]["ms_per_step"] >= top[-1]["ms_per_step"] > 0
+    groups = summary["parts"]["pretrain_loop"]["result"]["rows"][0]["kernel_groups"]
+    assert "matmul" in groups and abs(sum(g["share"] for g in groups.values()) - 1) < 1e-6
     md = (out / "summary.md").read_text()
     assert "## Fine-tuning" in md and "Device: cpu; Python 3." in md and "### Where a step goes" in md
+    assert "All of them by what they do" in md
 
 
 def test_the_part_options_reach_the_parts_and_the_command_for_the_rest(bare_env, tmp_path):
@@ -231,11 +234,18 @@ def test_the_kernel_table_counts_each_kernel_once_not_the_operator_or_annotation
         event("triton_poi_fused_gelu", DeviceType.CUDA, 1000),
     ]
     prof = SimpleNamespace(key_averages=lambda: events)
-    rows, busy = _kernel_table(prof, steps=2, top=15)
+    rows, busy, groups = _kernel_table(prof, steps=2, top=15)
     assert [(r["name"], r["ms_per_step"], r["share"], r["calls_per_step"]) for r in rows] == [
         ("nvjet_gemm", 1.5, 0.75, 2),
         ("triton_poi_fused_gelu", 0.5, 0.25, 2),
     ]
     assert busy == 2.0 and {r["clock"] for r in rows} == {"device"}
-    host_rows, _ = _kernel_table(SimpleNamespace(key_averages=lambda: events[:1]), steps=2, top=15)
+    assert groups == {
+        "matmul": {"ms_per_step": 1.5, "share": 0.75},
+        "fused elementwise (compiled)": {"ms_per_step": 0.5, "share": 0.25},
+    }
+    host_rows, _, host_groups = _kernel_table(
+        SimpleNamespace(key_averages=lambda: events[:1]), steps=2, top=15
+    )
     assert host_rows[0]["clock"] == "host" and host_rows[0]["ms_per_step"] == 0.025
+    assert list(host_groups) == ["matmul"]
