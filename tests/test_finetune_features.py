@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bert_core.constants import IGNORE_INDEX
-from bert_core.finetune.collate import LengthGroupedBatchSampler, make_loader, pad_collate
+from bert_core.finetune.collate import LengthGroupedBatchSampler, make_loader, pad_collate, width_multiple
 from bert_core.kinds import FeatureError
 from bert_core.kinds.multiple_choice import encode_multiple_choice
 from bert_core.kinds.sequence import encode_sequence_pairs
@@ -218,6 +218,11 @@ def test_pad_collate_dynamic_padding():
         [{"input_ids": [1, 2], "token_type_ids": [0, 1], "start_positions": 1, "end_positions": 1}]
     )
     assert qa["start_positions"].tolist() == [1] and "labels" not in qa
+
+
+def test_a_gpu_rounds_batch_widths_up_to_a_multiple_of_8_and_a_cpu_pads_to_the_exact_width():
+    assert width_multiple("cuda") == width_multiple(torch.device("cuda", 1)) == 8
+    assert width_multiple("cpu") is None and width_multiple(torch.device("cpu")) is None
 
 
 def test_length_grouped_batches():

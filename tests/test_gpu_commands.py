@@ -102,7 +102,7 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
     tests = summary["parts"]["tests"]["result"]
     assert tests["counts"]["skipped"] >= 8 and tests["counts"]["failure"] == tests["counts"]["error"] == 0
     fine = summary["parts"]["finetune"]["result"]["rows"]
-    assert [r["contender"] for r in fine] == ["ours", "ours_pad8", "transformers"]
+    assert [r["contender"] for r in fine] == ["ours", "ours_exact_widths", "transformers"]
     assert all(r["examples_per_s"] > 0 and r["widths"] >= 1 for r in fine)
     assert [r["preset"] for r in summary["parts"]["pretrain_large"]["result"]["rows"]] == ["tiny"]
     top = summary["parts"]["pretrain_loop"]["result"]["rows"][0]["top_kernels"]

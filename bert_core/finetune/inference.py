@@ -19,7 +19,12 @@ import torch
 from torch import nn
 
 from bert_core.constants import TOKENIZER_VOCAB_FILES
-from bert_core.finetune.collate import LengthGroupedBatchSampler, feature_length, pad_collate
+from bert_core.finetune.collate import (
+    LengthGroupedBatchSampler,
+    feature_length,
+    pad_collate,
+    width_multiple,
+)
 from bert_core.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -89,8 +94,9 @@ def predict(
         # make_loader's evaluation batches (longest first), collated in place: a DataLoader adds ~1 ms per call
         sampler = LengthGroupedBatchSampler([feature_length(f) for f in features], batch_size, shuffle=False)
         progress = Progress(label, len(sampler), noun="batch", logger=log) if label else None
+        multiple = width_multiple(device)
         for index in sampler:
-            batch = pad_collate([features[i] for i in index])
+            batch = pad_collate([features[i] for i in index], pad_to_multiple_of=multiple)
             inputs = {k: batch[k].to(device) for k in MODEL_INPUTS}
             with autocast(device, precision):
                 result = model(**inputs)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from bert_core.finetune.collate import make_loader
+from bert_core.finetune.collate import make_loader, width_multiple
 from bert_core.finetune.inference import MODEL_INPUTS, TARGETS, predict
 from bert_core.finetune.params import TaskSettings
 from bert_core.finetune.results import TrialResult
@@ -27,6 +27,7 @@ from bert_core.kinds import SplitScore, get_kind
 from bert_core.progress import Progress
 from bert_core.tasks import TaskSpec
 from bert_core.training import Objective, StepOutput, Trainer
+from bert_core.training.distributed import resolve_device
 from bert_core.unpad import set_unpad
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,7 @@ def run_trial(
         settings.batch_size,
         shuffle=True,
         seed=seed,
+        pad_to_multiple_of=width_multiple(resolve_device(device)),
         group_by_length=settings.group_by_length,
     )
     eval_seconds: list[float] = []
