@@ -132,10 +132,14 @@ def run(
     precision: str,
     device: str,
     profile_top: int = 0,
+    overrides: dict[str, Any] | None = None,
 ) -> dict:
     """``warm`` untimed steps, ``steps`` timed ones; with ``profile_top``, one more window of ``warm`` steps under
-    ``torch.profiler`` (after the timed ones, so its overhead stays out of the figures): the top kernels."""
-    cfg = BertConfig.from_preset(preset, vocab_size=VOCAB, hidden_dropout_prob=0.1)
+    ``torch.profiler`` (after the timed ones, so its overhead stays out of the figures): the top kernels.
+    ``overrides``: ``BertConfig`` fields changed from the preset's (an ablation: ``hidden_dropout_prob=0``)."""
+    cfg = BertConfig.from_preset(
+        preset, vocab_size=VOCAB, **{"hidden_dropout_prob": 0.1, **(overrides or {})}
+    )
     torch.manual_seed(0)
     model = BertForPreTraining(cfg)
     objective = PretrainingObjective.for_config(cfg)

@@ -64,6 +64,7 @@ CAPS = {
     "tests": 150,
     "pretrain_loop": 200,
     "pretrain_large": 180,
+    "pretrain_ablate": 240,
     "pretrain_compare_128": 240,
     "pretrain_compare_512": 240,
     "finetune": 100,
@@ -187,6 +188,44 @@ def _loop_rows(args: argparse.Namespace, preset: str, plan: list[tuple[int, int]
 
 def part_pretrain_loop(args: argparse.Namespace) -> dict:
     return _loop_rows(args, "base", [(128, 256), (512, 64)], profile=True)
+
+
+#: Where BERT-Base's step at 128 loses to the matrix products, one change at a time against the recipe:
+#: dropout's share of the fused elementwise kernels, and the host's share (a batch twice as large halves the
+#: per-sequence cost of whatever the host does once a step).
+ABLATIONS = (
+    ("recipe", 256, {}),
+    ("no dropout", 256, {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}),
+    ("micro batch 512", 512, {}),
+)
+
+
+def part_pretrain_ablate(args: argparse.Namespace) -> dict:
+    from bench.bench_gpu_pretrain import run
+
+    if args.tiny:
+        preset, seq_len, scale = "tiny", 64, 1 / 64
+        kw = {"steps": 2, "warm": 1, "compile_": False, "precision": "fp32"}
+    else:
+        preset, seq_len, scale = "base", 128, 1
+        kw = {"steps": 20, "warm": 10, "compile_": True, "precision": "bf16"}
+    rows = []
+    for variant, batch, overrides in ABLATIONS:
+        row = run(
+            preset=preset,
+            seq_len=seq_len,
+            batch=max(1, int(batch * scale)),
+            device=args.device,
+            profile_top=3,
+            overrides=overrides,
+            **kw,
+        )
+        groups = row.pop("kernel_groups")
+        row = {"variant": variant, **row, **{f"{g} ms": v["ms_per_step"] for g, v in groups.items()}}
+        row["host_gap_ms"] = row["step_time_ms"] - row["busy_ms_per_step"]
+        rows.append(row)
+        _progress(row)
+    return {"rows": rows}
 
 
 def part_pretrain_large(args: argparse.Namespace) -> dict:
@@ -466,6 +505,16 @@ def markdown(summary: dict) -> str:
                         ["group", "ms_per_step", "share"],
                     ),
                 ]
+    ablate = parts.get("pretrain_ablate", {}).get("result", {}).get("rows", [])
+    if ablate:
+        cols = ["variant", "batch", "seq_per_s", "mfu", "step_time_ms", "busy_ms_per_step", "host_gap_ms"]
+        cols += ["matmul ms", "fused elementwise (compiled) ms", "attention ms"]
+        lines += [
+            "",
+            "## Where the step loses, one change at a time (the loop, profiled)",
+            "",
+            *_table(ablate, cols),
+        ]
     for seq in (128, 512):
         cmp = parts.get(f"pretrain_compare_{seq}", {}).get("result", {})
         if cmp.get("rows"):

@@ -80,6 +80,7 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
         "tests",
         "pretrain_loop",
         "pretrain_large",
+        "pretrain_ablate",
         "pretrain_compare_512",
         "finetune",
     )  # _128: same code
@@ -109,7 +110,11 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
     assert len(top) == 15 and top[0]["ms_per_step"] >= top[-1]["ms_per_step"] > 0
     groups = summary["parts"]["pretrain_loop"]["result"]["rows"][0]["kernel_groups"]
     assert "matmul" in groups and abs(sum(g["share"] for g in groups.values()) - 1) < 1e-6
+    ablate = summary["parts"]["pretrain_ablate"]["result"]["rows"]
+    assert [r["variant"] for r in ablate] == ["recipe", "no dropout", "micro batch 512"]
+    assert all(r["seq_per_s"] > 0 and "matmul ms" in r and "host_gap_ms" in r for r in ablate)
     md = (out / "summary.md").read_text()
+    assert "## Where the step loses" in md
     assert "## Fine-tuning" in md and "Device: cpu; Python 3." in md and "### Where a step goes" in md
     assert "All of them by what they do" in md
 
