@@ -92,7 +92,7 @@ def test_pretraining_step_is_one_graph():
     assert (graphs, breaks) == (1, 0), reasons
 
 
-def test_labels_path_is_one_graph_once_data_dependent_sizes_are_allowed(monkeypatch):
+def test_labels_path_is_one_graph_once_data_dependent_sizes_are_allowed():
     """Transformers-style ``labels`` gather the N labelled positions (a ``nonzero``): one graph when
     Dynamo may keep N symbolic, as the Trainer lets it under compile; the loss has no branch on N (with
     none labelled it is 0, not NaN). Without that setting the gather itself breaks it."""
@@ -105,16 +105,18 @@ def test_labels_path_is_one_graph_once_data_dependent_sizes_are_allowed(monkeypa
     rows = torch.arange(B)[:, None].expand(B, P)
     labels[rows[real], batch.pop("masked_lm_positions")[real]] = batch.pop("masked_lm_ids")[real]
     batch["labels"] = labels
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", False)
-    _, breaks, _ = graphs_and_breaks(lambda b: model(**b).loss, batch)
+    # config.patch, not monkeypatch: torch's config module hides a key that monkeypatch deletes on undo,
+    # and every later compile in the process then fails to read it
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=False):
+        _, breaks, _ = graphs_and_breaks(lambda b: model(**b).loss, batch)
     assert breaks > 0
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
-    graphs, breaks, reasons = graphs_and_breaks(lambda b: model(**b).loss, batch)
-    assert (graphs, breaks) == (1, 0), reasons
-    none = batch | {"labels": torch.full((B, T), IGNORE_INDEX)}
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(**none).mlm_loss, torch.tensor(0.0))
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        graphs, breaks, reasons = graphs_and_breaks(lambda b: model(**b).loss, batch)
+        assert (graphs, breaks) == (1, 0), reasons
+        none = batch | {"labels": torch.full((B, T), IGNORE_INDEX)}
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(**none).mlm_loss, torch.tensor(0.0))
 
 
 def test_compiled_pretraining_loss_and_grads_match_eager():
@@ -191,3 +193,29 @@ def test_inductor_pretraining_step_matches_eager():
     eager = model(**batch).loss
     compiled = torch.compile(model, fullgraph=True)
     torch.testing.assert_close(compiled(**batch).loss, eager, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_trainer_in_cuda_graph_mode_marks_every_step_and_trains_as_the_default_mode(monkeypatch):
+    """``compile_mode="reduce-overhead"``: on a CPU there is no graph to capture, so the losses equal the
+    default mode's; each micro-step is marked as a new CUDA-graph step (``pytest -m gpu`` runs it captured)."""
+    from bert_core.training import TrainConfig, Trainer
+
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+
+    class Batches:
+        def __iter__(self):
+            while True:
+                yield pretraining_batch(padded=True)
+
+    losses = {}
+    for mode in (None, "reduce-overhead"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = BertForPreTraining(tiny_config())
+        config = TrainConfig(max_steps=3, lr=1e-3, compile=True, compile_mode=mode, log_every=1, device="cpu")
+        fit = Trainer(model, PretrainingObjective.for_config(model.config), Batches(), config).fit()
+        losses[mode] = [row["loss"] for row in fit.history if row["kind"] == "train"]
+    assert len(marks) == 3
+    assert losses["reduce-overhead"] == pytest.approx(losses[None], rel=1e-5)
