@@ -47,11 +47,19 @@ class _Cycle:
             yield from self.batches
 
 
-def _fit(precision: str, steps: int = 4, compile_: bool = False) -> tuple[BertForPreTraining, dict]:
+def _fit(
+    precision: str, steps: int = 4, compile_: bool = False, mode: str | None = None
+) -> tuple[BertForPreTraining, dict]:
     torch.manual_seed(0)
     model = BertForPreTraining(tiny_config())
     cfg = TrainConfig(
-        max_steps=steps, lr=1e-3, precision=precision, compile=compile_, log_every=1, device="cuda"
+        max_steps=steps,
+        lr=1e-3,
+        precision=precision,
+        compile=compile_,
+        compile_mode=mode,
+        log_every=1,
+        device="cuda",
     )
     result = Trainer(model, PretrainingObjective.for_config(model.config), _Cycle(), cfg).fit()
     return model, result.train_metrics
@@ -108,6 +116,15 @@ def test_compiled_pretraining_step_is_one_graph_under_inductor_and_matches_eager
 def test_compiled_training_loop_runs():
     _, metrics = _fit("bf16" if torch.cuda.is_bf16_supported() else "fp16", steps=3, compile_=True)
     assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
+
+
+def test_the_loop_replaying_cuda_graphs_trains_as_the_default_compile():
+    precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    _, plain = _fit(precision, steps=6, compile_=True)
+    torch._dynamo.reset()
+    _, graphed = _fit(precision, steps=6, compile_=True, mode="reduce-overhead")
+    assert torch.isfinite(torch.tensor(graphed["loss"])), graphed
+    assert graphed["loss"] == pytest.approx(plain["loss"], rel=5e-2)
 
 
 def test_fit_turns_tf32_on_for_its_run_and_back_off_after_it(monkeypatch):

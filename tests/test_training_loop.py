@@ -272,11 +272,23 @@ def test_resume_refuses_a_checkpoint_of_other_settings(tmp_path):
         ({"max_steps": 5, "lr": -1.0}, "lr must be > 0"),
         ({"max_steps": 5, "precision": "fp8"}, "precision"),
         ({"max_steps": 5, "warmup_steps": 1, "warmup_ratio": 0.1}, "not both"),
+        ({"max_steps": 5, "compile_mode": "fast"}, "compile_mode must be one of default, reduce-overhead"),
     ],
 )
 def test_impossible_configs_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg):
         TrainConfig(**kw)
+
+
+def test_only_a_compiled_model_in_a_graph_capturing_mode_replays_cuda_graphs():
+    def graphs(**kw):
+        return TrainConfig(max_steps=1, **kw).captures_cuda_graphs
+
+    assert graphs(compile=True, compile_mode="reduce-overhead") and graphs(
+        compile=True, compile_mode="max-autotune"
+    )
+    assert not graphs(compile=False, compile_mode="reduce-overhead")
+    assert not graphs(compile=True) and not graphs(compile=True, compile_mode="max-autotune-no-cudagraphs")
 
 
 def test_fp16_on_cpu_is_refused():

@@ -6,11 +6,14 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from bert_core.training.schedule import LinearWarmupDecay
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+COMPILE_MODES = get_args(CompileMode)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class TrainConfig:
         grad_accum: micro-batches per optimizer step on each rank.
         precision: "auto" (bf16 on a GPU that has it, else fp32), "fp32", "bf16", "fp16" (+ loss scaling).
         compile: wrap the model in ``torch.compile``.
+        compile_mode: its ``mode`` (None: torch's default); ``"reduce-overhead"`` replays each step's kernels as
+            CUDA graphs, so the host launches a few graphs instead of hundreds of kernels.
         checkpoint_every: steps between checkpoints (0 = only the final one).
         keep_last: checkpoints kept.
         eval_every: steps between evaluations (0 = only at the end).
@@ -56,6 +61,7 @@ class TrainConfig:
     grad_accum: int = 1
     precision: Precision = "auto"
     compile: bool = False
+    compile_mode: CompileMode | None = None
     checkpoint_every: int = 0
     keep_last: int = 2
     eval_every: int = 0
@@ -98,8 +104,18 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
+            raise ValueError(
+                f"compile_mode must be one of {', '.join(COMPILE_MODES)} or None, got {self.compile_mode!r}"
+            )
         if self.precision not in ("auto", "fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+
+    @property
+    def captures_cuda_graphs(self) -> bool:
+        """Whether the compiled model replays CUDA graphs: each step is then marked as a new one, since a graph's
+        outputs are reused by its next replay."""
+        return self.compile and self.compile_mode in CUDA_GRAPH_MODES
 
     def schedule(self) -> LinearWarmupDecay:
         """The LR schedule this config describes."""

@@ -12,9 +12,8 @@ exactly from its saved position; one without is resumed by calling ``set_epoch(e
 and skipping the batches already consumed in that epoch, which is exact for loaders whose order depends
 only on the epoch. Under DDP each rank's loader yields that rank's share of the global batch.
 
-Counting: ``step`` is the number of optimizer steps done; metrics logged "at step s" describe steps up
-to s, and checkpoint ``step-s`` holds the state after s steps. The global batch is
-``micro_batch * grad_accum * world_size`` sequences.
+Counting: ``step`` is the number of optimizer steps done; metrics logged "at step s" describe steps up to
+s, and checkpoint ``step-s`` holds the state after s steps. The global batch: micro x accum x world size.
 
 Faults: SIGTERM/SIGINT finish the current step, write a checkpoint and raise :class:`TrainingInterrupted`;
 a non-finite loss or gradient norm raises :class:`NonFiniteLossError` before the bad update is applied.
@@ -172,7 +171,7 @@ class Trainer:
             from bert_core.unpad import allow_data_dependent_shapes
 
             allow_data_dependent_shapes()  # unpadding / sparse gathers stay in the graph
-            net = torch.compile(net)
+            net = torch.compile(net, mode=cfg.compile_mode)
         if self.dist.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -285,6 +284,8 @@ class Trainer:
                 break
             loss_sum = torch.zeros((), device=self.device)
             for micro in range(cfg.grad_accum):
+                if cfg.captures_cuda_graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
                 batch = next(batches)
                 seqs, toks = self.objective.count(batch)
                 flops = self.objective.flops(batch) if self._peak is not None else None
