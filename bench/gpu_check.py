@@ -121,6 +121,35 @@ def part_env(args: argparse.Namespace) -> dict:
     return info
 
 
+#: What ``nvidia-smi`` reports of the GPU as a part starts: clocks and temperature (a throttled card times
+#: slow) and the memory other processes hold (a leftover process shares the card).
+GPU_QUERY = "clocks.sm,clocks.max.sm,temperature.gpu,power.draw,utilization.gpu,memory.used"
+
+
+def gpu_state() -> dict[str, Any]:
+    """The GPU's clocks, temperature, load and memory now, and the processes computing on it (empty without
+    ``nvidia-smi``)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {}
+    try:
+        query = [smi, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"]
+        values = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.splitlines()[0]
+        apps = [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+        procs = [
+            line
+            for line in subprocess.run(apps, capture_output=True, text=True, timeout=10).stdout.splitlines()
+            if line.strip()
+        ]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return {}
+    state: dict[str, Any] = dict(
+        zip(GPU_QUERY.split(","), (v.strip() for v in values.split(",")), strict=False)
+    )
+    state["compute_processes"] = len(procs)
+    return state
+
+
 def part_tests(args: argparse.Namespace) -> dict:
     xml = Path(args.part_json).with_suffix(".xml")
     cmd = [
@@ -377,6 +406,7 @@ def run_part(name: str, args: argparse.Namespace, work: Path, cap: float) -> dic
         *(["--tiny"] if args.tiny else []),
         *_part_options(args),
     ]
+    before = gpu_state()
     t0 = time.perf_counter()
     print(f"[gpu-check] {name} (cap {cap:.0f} s) ...", flush=True)
     with log_file.open("w") as log:
@@ -395,6 +425,8 @@ def run_part(name: str, args: argparse.Namespace, work: Path, cap: float) -> dic
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     entry: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - t0, 1)}
+    if before:
+        entry["gpu_before"] = before
     if result_file.is_file():
         entry |= json.loads(result_file.read_text())
     if status != "ok":
@@ -463,10 +495,20 @@ def markdown(summary: dict) -> str:
         f"Device: {env['device']}; Python {env['python']}, torch {env['torch']}, CUDA {env['cuda']}, "
         f"transformers {env.get('transformers', '(see env)')}.",
         "",
-        "| part | status | seconds |",
-        "|---|---|---|",
+        "| part | status | seconds | GPU as it started: SM MHz (max), °C, W, busy %, MiB used, processes |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {name} | {p['status']} | {p['seconds']} |" for name, p in parts.items()]
+
+    def started(p: dict) -> str:
+        g = p.get("gpu_before")
+        if not g:
+            return ""
+        return (
+            f"{g.get('clocks.sm')} ({g.get('clocks.max.sm')}), {g.get('temperature.gpu')}, {g.get('power.draw')}, "
+            f"{g.get('utilization.gpu')}, {g.get('memory.used')}, {g.get('compute_processes')}"
+        )
+
+    lines += [f"| {name} | {p['status']} | {p['seconds']} | {started(p)} |" for name, p in parts.items()]
     if summary.get("next"):
         lines += ["", f"Not reached within the budget; run them next with `{summary['next']}`."]
     tests = parts.get("tests", {}).get("result", {})

@@ -254,3 +254,24 @@ def test_the_kernel_table_counts_each_kernel_once_not_the_operator_or_annotation
     )
     assert host_rows[0]["clock"] == "host" and host_rows[0]["ms_per_step"] == 0.025
     assert list(host_groups) == ["matmul"]
+
+
+def test_each_part_records_the_gpus_clocks_and_other_processes_as_it_starts(tmp_path, monkeypatch):
+    """A part that times slow is told apart from a throttled or shared card by what ``nvidia-smi`` said."""
+    from bench import gpu_check
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        '  --query-gpu=*) echo "1980, 1980, 41, 120.5, 0, 1024";;\n'
+        '  --query-compute-apps=*) echo "4242, 900";;\n'
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    state = gpu_check.gpu_state()
+    assert state["clocks.sm"] == "1980" and state["temperature.gpu"] == "41"
+    assert state["memory.used"] == "1024" and state["compute_processes"] == 1
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert gpu_check.gpu_state() == {}
