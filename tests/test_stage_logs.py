@@ -3,6 +3,7 @@ although Prefect's logging configuration leaves the root logger at WARNING (flow
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -62,38 +63,53 @@ def test_an_api_handler_is_attached_where_prefect_did_not(prefect_like_levels, m
     assert not any(isinstance(h, APILogHandler) for h in bert.handlers)
 
 
+_FLOW_LOGS = """
+import asyncio, json, logging
+import flows  # the stage's environment defaults (PREFECT_LOGGING_EXTRA_LOGGERS)
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.logging.handlers import APILogHandler
+from prefect.testing.utilities import prefect_test_harness
+from flows._stage import stage_run
+
+@flow(name="logs-demo")
+def demo() -> None:
+    with stage_run("logs-demo", {"a": 1}):
+        logging.getLogger("bert_core.finetune.run").info("sst2 train: step 5/10 (50.0%), ETA 3s")
+
+async def read(run_id) -> list[str]:
+    async with get_client() as client:
+        flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))
+        return [entry.message for entry in await client.read_logs(log_filter=flt)]
+
+with prefect_test_harness(server_startup_timeout=120):
+    state = demo(return_state=True)
+    assert state.is_completed(), state
+    APILogHandler().flush()  # send what is queued
+    print(json.dumps(asyncio.run(read(state.state_details.flow_run_id))))
+"""
+
+
 @pytest.mark.slow
-def test_a_stage_run_under_prefect_sends_bert_core_info_lines_to_its_logs(prefect_like_levels, capfd):
+def test_a_stage_run_under_prefect_sends_bert_core_info_lines_to_its_logs(tmp_path):
     """A flow that opens stage_run (as every stage flow does) and logs on a bert_core logger: the line is
-    on the console (Prefect's console handler) and in the flow run's logs on the Prefect server."""
-    from prefect import flow
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.logging.handlers import APILogHandler
-    from prefect.testing.utilities import prefect_test_harness
-
-    from flows._stage import stage_run
-
-    @flow(name="logs-demo")
-    def demo() -> None:
-        with stage_run("logs-demo", {"a": 1}):
-            logging.getLogger("bert_core.finetune.run").info("sst2 train: step 5/10 (50.0%), ETA 3s")
-
-    with prefect_test_harness(server_startup_timeout=120):
-        state = demo(return_state=True)
-        assert state.is_completed()
-        APILogHandler().flush()  # send what is queued
-
-        async def read() -> list[str]:
-            async with get_client() as client:
-                flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
-                return [entry.message for entry in await client.read_logs(log_filter=flt)]
-
-        import asyncio
-
-        messages = asyncio.run(read())
-    assert "bert_core.finetune.run - sst2 train: step 5/10 (50.0%), ETA 3s" in capfd.readouterr().err
-    assert any("sst2 train: step 5/10 (50.0%), ETA 3s" in m for m in messages), messages
+    on the console (Prefect's console handler) and in the flow run's logs on the Prefect server. In a
+    process of its own: a test process's logging is whatever the modules it collected configured."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _FLOW_LOGS],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = "sst2 train: step 5/10 (50.0%), ETA 3s"
+    assert f"bert_core.finetune.run - {line}" in proc.stderr, proc.stderr[-3000:]
+    messages = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert any(line in m for m in messages), messages
 
 
 _TIME = re.compile(r"\d{2}:\d{2}:\d{2}[.,]\d{3}")
