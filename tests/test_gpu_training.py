@@ -127,6 +127,34 @@ def test_the_loop_replaying_cuda_graphs_trains_as_the_default_compile():
     assert graphed["loss"] == pytest.approx(plain["loss"], rel=5e-2)
 
 
+def test_an_objective_step_never_waits_for_the_device():
+    """Each objective's step (forward, loss, statistics) only queues work: a synchronising copy (a host
+    tensor moved over, ``.item()``) would idle the GPU once a step. The batches carry no attention mask:
+    the eager model's all-real check on one is a deliberate wait, not the objective's."""
+    from bert_core.finetune.trial import FinetuneObjective
+    from bert_core.model import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    pretraining = BertForPreTraining(tiny_config()).cuda()
+    pre_batch = {k: v for k, v in _cuda(pretraining_batch(padded=False)).items() if k != "attention_mask"}
+    classifier = BertForSequenceClassification(tiny_config(num_labels=2)).cuda()
+    ids = pre_batch["input_ids"]
+    fine_batch = {"input_ids": ids, "labels": torch.zeros(ids.shape[0], dtype=torch.long, device="cuda")}
+    steps = [
+        (PretrainingObjective.for_config(pretraining.config), pretraining, pre_batch),
+        (FinetuneObjective(), classifier, fine_batch),
+    ]
+    for objective, model, batch in steps:
+        objective.step(model, batch)  # first use: kernels load, handles are made
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = objective.step(model, batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert all(v.device.type == "cuda" for v in out.stats.values()), type(objective).__name__
+
+
 def test_fit_turns_tf32_on_for_its_run_and_back_off_after_it(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)

@@ -301,3 +301,24 @@ def test_empty_training_data_is_a_clear_error():
     cfg = TrainConfig(max_steps=1, device="cpu")
     with pytest.raises(ValueError, match="yielded no batch"):
         Trainer(nn.Linear(4, 1), _Regression(), [], cfg).fit()
+
+
+def test_every_statistic_of_an_objectives_step_is_made_on_the_models_device():
+    """On the meta device a statistic made on the host shows as cpu: on a GPU that tensor would be copied
+    over with a wait for the device in every step (``pytest -m gpu`` checks the step never waits)."""
+    from test_compile import pretraining_batch, tiny_config
+
+    from bert_core.finetune.trial import FinetuneObjective
+    from bert_core.model import BertForPreTraining, BertForSequenceClassification
+    from bert_core.pretrain.objective import PretrainingObjective
+
+    classifier = BertForSequenceClassification(tiny_config(num_labels=2)).to("meta")
+    ids = torch.zeros(4, 8, dtype=torch.long, device="meta")
+    labels = torch.zeros(4, dtype=torch.long, device="meta")
+    fine = FinetuneObjective().step(classifier, {"input_ids": ids, "labels": labels})
+    pretraining = BertForPreTraining(tiny_config()).to("meta")
+    batch = {k: v.to("meta") for k, v in pretraining_batch(padded=False).items() if k != "attention_mask"}
+    pre = PretrainingObjective.for_config(pretraining.config).step(pretraining, batch)
+    assert {k: v.device.type for k, v in {**fine.stats, **pre.stats}.items()} == dict.fromkeys(
+        [*fine.stats, *pre.stats], "meta"
+    )

@@ -66,9 +66,10 @@ class FinetuneObjective(Objective):
         inputs = {k: batch[k] for k in (*MODEL_INPUTS, *TARGETS) if k in batch}
         out = model(**inputs)
         n = batch["input_ids"].shape[0]
+        # on the loss's device, filled there: a host tensor would be copied over, and wait for the device
+        examples = torch.full((), float(n), device=out.loss.device)
         return StepOutput(
-            loss=out.loss,
-            stats={"loss_sum": out.loss.detach().float() * n, "examples": torch.tensor(float(n))},
+            loss=out.loss, stats={"loss_sum": out.loss.detach().float() * n, "examples": examples}
         )
 
     def summarize(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:

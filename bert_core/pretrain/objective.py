@@ -108,7 +108,7 @@ class PretrainingObjective(Objective):
         stats |= {
             "nsp_loss_sum": nsp_loss * n_seq,
             "nsp_correct": (out.seq_relationship_logits.detach().argmax(-1) == nsp_labels).sum(),
-            "nsp_count": torch.tensor(n_seq, device=nsp_labels.device),
+            "nsp_count": torch.full((), n_seq, device=nsp_labels.device),  # a fill, not a synchronising copy
         }
         loss = out.loss if out.loss is not None else out.mlm_loss + out.nsp_loss
         return StepOutput(loss=loss, stats=stats)
