@@ -19,8 +19,8 @@ import torch
 from bert_core.constants import IGNORE_INDEX
 
 #: On a GPU a batch's width is rounded up to this multiple: each distinct width costs the attention kernels
-#: a new plan, and SST-2-shaped fine-tuning meets 32 widths without rounding and 7 with it (twice the
-#: examples a second on an H200, docs/benchmarks.md). A CPU builds no plans: it pads to the exact width.
+#: a new plan, and SST-2-shaped fine-tuning meets 32 widths without rounding and 7 with it (1.7 to 2 times
+#: the examples a second on an H200, docs/benchmarks.md). A CPU builds no plans: it pads to the exact width.
 GPU_WIDTH_MULTIPLE = 8
 
 

@@ -66,7 +66,7 @@ class FinetuneObjective(Objective):
         inputs = {k: batch[k] for k in (*MODEL_INPUTS, *TARGETS) if k in batch}
         out = model(**inputs)
         n = batch["input_ids"].shape[0]
-        # on the loss's device, filled there: a host tensor would be copied over, and wait for the device
+        # filled on the loss's device: a host tensor would be copied over, with a wait for the device, each step
         examples = torch.full((), float(n), device=out.loss.device)
         return StepOutput(
             loss=out.loss, stats={"loss_sum": out.loss.detach().float() * n, "examples": examples}
