@@ -284,8 +284,10 @@ def padding_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> Tensor | 
     if attention_mask.dim() != 2:
         raise ValueError(f"attention_mask must be (batch, seq_len), got shape {tuple(attention_mask.shape)}")
     keep = attention_mask.bool()
-    if not torch.compiler.is_compiling() and bool(keep.all()):
-        return None  # eager, no padding: SDPA's unmasked path is faster (compiled: no data-dependent branch)
+    # Eager on a CPU with no padding: SDPA's unmasked path is faster. Compiled, no data-dependent branch; on a
+    # GPU, reading the answer would make the host wait for the device in every forward.
+    if keep.device.type == "cpu" and not torch.compiler.is_compiling() and bool(keep.all()):
+        return None
     bias = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
     bias.masked_fill_(~keep, torch.finfo(dtype).min)
     return bias[:, None, None, :]  # (B, 1, 1, T)

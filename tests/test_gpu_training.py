@@ -128,18 +128,17 @@ def test_the_loop_replaying_cuda_graphs_trains_as_the_default_compile():
 
 
 def test_an_objective_step_never_waits_for_the_device():
-    """Each objective's step (forward, loss, statistics) only queues work: a synchronising copy (a host
-    tensor moved over, ``.item()``) would idle the GPU once a step. The batches carry no attention mask:
-    the eager model's all-real check on one is a deliberate wait, not the objective's."""
+    """Each objective's step (forward with padding, loss, statistics) only queues work: a synchronising copy
+    (a host tensor moved over, ``.item()``, asking whether a mask has padding) would idle the GPU once a step."""
     from bert_core.finetune.trial import FinetuneObjective
     from bert_core.model import BertForSequenceClassification
 
     torch.manual_seed(0)
     pretraining = BertForPreTraining(tiny_config()).cuda()
-    pre_batch = {k: v for k, v in _cuda(pretraining_batch(padded=False)).items() if k != "attention_mask"}
+    pre_batch = _cuda(pretraining_batch(padded=True))
     classifier = BertForSequenceClassification(tiny_config(num_labels=2)).cuda()
-    ids = pre_batch["input_ids"]
-    fine_batch = {"input_ids": ids, "labels": torch.zeros(ids.shape[0], dtype=torch.long, device="cuda")}
+    fine_batch = {k: pre_batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    fine_batch["labels"] = torch.zeros(fine_batch["input_ids"].shape[0], dtype=torch.long, device="cuda")
     steps = [
         (PretrainingObjective.for_config(pretraining.config), pretraining, pre_batch),
         (FinetuneObjective(), classifier, fine_batch),

@@ -207,6 +207,13 @@ def test_padding_mask_is_none_without_padding_and_finite_for_empty_rows():
         padding_mask(torch.ones(2, 1, 3), torch.float32)
 
 
+def test_off_the_cpu_the_padding_mask_is_built_without_reading_the_mask():
+    """On a GPU, asking whether a mask has padding waits for the device; the mask is built instead. The meta
+    device stands in: reading a value there raises."""
+    mask = padding_mask(torch.ones(2, 3, dtype=torch.long, device="meta"), torch.float32)
+    assert mask.shape == (2, 1, 1, 3) and mask.device.type == "meta"
+
+
 def test_fully_padded_row_gives_finite_outputs(config, batch):
     batch = dict(batch)
     batch["attention_mask"] = batch["attention_mask"].clone()
