@@ -142,7 +142,7 @@ GPU_PYTHON_VERSION ?= 3.12
 GPU_ARGS ?=
 GPU_BUDGET_S ?= 540
 GPU_OUT ?= reports/gpu-check/run
-GPU_RUN_PARTS := env,pretrain_ablate,finetune,pretrain_loop,pretrain_compare_128,pretrain_large,tests,pretrain_compare_512,smoke
+GPU_RUN_PARTS := env,tests,pretrain_ablate,finetune,pretrain_loop,pretrain_large,pretrain_compare_128,pretrain_compare_512,smoke
 .PHONY: gpu-bundle gpu-check gpu-smoke gpu-run
 
 gpu-bundle: venv
