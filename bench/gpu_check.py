@@ -195,6 +195,14 @@ def part_tests(args: argparse.Namespace) -> dict:
     return out
 
 
+def _loop_settings(args: argparse.Namespace) -> dict:
+    """``bench_gpu_pretrain.run``'s steps, compilation and precision: a GPU's timed rows, or ``--tiny``'s few
+    fp32 steps."""
+    if args.tiny:
+        return {"steps": 2, "warm": 1, "compile_": False, "precision": "fp32"}
+    return {"steps": 20, "warm": 10, "compile_": True, "precision": "bf16"}
+
+
 def _loop_rows(args: argparse.Namespace, preset: str, plan: list[tuple[int, int]], profile: bool) -> dict:
     """The stage's loop (``bench_gpu_pretrain.run``) at each (seq_len, micro batch) of ``plan``, bf16 and
     compiled; ``profile``: the first row also profiles one window (where a step's time goes). ``--tiny``:
@@ -203,9 +211,7 @@ def _loop_rows(args: argparse.Namespace, preset: str, plan: list[tuple[int, int]
 
     if args.tiny:
         preset, plan = "tiny", [(64, 4)]
-        kw = {"steps": 2, "warm": 1, "compile_": False, "precision": "fp32"}
-    else:
-        kw = {"steps": 20, "warm": 10, "compile_": True, "precision": "bf16"}
+    kw = _loop_settings(args)
     rows = []
     for seq_len, batch in plan:
         top = 15 if profile and not rows else 0
@@ -234,12 +240,8 @@ ABLATIONS = (
 def part_pretrain_ablate(args: argparse.Namespace) -> dict:
     from bench.bench_gpu_pretrain import run
 
-    if args.tiny:
-        preset, seq_len, scale = "tiny", 64, 1 / 64
-        kw = {"steps": 2, "warm": 1, "compile_": False, "precision": "fp32"}
-    else:
-        preset, seq_len, scale = "base", 128, 1
-        kw = {"steps": 20, "warm": 10, "compile_": True, "precision": "bf16"}
+    preset, seq_len, scale = ("tiny", 64, 1 / 64) if args.tiny else ("base", 128, 1)
+    kw = _loop_settings(args)
     rows = []
     for variant, batch, overrides, mode in ABLATIONS:
         try:

@@ -91,20 +91,26 @@ with prefect_test_harness(server_startup_timeout=120):
 """
 
 
+def _python(script: str, env: dict[str, str], timeout: int, **kw) -> subprocess.CompletedProcess:
+    """``script`` in a fresh interpreter at the repository root, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=timeout,
+        **kw,
+    )
+
+
 @pytest.mark.slow
 def test_a_stage_run_under_prefect_sends_bert_core_info_lines_to_its_logs(tmp_path):
     """A flow that opens stage_run (as every stage flow does) and logs on a bert_core logger: the line is
     on the console (Prefect's console handler) and in the flow run's logs on the Prefect server. In a
     process of its own: a test process's logging is whatever the modules it collected configured."""
     env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _FLOW_LOGS],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=300,
-    )
+    proc = _python(_FLOW_LOGS, env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = "sst2 train: step 5/10 (50.0%), ETA 3s"
     assert f"bert_core.finetune.run - {line}" in proc.stderr, proc.stderr[-3000:]
@@ -129,15 +135,7 @@ with library_logs():
 
 def test_a_stage_prints_a_library_line_once_with_one_time_stamp(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _STAGE_LOGS],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=120,
-        check=True,
-    )
+    proc = _python(_STAGE_LOGS, env, timeout=120, check=True)
     lines = [line for line in proc.stderr.splitlines() if "step 25/100" in line]
     assert len(lines) == 1, proc.stderr
     assert len(_TIME.findall(lines[0])) == 1 and lines[0].count("INFO") == 1, lines[0]
@@ -178,9 +176,7 @@ def test_a_stage_registering_a_model_prints_no_artifact_progress_bars(tmp_path):
         f"register_all(__import__('pathlib').Path('{tmp_path}'), {{'bert-sst2': 'sst2'}})\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300
-    )
+    proc = _python(script, env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Downloading artifacts" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
 

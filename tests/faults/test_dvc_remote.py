@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -19,15 +20,25 @@ def _ok(res: subprocess.CompletedProcess) -> str:
     return res.stdout + res.stderr
 
 
-def test_outputs_pushed_to_a_remote_need_no_rerun_in_a_fresh_clone(tiny_pipeline, tmp_path):
+def _pushed(tiny_pipeline, tmp_path: Path) -> tuple[Path, Path]:
+    """A clone of the built pipeline whose outputs are pushed to the team's remote: (its root, the remote)."""
     tiny_pipeline.build()
-    ours = tiny_pipeline.clone(tmp_path / "ours")
-    _ok(tiny_pipeline.dvc("remote", "add", "-d", "team", str(tmp_path / "remote"), root=ours))
+    ours, remote = tiny_pipeline.clone(tmp_path / "ours"), tmp_path / "remote"
+    _ok(tiny_pipeline.dvc("remote", "add", "-d", "team", str(remote), root=ours))
     git_commit_all(ours, "the run's dvc.lock and the team's remote")
     _ok(tiny_pipeline.dvc("push", root=ours))
+    return ours, remote
 
-    theirs = tmp_path / "theirs"
-    _ok(subprocess.run(["git", "clone", "-q", str(ours), str(theirs)], capture_output=True, text=True))
+
+def _git_clone(source: Path, dest: Path) -> Path:
+    """A teammate's checkout: the repository alone, no outputs."""
+    _ok(subprocess.run(["git", "clone", "-q", str(source), str(dest)], capture_output=True, text=True))
+    return dest
+
+
+def test_outputs_pushed_to_a_remote_need_no_rerun_in_a_fresh_clone(tiny_pipeline, tmp_path):
+    ours, _ = _pushed(tiny_pipeline, tmp_path)
+    theirs = _git_clone(ours, tmp_path / "theirs")
     assert not (theirs / "models" / "pretrained").exists()  # outputs travel through the remote, not git
     _ok(tiny_pipeline.dvc("pull", root=theirs))
     assert tiny_pipeline.lock_outs(theirs) == tiny_pipeline.lock_outs(ours)
@@ -43,12 +54,7 @@ def test_outputs_pushed_to_a_remote_need_no_rerun_in_a_fresh_clone(tiny_pipeline
 def test_an_object_damaged_in_the_remote_is_refused_by_the_pull_or_by_the_stage_that_reads_it(
     tiny_pipeline, tmp_path
 ):
-    tiny_pipeline.build()
-    ours = tiny_pipeline.clone(tmp_path / "ours")
-    remote = tmp_path / "remote"
-    _ok(tiny_pipeline.dvc("remote", "add", "-d", "team", str(remote), root=ours))
-    git_commit_all(ours, "the run's dvc.lock and the team's remote")
-    _ok(tiny_pipeline.dvc("push", root=ours))
+    ours, remote = _pushed(tiny_pipeline, tmp_path)
     weights = ours / "models" / "pretrained" / "model.safetensors"
     digest = hashlib.md5(weights.read_bytes()).hexdigest()  # DVC stores a file under its md5
     stored = remote / "files" / "md5" / digest[:2] / digest[2:]
@@ -56,8 +62,7 @@ def test_an_object_damaged_in_the_remote_is_refused_by_the_pull_or_by_the_stage_
     stored.write_bytes(b"not the weights")
 
     # With `verify true` the pull hashes what it downloads: the damaged object never reaches the workspace.
-    strict = tmp_path / "strict"
-    _ok(subprocess.run(["git", "clone", "-q", str(ours), str(strict)], capture_output=True, text=True))
+    strict = _git_clone(ours, tmp_path / "strict")
     _ok(tiny_pipeline.dvc("remote", "modify", "team", "verify", "true", root=strict))
     res = tiny_pipeline.dvc("pull", root=strict)
     assert res.returncode != 0 and "models/pretrained" in res.stdout + res.stderr
@@ -65,8 +70,7 @@ def test_an_object_damaged_in_the_remote_is_refused_by_the_pull_or_by_the_stage_
 
     # DVC's default trusts the remote, and `dvc status` then calls the workspace up to date; the stage that
     # reads the model checks it against the checksums written beside it and refuses it by name.
-    trusting = tmp_path / "trusting"
-    _ok(subprocess.run(["git", "clone", "-q", str(ours), str(trusting)], capture_output=True, text=True))
+    trusting = _git_clone(ours, tmp_path / "trusting")
     _ok(tiny_pipeline.dvc("pull", root=trusting))
     res = tiny_pipeline.dvc("repro", "--force", "--single-item", "finetune@sst2", root=trusting)
     said = res.stdout + res.stderr
