@@ -133,12 +133,13 @@ def run(
     device: str,
     profile_top: int = 0,
     overrides: dict[str, Any] | None = None,
-    compile_mode: str | None = None,
+    train: dict[str, Any] | None = None,
 ) -> dict:
     """``warm`` untimed steps, ``steps`` timed ones; with ``profile_top``, one more window of ``warm`` steps under
     ``torch.profiler`` (after the timed ones, so its overhead stays out of the figures): the top kernels.
     ``overrides``: ``BertConfig`` fields changed from the preset's (an ablation: ``hidden_dropout_prob=0``);
-    ``compile_mode``: ``TrainConfig.compile_mode`` (``"reduce-overhead"``: the step replayed as CUDA graphs)."""
+    ``train``: ``TrainConfig`` fields changed (``compile_mode="reduce-overhead"``: the step replayed as CUDA
+    graphs; ``overlap_checks=False``: the step's flags read before its update, the host waiting for the device)."""
     cfg = BertConfig.from_preset(
         preset, vocab_size=VOCAB, **{"hidden_dropout_prob": 0.1, **(overrides or {})}
     )
@@ -164,9 +165,9 @@ def run(
         warmup_ratio=0.01,
         precision=precision,
         compile=compile_,
-        compile_mode=compile_mode,
         log_every=warm,
         device=device,
+        **(train or {}),
     )
     t0 = time.perf_counter()
     Trainer(
@@ -190,7 +191,7 @@ def run(
         "batch": batch,
         "precision": precision,
         "compile": compile_,
-        "compile_mode": compile_mode,
+        "train_overrides": train or {},
         "timed_steps": warm * len(timed),
         "tokens_per_s": tokens / seconds,
         "seq_per_s": tokens / seq_len / seconds,

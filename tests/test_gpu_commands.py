@@ -111,7 +111,13 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
     groups = summary["parts"]["pretrain_loop"]["result"]["rows"][0]["kernel_groups"]
     assert "matmul" in groups and abs(sum(g["share"] for g in groups.values()) - 1) < 1e-6
     ablate = summary["parts"]["pretrain_ablate"]["result"]["rows"]
-    assert [r["variant"] for r in ablate] == ["recipe", "no dropout", "micro batch 512", "CUDA graphs"]
+    assert [r["variant"] for r in ablate] == [
+        "recipe",
+        "no dropout",
+        "micro batch 512",
+        "CUDA graphs",
+        "flags read at once",
+    ]
     assert all(r["seq_per_s"] > 0 and "matmul ms" in r and "host_gap_ms" in r for r in ablate)
     md = (out / "summary.md").read_text()
     assert "## Where the step loses" in md

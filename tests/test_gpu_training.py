@@ -8,6 +8,7 @@ padded one, a checkpoint saved and resumed on the GPU, and DDP with one process 
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -152,6 +153,31 @@ def test_an_objective_step_never_waits_for_the_device():
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert all(v.device.type == "cuda" for v in out.stats.values()), type(objective).__name__
+
+
+def test_the_loop_queues_the_next_step_while_the_device_runs_one():
+    """On a GPU the loop reads each step's flags one step late and copies batches from pinned memory, so
+    from one step's forward to the one after next nothing waits for the device (sync debug mode raises at
+    any wait but the late read's event)."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config())
+    objective = PretrainingObjective.for_config(model.config)
+    step, calls = objective.step, itertools.count(1)
+
+    def watched(net, batch):
+        n = next(calls)
+        torch.cuda.set_sync_debug_mode("error" if n in (3, 4) else "default")
+        return step(net, batch)
+
+    objective.step = watched  # type: ignore[method-assign]
+    precision = "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    cfg = TrainConfig(max_steps=6, lr=1e-3, precision=precision, log_every=100, device="cuda")
+    trainer = Trainer(model, objective, _Cycle(), cfg)
+    try:
+        trainer.fit()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert trainer._check.overlap and trainer.step == 6
 
 
 def test_fit_turns_tf32_on_for_its_run_and_back_off_after_it(monkeypatch):

@@ -15,7 +15,9 @@ from safetensors.torch import load_file
 WORKER = Path(__file__).with_name("training_fakes.py")
 
 
-def _train(tmp: Path, name: str, *, nproc: int, accum: int) -> tuple[list[float], dict, dict]:
+def _train(
+    tmp: Path, name: str, *, nproc: int, accum: int, overlap: bool = False
+) -> tuple[list[float], dict, dict]:
     args = [
         str(WORKER),
         "--ckpt",
@@ -30,6 +32,7 @@ def _train(tmp: Path, name: str, *, nproc: int, accum: int) -> tuple[list[float]
         "0.0",
         "--max-steps",
         "8",
+        *(["--overlap-checks"] if overlap else []),
     ]
     if nproc > 1:
         cmd = [
@@ -51,9 +54,11 @@ def _train(tmp: Path, name: str, *, nproc: int, accum: int) -> tuple[list[float]
 
 
 @pytest.mark.timeout(600)
-def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["checks-at-once", "checks-overlapped"])
+def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path, overlap):
+    """Overlapped, the ranks read each step's flags (bad step, stop, rank 0's clock) one step late."""
     single_losses, single_state, single_w = _train(tmp_path, "single", nproc=1, accum=2)
-    ddp_losses, ddp_state, ddp_w = _train(tmp_path, "ddp", nproc=2, accum=1)
+    ddp_losses, ddp_state, ddp_w = _train(tmp_path, "ddp", nproc=2, accum=1, overlap=overlap)
     assert len(ddp_losses) == len(single_losses) == 8
     torch.testing.assert_close(torch.tensor(ddp_losses), torch.tensor(single_losses), rtol=1e-5, atol=1e-6)
     assert ddp_state["world_size"] == 2 and single_state["world_size"] == 1

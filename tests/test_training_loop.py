@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import signal
@@ -19,6 +20,7 @@ from bert_core.training import (
     TrainConfig,
     Trainer,
     TrainingInterrupted,
+    build_optimizer,
 )
 from bert_core.training import checkpoint as ckpt
 
@@ -117,7 +119,12 @@ def test_gradient_accumulation_equals_the_large_batch():
         torch.testing.assert_close(m.weight, models[0].weight, rtol=1e-6, atol=1e-6)
 
 
-def test_sigterm_writes_a_checkpoint_and_the_resumed_run_is_exact(tmp_path):
+OVERLAP = pytest.mark.parametrize("overlap", [False, True], ids=["checks-at-once", "checks-overlapped"])
+
+
+@OVERLAP
+def test_sigterm_writes_a_checkpoint_and_the_resumed_run_is_exact(tmp_path, overlap):
+    """Overlapped runs (flags read a step late) are compared with a reference that reads them at once."""
     reference, ref_result = run(tmp_path / "ref", max_steps=8)
     calls = {"n": 0}
 
@@ -127,12 +134,12 @@ def test_sigterm_writes_a_checkpoint_and_the_resumed_run_is_exact(tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)
 
     with pytest.raises(TrainingInterrupted) as info:
-        run(tmp_path / "ck", max_steps=8, checkpoint_every=100, on_micro=send_sigterm)
+        run(tmp_path / "ck", max_steps=8, checkpoint_every=100, on_micro=send_sigterm, overlap_checks=overlap)
     assert info.value.step == 4 and info.value.exit_code == 128 + signal.SIGTERM
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "ck")] == ["step-00000004"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
 
-    resumed, result = run(tmp_path / "ck", max_steps=8)
+    resumed, result = run(tmp_path / "ck", max_steps=8, overlap_checks=overlap)
     assert result.resumed_from_step == 4
     _assert_same(_weights(resumed), _weights(reference))
     assert [h.get("loss") for h in result.history] == [h.get("loss") for h in ref_result.history]
@@ -207,21 +214,53 @@ class _NanAt(Objective):
         return self.inner.summarize(sums)
 
 
-def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+@OVERLAP
+@pytest.mark.parametrize("bad_step", [5, 4])
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, overlap, bad_step):
+    """The model is left as the last good step made it, also when the flags are read a step late (the
+    update is skipped on the device, the next step's never applied) and when the bad step is due a
+    checkpoint (none is written)."""
     from bert_core.pretrain.objective import PretrainingObjective
 
     model = tiny_model()
-    objective = _NanAt(PretrainingObjective.for_config(model.config), bad_step=5, accum=2)
-    cfg = TrainConfig(max_steps=10, lr=1e-3, warmup_steps=1, grad_accum=2, checkpoint_every=2, device="cpu")
+    objective = _NanAt(PretrainingObjective.for_config(model.config), bad_step=bad_step, accum=2)
+    cfg = TrainConfig(
+        max_steps=10,
+        lr=1e-3,
+        warmup_steps=1,
+        grad_accum=2,
+        checkpoint_every=2,
+        log_every=3,
+        device="cpu",
+        overlap_checks=overlap,
+    )
     trainer = Trainer(model, objective, FakePretrainLoader(batch_size=4), cfg, checkpoint_dir=tmp_path)
-    with pytest.raises(NonFiniteLossError, match=r"optimizer step 5 .*step-00000004") as info:
+    with pytest.raises(
+        NonFiniteLossError,
+        match=rf"optimizer step {bad_step} .*step-0000000{bad_step - 1 - (bad_step - 1) % 2}",
+    ) as info:
         trainer.fit()
-    assert info.value.step == 5
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000004"]
+    good = bad_step - 1
+    assert info.value.step == bad_step and trainer.step == good
+    saved = [f"step-0000000{s}" for s in range(2, good + 1, 2)]
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == saved
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the bad update was not applied
-    fresh = tiny_model()
-    ckpt.load_checkpoint(tmp_path / "step-00000004", model=fresh)
-    assert all(torch.isfinite(p).all() for p in fresh.parameters())
+    state = trainer.optimizer.state[next(model.parameters())]
+    assert int(state["step"]) == good  # the skipped update's step count was taken back as well
+    # exactly where a clean run is after the good steps: its weights as the next step starts
+    clean, snapshot = tiny_model(), {}
+    inner = PretrainingObjective.for_config(clean.config)
+    step, calls = inner.step, itertools.count(1)
+
+    def watched(m, batch):
+        if next(calls) == good * 2 + 1:
+            snapshot.update(_weights(m))
+        return step(m, batch)
+
+    inner.step = watched
+    clean_cfg = dataclasses.replace(cfg, checkpoint_every=0, overlap_checks=False)
+    Trainer(clean, inner, FakePretrainLoader(batch_size=4), clean_cfg).fit()
+    _assert_same(_weights(model), snapshot)
 
 
 def test_time_budget_stops_the_run_and_the_schedule_follows_it():
@@ -289,6 +328,32 @@ def test_only_a_compiled_model_in_a_graph_capturing_mode_replays_cuda_graphs():
     )
     assert not graphs(compile=False, compile_mode="reduce-overhead")
     assert not graphs(compile=True) and not graphs(compile=True, compile_mode="max-autotune-no-cudagraphs")
+
+
+def test_the_step_flags_are_read_a_step_late_where_the_device_can_skip_a_bad_update():
+    """Auto: on a GPU with the fused AdamW and no loss scaler; asked for elsewhere, only with those."""
+    from bert_core.training.distributed import DistContext
+    from bert_core.training.step_check import StepCheck
+
+    class Scaler:
+        def __init__(self, on):
+            self.on = on
+
+        def is_enabled(self):
+            return self.on
+
+    def check(setting, device="cpu", optimizer="adamw", scaled=False):
+        opt = build_optimizer(nn.Linear(2, 2), name=optimizer, lr=1e-3, weight_decay=0.0)
+        dist = DistContext(device=torch.device(device))
+        return StepCheck.for_run(setting, dist, time.perf_counter, lambda: False, opt, Scaler(scaled)).overlap
+
+    assert check(None, "cuda") and not check(None, "cpu") and check(True, "cpu")
+    assert not check(None, "cuda", optimizer="lamb") and not check(None, "cuda", scaled=True)
+    assert not check(False, "cuda")
+    with pytest.raises(ValueError, match=r"overlap_checks needs the fused AdamW.*Lamb"):
+        check(True, optimizer="lamb")
+    with pytest.raises(ValueError, match="loss scaler on"):
+        check(True, scaled=True)
 
 
 def test_fp16_on_cpu_is_refused():

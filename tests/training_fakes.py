@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accum", type=int, default=2)
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--ddp", action="store_true", help="join the torchrun process group (gloo)")
+    ap.add_argument("--overlap-checks", action="store_true", help="read the step flags one step late")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     sig = getattr(signal, args.signal)
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             accum=args.accum,
             dropout=args.dropout,
             dist=dist,
+            overlap_checks=args.overlap_checks,
         )
     except TrainingInterrupted as exc:
         print(f"interrupted: {exc}", flush=True)

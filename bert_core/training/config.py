@@ -37,6 +37,10 @@ class TrainConfig:
         compile: wrap the model in ``torch.compile``.
         compile_mode: its ``mode`` (None: torch's default); ``"reduce-overhead"`` replays each step's kernels as
             CUDA graphs, so the host launches a few graphs instead of hundreds of kernels.
+        overlap_checks: read each step's non-finite and stop flags one step late, the fused AdamW skipping a
+            bad update on the device, so the host queues the next step while the device runs this one
+            (:mod:`bert_core.training.step_check`). None: on a GPU with the fused AdamW and no fp16 loss
+            scaling; True elsewhere needs the same optimizer (the CPU's has it).
         checkpoint_every: steps between checkpoints (0 = only the final one).
         keep_last: checkpoints kept.
         eval_every: steps between evaluations (0 = only at the end).
@@ -62,6 +66,7 @@ class TrainConfig:
     precision: Precision = "auto"
     compile: bool = False
     compile_mode: CompileMode | None = None
+    overlap_checks: bool | None = None
     checkpoint_every: int = 0
     keep_last: int = 2
     eval_every: int = 0

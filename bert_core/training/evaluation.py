@@ -16,7 +16,15 @@ from bert_core.training.objective import Objective
 
 
 def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
+    """The batch's tensors on ``device``. To a GPU they go through pinned memory: a copy from pageable
+    memory may make the host wait for the device's queue, and the loop's host would no longer run ahead."""
+    pin = device.type == "cuda"
+    return {
+        k: (v.pin_memory() if pin and v.device.type == "cpu" else v).to(device, non_blocking=True)
+        if isinstance(v, Tensor)
+        else v
+        for k, v in batch.items()
+    }
 
 
 def sum_into(acc: dict[str, Tensor], stats: dict[str, Tensor], device: torch.device) -> None:

@@ -16,7 +16,8 @@ Counting: ``step`` is the number of optimizer steps done; metrics logged "at ste
 s, and checkpoint ``step-s`` holds the state after s steps. The global batch: micro x accum x world size.
 
 Faults: SIGTERM/SIGINT finish the current step, write a checkpoint and raise :class:`TrainingInterrupted`;
-a non-finite loss or gradient norm raises :class:`NonFiniteLossError` before the bad update is applied.
+a non-finite loss or gradient norm raises :class:`NonFiniteLossError` before the bad update is applied
+(on a GPU, read one step late while the device skips the update: :mod:`bert_core.training.step_check`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -33,8 +35,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from bert_core.tracking import MetricsCallback
 from bert_core.training import checkpoint as ckpt
@@ -44,6 +47,7 @@ from bert_core.training.evaluation import evaluate_objective, to_device
 from bert_core.training.flops import mfu, peak_tflops
 from bert_core.training.objective import Objective
 from bert_core.training.optim import build_optimizer
+from bert_core.training.step_check import StepCheck, StepFlags
 from bert_core.training.window import MetricsWindow
 
 log = logging.getLogger(__name__)
@@ -108,6 +112,7 @@ class Trainer:
         self._complete = False
         self._stop_reason = "max_steps"
         self._stop_signal: int | None = None
+        self._stop_any = False  # a stop signal on some rank, as the step flags tell
 
     # ------------------------------------------------------------------ lifecycle
     def fit(self) -> FitResult:
@@ -161,6 +166,10 @@ class Trainer:
             fused=None,
         )
         self.scaler = torch.amp.GradScaler(dev.type, enabled=self.precision == "fp16")
+        stopped = lambda: self._stop_signal is not None  # noqa: E731
+        self._check = StepCheck.for_run(
+            cfg.overlap_checks, self.dist, self._now, stopped, self.optimizer, self.scaler
+        )
         self._peak = (
             peak_tflops(torch.cuda.get_device_name(dev), self.precision) if dev.type == "cuda" else None
         )
@@ -190,10 +199,6 @@ class Trainer:
         self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(p)
 
     def _seed_rngs(self) -> None:
-        import random
-
-        import numpy as np
-
         seed = self.config.seed + self.dist.rank
         random.seed(seed)
         np.random.seed(seed % 2**32)
@@ -304,18 +309,15 @@ class Trainer:
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             else:
                 grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            nonfinite, stop, elapsed = self._sync_flags(loss_mean, grad_norm)
-            if nonfinite:
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteLossError(self.step + 1, float(loss_mean), float(grad_norm), self._last_ckpt)
-            lr = self.schedule.lr_for_step(self.step, elapsed)
+            self._take(self._check.measure(self.step + 1, loss_mean, grad_norm))
+            lr = self.schedule.lr_for_step(self.step, self.elapsed_s)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            self.scaler.step(self.optimizer)
+            with self._check.skipping_bad(self.optimizer):
+                self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
-            self.elapsed_s = elapsed
             self._win.add_step(loss_mean, grad_norm, lr)
             done = (cfg.max_steps is not None and self.step >= cfg.max_steps) or (
                 cfg.time_budget_s is not None and self.elapsed_s >= cfg.time_budget_s
@@ -326,7 +328,7 @@ class Trainer:
                 self._win.restart_clock()
             if cfg.eval_every and self.step % cfg.eval_every == 0 and not done:
                 self._timed(self._evaluate)
-            if stop:
+            if self._stop_any:
                 self._timed(self._save)
                 raise TrainingInterrupted(self._stop_signal or signal.SIGTERM, self.step, self._last_ckpt)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not done:
@@ -339,20 +341,22 @@ class Trainer:
         fn()
         self._win.t0 += time.perf_counter() - t
 
-    def _sync_flags(self, loss: Tensor, grad_norm: Tensor) -> tuple[bool, bool, float]:
-        """The one host sync per step: a non-finite loss or gradient on any rank, a stop signal on any
-        rank, and the training clock (rank 0's, so every rank computes the same learning rate)."""
-        check = loss if self.scaler.is_enabled() else loss + grad_norm.float()
-        bad = (~torch.isfinite(check)).double()
-        if not self.dist.distributed:
-            return bool(bad.item()), self._stop_signal is not None, self._now()
-        stop = float(self._stop_signal is not None)
-        clock = self._now() if self.dist.is_main else 0.0
-        flags = torch.tensor([0.0, stop, clock], dtype=torch.float64, device=self.device)
-        flags[0] = bad
-        self.dist.all_reduce(flags, op="max")
-        bad_any, stop_any, elapsed = flags.tolist()
-        return bad_any > 0, stop_any > 0, elapsed
+    def _take(self, flags: StepFlags | None) -> None:
+        """Act on a step's flags (:mod:`bert_core.training.step_check`): a bad step raises with the state
+        before its update; a stop is kept for the end of the step; the clock moves on."""
+        if flags is None:
+            return
+        if flags.bad:
+            self.step = flags.step - 1  # overlapped: the step was counted, its update skipped on the device
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(flags.step, float(flags.loss), float(flags.grad_norm), self._last_ckpt)
+        self._stop_any = self._stop_any or flags.stop
+        self.elapsed_s = flags.elapsed
+
+    def _settle(self) -> None:
+        """Read the flags still in flight: before anything that reports or saves the state."""
+        if hasattr(self, "_check"):  # evaluate() before any training has none
+            self._take(self._check.settle())
 
     def _stop_requested(self) -> bool:
         """Whether any rank received SIGTERM/SIGINT (a collective under DDP)."""
@@ -361,6 +365,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ metrics
     def _log_train(self) -> None:
+        self._settle()
         w = self._win
         seconds = max(time.perf_counter() - w.t0, 1e-9)
         counts = torch.tensor([w.seqs, w.tokens, w.flops], dtype=torch.float64, device=self.device)
@@ -392,13 +397,8 @@ class Trainer:
         if self.dist.is_main:
             # train windows at DEBUG: the callers' rate-limited progress lines (bert_core.progress) report them
             level = logging.DEBUG if kind == "train" else logging.INFO
-            log.log(
-                level,
-                "step %d %s: %s",
-                self.step,
-                kind,
-                ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()),
-            )
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+            log.log(level, "step %d %s: %s", self.step, kind, shown)
             if self.on_metrics is not None:
                 self.on_metrics(self.step, metrics)
 
@@ -412,6 +412,7 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self, *, emit: bool = True) -> None:
+        self._settle()
         if self.evaluator is None and self.eval_data is None:
             return
         model = self.model
@@ -438,6 +439,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ save
     def _save(self) -> None:
+        self._settle()
         if self.checkpoint_dir is None:
             return
         rng = self.dist.gather_objects(ckpt.capture_rng_state())
@@ -482,11 +484,8 @@ class Trainer:
         def handler(signum: int, _frame: Any) -> None:
             if self._stop_signal is not None:  # second signal: stop now
                 raise KeyboardInterrupt
-            self._stop_signal = signum
-            log.warning(
-                "%s received: finishing the current step, writing a checkpoint and stopping",
-                signal.Signals(signum).name,
-            )
+            self._stop_signal, name = signum, signal.Signals(signum).name
+            log.warning("%s received: finishing the current step, writing a checkpoint and stopping", name)
 
         old = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
