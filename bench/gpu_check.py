@@ -230,12 +230,12 @@ def part_pretrain_loop(args: argparse.Namespace) -> dict:
 #: per-sequence cost of whatever the host does once a step; CUDA graphs replace hundreds of launches by a
 #: few; reading the step's flags before its update makes the device wait for the host every step, which the
 #: recipe avoids). (variant, micro batch, BertConfig overrides, TrainConfig overrides)
-ABLATIONS = (
+ABLATIONS = (  # the most telling first: a part cut off at its cap keeps the rows it finished
     ("recipe", 256, {}, {}),
+    ("flags read at once", 256, {}, {"overlap_checks": False}),
+    ("CUDA graphs", 256, {}, {"compile_mode": "reduce-overhead"}),
     ("no dropout", 256, {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}, {}),
     ("micro batch 512", 512, {}, {}),
-    ("CUDA graphs", 256, {}, {"compile_mode": "reduce-overhead"}),
-    ("flags read at once", 256, {}, {"overlap_checks": False}),
 )
 
 
@@ -387,7 +387,18 @@ class PartFailed(RuntimeError):
 
 
 def _progress(row: dict) -> None:
+    """A finished row on its own line of the part's log (:func:`_progress_rows` reads them back)."""
     print(json.dumps(row, default=str), flush=True)
+
+
+def _progress_rows(log_file: Path) -> list[dict]:
+    """The rows a part printed with :func:`_progress` before it was stopped."""
+    rows = []
+    for line in log_file.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            if line.startswith("{") and isinstance(row := json.loads(line), dict):
+                rows.append(row)
+    return rows
 
 
 # ------------------------------------------------------------------------------------- the driver
@@ -433,6 +444,8 @@ def run_part(name: str, args: argparse.Namespace, work: Path, cap: float) -> dic
         entry["gpu_before"] = before
     if result_file.is_file():
         entry |= json.loads(result_file.read_text())
+    elif rows := _progress_rows(log_file):  # cut off at the cap: the rows it finished
+        entry["result"] = {"rows": rows, "partial": True}
     if status != "ok":
         entry["log_tail"] = log_file.read_text(errors="replace")[-4000:]
     print(f"[gpu-check] {name}: {status} in {entry['seconds']} s", flush=True)

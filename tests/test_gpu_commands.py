@@ -113,10 +113,10 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
     ablate = summary["parts"]["pretrain_ablate"]["result"]["rows"]
     assert [r["variant"] for r in ablate] == [
         "recipe",
+        "flags read at once",
+        "CUDA graphs",
         "no dropout",
         "micro batch 512",
-        "CUDA graphs",
-        "flags read at once",
     ]
     assert all(r["seq_per_s"] > 0 and "matmul ms" in r and "host_gap_ms" in r for r in ablate)
     md = (out / "summary.md").read_text()
@@ -281,3 +281,32 @@ def test_each_part_records_the_gpus_clocks_and_other_processes_as_it_starts(tmp_
     assert state["memory.used"] == "1024" and state["compute_processes"] == 1
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert gpu_check.gpu_state() == {}
+
+
+def test_a_part_cut_off_at_its_cap_keeps_the_rows_it_finished(tmp_path, monkeypatch):
+    """The rows a part printed before the cap stopped it reach the summary, marked partial."""
+    import argparse
+
+    from bench import gpu_check
+
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'echo \'{"variant": "recipe", "seq_per_s": 4000}\'\n'
+        "echo 'compiling the next variant ...'\n"
+        'echo \'{"variant": "flags read at once", "seq_per_s": 3500}\'\n'
+        "exec sleep 30\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(gpu_check.sys, "executable", str(fake))
+    monkeypatch.setattr(gpu_check, "gpu_state", dict)
+    args = argparse.Namespace(device="cpu", tiny=True, tests=None, compare_variants=None, smoke_args=None)
+    entry = gpu_check.run_part("pretrain_ablate", args, tmp_path, cap=2)
+    assert entry["status"] == "timeout after 2 s"
+    assert entry["result"] == {
+        "rows": [
+            {"variant": "recipe", "seq_per_s": 4000},
+            {"variant": "flags read at once", "seq_per_s": 3500},
+        ],
+        "partial": True,
+    }
