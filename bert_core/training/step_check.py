@@ -133,8 +133,8 @@ class StepCheck:
             self._host = torch.empty(3, dtype=torch.float64, pin_memory=on_gpu)
             self._event = torch.cuda.Event() if on_gpu else None
         self._host[: len(flags)].copy_(flags, non_blocking=True)
-        if self._event is not None:
-            self._event.record()
+        if self._event is not None:  # on the stream the copy went to: that of the flags' device
+            self._event.record(torch.cuda.current_stream(flags.device))
         self._pending = (step, loss, grad_norm)
         return previous
 
