@@ -391,10 +391,10 @@ def _progress(row: dict) -> None:
     print(json.dumps(row, default=str), flush=True)
 
 
-def _progress_rows(log_file: Path) -> list[dict]:
-    """The rows a part printed with :func:`_progress` before it was stopped."""
+def _progress_rows(log: str) -> list[dict]:
+    """The rows a part printed with :func:`_progress` into its ``log`` before it was stopped."""
     rows = []
-    for line in log_file.read_text(errors="replace").splitlines():
+    for line in log.splitlines():
         with contextlib.suppress(ValueError):
             if line.startswith("{") and isinstance(row := json.loads(line), dict):
                 rows.append(row)
@@ -442,12 +442,13 @@ def run_part(name: str, args: argparse.Namespace, work: Path, cap: float) -> dic
     entry: dict[str, Any] = {"status": status, "seconds": round(time.perf_counter() - t0, 1)}
     if before:
         entry["gpu_before"] = before
+    log_text = "" if status == "ok" else log_file.read_text(errors="replace")
     if result_file.is_file():
         entry |= json.loads(result_file.read_text())
-    elif rows := _progress_rows(log_file):  # cut off at the cap: the rows it finished
+    elif rows := _progress_rows(log_text):  # cut off at the cap: the rows it finished
         entry["result"] = {"rows": rows, "partial": True}
     if status != "ok":
-        entry["log_tail"] = log_file.read_text(errors="replace")[-4000:]
+        entry["log_tail"] = log_text[-4000:]
     print(f"[gpu-check] {name}: {status} in {entry['seconds']} s", flush=True)
     return entry
 

@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 from bert_core.training.schedule import LinearWarmupDecay
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+PRECISIONS = get_args(Precision)
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 COMPILE_MODES = get_args(CompileMode)
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -113,7 +114,7 @@ class TrainConfig:
             raise ValueError(
                 f"compile_mode must be one of {', '.join(COMPILE_MODES)} or None, got {self.compile_mode!r}"
             )
-        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
+        if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
 
     @property

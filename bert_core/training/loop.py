@@ -113,6 +113,7 @@ class Trainer:
         self._stop_reason = "max_steps"
         self._stop_signal: int | None = None
         self._stop_any = False  # a stop signal on some rank, as the step flags tell
+        self._check: StepCheck | None = None  # made with the optimizer (_setup)
 
     # ------------------------------------------------------------------ lifecycle
     def fit(self) -> FitResult:
@@ -355,7 +356,7 @@ class Trainer:
 
     def _settle(self) -> None:
         """Read the flags still in flight: before anything that reports or saves the state."""
-        if hasattr(self, "_check"):  # evaluate() before any training has none
+        if self._check is not None:  # evaluate() before any training has none
             self._take(self._check.settle())
 
     def _stop_requested(self) -> bool:

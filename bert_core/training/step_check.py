@@ -73,8 +73,11 @@ class StepCheck:
         self.dist, self.clock, self.stopped, self.scaled, self.overlap = dist, clock, stopped, scaled, overlap
         self.found_inf: Tensor | None = None  # the last measured step's flag, for the fused AdamW
         self._pending: tuple[int, Tensor, Tensor] | None = None
-        self._host: Tensor | None = None  # pinned on a GPU, so that the copy back does not block
-        self._event: Any = None  # marks the copy's end on the GPU's stream
+        # Overlapped, made at the first step (a GPU is touched only once training runs): where the flags come
+        # back (bad; with several ranks stop and clock too), pinned on a GPU so that the copy does not block,
+        # and the event that marks the copy's end on the GPU's stream.
+        self._host: Tensor | None = None
+        self._event: Any = None
 
     @classmethod
     def for_run(
@@ -129,10 +132,10 @@ class StepCheck:
         previous = self.settle()
         self.found_inf = flags[0].float()
         if self._host is None:
-            on_gpu = bad.device.type == "cuda"
-            self._host = torch.empty(3, dtype=torch.float64, pin_memory=on_gpu)
+            on_gpu = flags.device.type == "cuda"
+            self._host = torch.empty(len(flags), dtype=torch.float64, pin_memory=on_gpu)
             self._event = torch.cuda.Event() if on_gpu else None
-        self._host[: len(flags)].copy_(flags, non_blocking=True)
+        self._host.copy_(flags, non_blocking=True)
         if self._event is not None:  # on the stream the copy went to: that of the flags' device
             self._event.record(torch.cuda.current_stream(flags.device))
         self._pending = (step, loss, grad_norm)
@@ -147,8 +150,7 @@ class StepCheck:
         if self._event is not None:
             self._event.synchronize()  # waits for that step alone: the step queued after it runs on
         assert self._host is not None
-        n = 3 if self.dist.distributed else 1
-        return self._flags(step, self._host[:n].tolist(), loss, grad_norm)
+        return self._flags(step, self._host.tolist(), loss, grad_norm)
 
     def _flags(self, step: int, values: list[float], loss: Tensor, grad_norm: Tensor) -> StepFlags:
         if self.dist.distributed:
