@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -253,3 +254,43 @@ def test_make_loader_returns_every_feature_once():
             seen += batch["feature_index"].tolist()
             assert batch["input_ids"].shape[1] == int(batch["attention_mask"].sum(1).max())
         assert sorted(seen) == list(range(37))
+
+
+def _features(lengths: list[int], seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        {
+            "input_ids": torch.randint(5, 90, (n,), generator=g).tolist(),
+            "attention_mask": [1] * n,
+            "token_type_ids": [0] * (n // 2) + [1] * (n - n // 2),
+        }
+        for n in lengths
+    ]
+
+
+@pytest.mark.parametrize("head", ["sequence", "token"])
+def test_predict_gives_each_feature_its_own_output_in_order_padding_cut_off(head, caplog, monkeypatch):
+    """Batches of mixed lengths, longest first, the last one short: each output is what the model gives the
+    feature alone, in the features' order, per-token outputs cut to the feature's length."""
+    from test_compile import tiny_config
+
+    from bert_core.finetune.inference import predict
+    from bert_core.model import BertForSequenceClassification, BertForTokenClassification
+
+    torch.manual_seed(0)
+    model_class = BertForSequenceClassification if head == "sequence" else BertForTokenClassification
+    model = model_class(tiny_config(num_labels=3)).train()
+    features = _features([5, 17, 9, 30, 2, 11, 23])
+    monkeypatch.setenv("BERT_PROGRESS_INTERVAL_S", "0")  # a progress line per batch
+    monkeypatch.setenv("BERT_PROGRESS_MIN_PERCENT", "0")
+    with caplog.at_level("INFO", logger="bert_core.finetune.inference"):
+        outputs = predict(model, features, batch_size=3, label="unit eval")
+    assert model.training  # put back as it was
+    model.eval()
+    for feature, out in zip(features, outputs, strict=True):
+        with torch.no_grad():
+            alone = model(**{k: torch.tensor([v]) for k, v in feature.items()}).logits[0].numpy()
+        assert out.dtype == np.float32 and out.shape == alone.shape
+        np.testing.assert_allclose(out, alone, rtol=1e-4, atol=1e-5)
+    assert "unit eval" in caplog.text and "3/3" in caplog.text
+    assert predict(model, [], batch_size=3) == []

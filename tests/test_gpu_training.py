@@ -3,7 +3,8 @@
 Each case is small (the tiny model, a few steps) so that ``pytest -m gpu`` fits in a minute or two of
 ``bench/gpu_check.py``: autocast in bf16 and fp16 (with loss scaling), the fused AdamW kernel, the
 compiled pretraining step with ``fullgraph=True`` under Inductor, the unpadded encoder against the
-padded one, a checkpoint saved and resumed on the GPU, and DDP with one process over NCCL.
+padded one, a checkpoint saved and resumed on the GPU, DDP with one process over NCCL, and the loop and
+prediction queuing work without waiting for the device.
 """
 
 from __future__ import annotations
@@ -178,6 +179,32 @@ def test_the_loop_queues_the_next_step_while_the_device_runs_one():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert trainer._check.overlap and trainer.step == 6
+
+
+def test_prediction_queues_the_next_batch_while_the_device_runs_one():
+    """Prediction copies each batch's outputs back through pinned memory behind an event and reads them while
+    the device runs the next batch: no wait but that event's (sync debug mode raises at any other), and the
+    outputs are the CPU's."""
+    from test_finetune_features import _features
+
+    from bert_core.finetune.inference import predict
+    from bert_core.model import BertForTokenClassification
+
+    torch.manual_seed(0)
+    model = BertForTokenClassification(tiny_config(num_labels=3)).eval()
+    features = _features([5, 17, 9, 30, 2, 11, 23])
+    on_cpu = predict(model, features, batch_size=3)
+    model.cuda()
+    predict(model, features, batch_size=3, device="cuda", precision="fp32")  # first use: kernels load
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        on_gpu = predict(model, features, batch_size=3, device="cuda", precision="fp32")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for cpu, gpu in zip(on_cpu, on_gpu, strict=True):
+        assert gpu.shape == cpu.shape
+        assert abs(gpu - cpu).max() < 1e-3
 
 
 def test_fit_turns_tf32_on_for_its_run_and_back_off_after_it(monkeypatch):

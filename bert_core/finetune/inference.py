@@ -12,13 +12,14 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from bert_core.constants import TOKENIZER_VOCAB_FILES
+from bert_core.device import to_device
 from bert_core.finetune.collate import (
     LengthGroupedBatchSampler,
     feature_length,
@@ -90,30 +91,66 @@ def predict(
     if was_training:  # Module.train walks every submodule: a served model (always eval) skips it per call
         model.eval()
     out: list[np.ndarray | None] = [None] * len(features)
+    pending: _Pending | None = None
     try:
         # make_loader's evaluation batches (longest first), collated in place: a DataLoader adds ~1 ms per call
         sampler = LengthGroupedBatchSampler([feature_length(f) for f in features], batch_size, shuffle=False)
         progress = Progress(label, len(sampler), noun="batch", logger=log) if label else None
         multiple = width_multiple(device)
+
+        def read(done: _Pending) -> None:
+            done.store(out)
+            if progress is not None:
+                progress.advance(1, examples=len(done.index))
+
         for index in sampler:
             batch = pad_collate([features[i] for i in index], pad_to_multiple_of=multiple)
-            inputs = {k: batch[k].to(device) for k in MODEL_INPUTS}
+            inputs = to_device({k: batch[k] for k in MODEL_INPUTS}, device)
             with autocast(device, precision):
                 result = model(**inputs)
             if hasattr(result, "start_logits"):
                 logits = torch.stack([result.start_logits, result.end_logits], dim=-1)  # (B, T, 2)
             else:
                 logits = result.logits  # (B, C) or (B, T, C)
-            logits = logits.float().cpu().numpy()
-            per_token = logits.ndim == 3
-            lengths = batch["attention_mask"].sum(-1).tolist()
-            for j, i in enumerate(index):
-                out[i] = logits[j][: lengths[j]] if per_token else logits[j]
-            if progress is not None:
-                progress.advance(1, examples=len(index))
+            queued = _Pending.of(index, batch["attention_mask"].sum(-1).tolist(), logits.float())
+            if pending is not None:
+                read(pending)  # the batch before, read while the device runs this one
+            pending = queued
+        if pending is not None:
+            read(pending)
         if progress is not None:
             progress.finish()
     finally:
         if was_training:
             model.train()
     return out  # type: ignore[return-value]
+
+
+class _Pending(NamedTuple):
+    """One batch's outputs on their way to the host: on a GPU a copy into pinned memory, queued behind the
+    batch's forward, and the event that marks it done, so the host collates and queues the next batch
+    before it waits (the device is never idle between batches); elsewhere the outputs themselves."""
+
+    index: list[int]
+    lengths: list[int]
+    logits: torch.Tensor
+    ready: torch.cuda.Event | None
+
+    @classmethod
+    def of(cls, index: list[int], lengths: list[int], logits: torch.Tensor) -> _Pending:
+        if logits.device.type != "cuda":
+            return cls(index, lengths, logits, None)
+        host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
+        host.copy_(logits, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(logits.device))
+        return cls(index, lengths, host, ready)
+
+    def store(self, out: list[np.ndarray | None]) -> None:
+        """Each feature's output, padding cut off, into its place in ``out``."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        logits = self.logits.numpy()
+        per_token = logits.ndim == 3
+        for j, i in enumerate(self.index):
+            out[i] = logits[j][: self.lengths[j]] if per_token else logits[j]

@@ -22,6 +22,7 @@ SERVING_MODULES: tuple[str, ...] = (
     "checks.py",
     "config.py",
     "constants.py",
+    "device.py",
     "hf.py",
     "integrity.py",
     "masked_lm.py",

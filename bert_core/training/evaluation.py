@@ -1,5 +1,5 @@
-"""The Trainer's batch plumbing and evaluation pass: batches to the device, statistics summed over
-batches and ranks, and an objective's ``eval_step`` over a held-out set summarised into ``eval_*`` metrics."""
+"""The Trainer's evaluation pass: statistics summed over batches and ranks, and an objective's ``eval_step``
+over a held-out set summarised into ``eval_*`` metrics."""
 
 from __future__ import annotations
 
@@ -11,20 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bert_core.device import to_device
 from bert_core.training.distributed import DistContext
 from bert_core.training.objective import Objective
-
-
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """The batch's tensors on ``device``. To a GPU they go through pinned memory: a copy from pageable
-    memory may make the host wait for the device's queue, and the loop's host would no longer run ahead."""
-    pin = device.type == "cuda"
-    return {
-        k: (v.pin_memory() if pin and v.device.type == "cpu" else v).to(device, non_blocking=True)
-        if isinstance(v, Tensor)
-        else v
-        for k, v in batch.items()
-    }
 
 
 def sum_into(acc: dict[str, Tensor], stats: dict[str, Tensor], device: torch.device) -> None:

@@ -39,11 +39,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from bert_core.device import to_device
 from bert_core.tracking import MetricsCallback
 from bert_core.training import checkpoint as ckpt
 from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig, TrainingInterrupted
 from bert_core.training.distributed import DistContext, resolve_device
-from bert_core.training.evaluation import evaluate_objective, to_device
+from bert_core.training.evaluation import evaluate_objective
 from bert_core.training.flops import mfu, peak_tflops
 from bert_core.training.objective import Objective
 from bert_core.training.optim import build_optimizer
@@ -488,10 +489,7 @@ class Trainer:
             self._stop_signal, name = signum, signal.Signals(signum).name
             log.warning("%s received: finishing the current step, writing a checkpoint and stopping", name)
 
-        old = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            old[sig] = signal.signal(sig, handler)
-        return old
+        return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _cleanup(self, old_handlers: dict[int, Any]) -> None:
         for sig, h in old_handlers.items():
