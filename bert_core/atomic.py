@@ -78,15 +78,33 @@ def _remove_dead_writers_temps(directory: Path, prefix: str) -> None:
     for child in directory.glob(glob.escape(prefix) + "*"):
         owner = child.name[len(prefix) :].removeprefix("old-").split("-", 1)[0]
         child_host, _, pid = owner.rpartition("_")
-        if child_host == host and pid.isdigit() and not process_alive(int(pid)):
+        if child_host == host and pid.isdigit() and writer_gone(int(pid), child):
             _remove(child)
 
 
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (one we may not signal counts as alive)."""
+#: How much later than a temporary's last change a process must have started to be taken for another one
+#: with its writer's number (a process's start time is known to about a second).
+_START_SLACK_S = 1.5
+
+
+def writer_gone(pid: int, temporary: Path) -> bool:
+    """Whether the process ``pid`` that wrote ``temporary`` is gone: no such process on this host, a killed
+    one not yet reaped, or one that started after the temporary last changed (the number reused by another process; a temporary's
+    change time is never before its writer started). A process we may not inspect counts as its writer.
+    The ``old-`` sibling of a replaced output is judged by the number alone: it is the earlier output
+    renamed, and not every filesystem counts a rename as a change."""
     import psutil  # here, not at import: a served model carries this module without psutil
 
-    return psutil.pid_exists(pid)
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped by its parent
+            return True
+        started, changed = process.create_time(), temporary.lstat().st_ctime
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, OSError):
+        return False
+    return f"{TEMP_MARKER}old-" not in temporary.name and started > changed + _START_SLACK_S
 
 
 def _fsync_dir(path: Path) -> None:

@@ -51,6 +51,46 @@ def test_atomic_file_survives_sigkill(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
 
 
+def test_a_temporary_goes_once_its_writer_is_gone_killed_unreaped_or_its_number_reused(tmp_path, monkeypatch):
+    """A killed writer may not be reaped yet, or its number may belong to another process by the time its
+    output is written again: a zombie, or a process started after the temporary last changed, is not its
+    writer; one that started before may be, and its temporary stays, as does an ``old-`` sibling whose
+    number lives."""
+    import time
+
+    import psutil
+
+    from bert_core import atomic
+
+    host, slack = atomic._OWNER.rsplit("_", 1)[0], atomic._START_SLACK_S
+    live = tmp_path / f".out.tmp-{host}_{os.getpid()}-abc"
+    old = tmp_path / f".out.tmp-old-{host}_{os.getpid()}"
+    for path in (live, old):
+        path.mkdir()
+    assert not atomic.writer_gone(os.getpid(), live)  # this process, started before the temporary
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not atomic.writer_gone(sleeper.pid, live)  # started within the slack: may be the writer
+        monkeypatch.setattr(atomic, "_START_SLACK_S", -time.time())  # as if it started long after
+        assert atomic.writer_gone(sleeper.pid, live)
+        assert not atomic.writer_gone(sleeper.pid, old)  # a renamed output is judged by the number alone
+        monkeypatch.setattr(atomic, "_START_SLACK_S", slack)
+        sleeper.kill()  # and not reaped yet
+        deadline = time.monotonic() + 10
+        while psutil.Process(sleeper.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert atomic.writer_gone(sleeper.pid, live)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert atomic.writer_gone(sleeper.pid, live)  # no such process
+    dead = tmp_path / f".out.tmp-{host}_{sleeper.pid}-def"
+    dead.mkdir()
+    with atomic_path(tmp_path / "out", is_dir=True) as tmp:  # the next write of the output
+        (tmp / "a").write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", live.name, old.name])
+
+
 def test_params_errors_name_file_key_and_value(tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("train:\n  lr: -1\n  stepz: 3\n")

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bert_core.atomic import process_alive
+from bert_core.atomic import writer_gone
 from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
 from bert_core.tracking.busy import (
@@ -280,7 +280,7 @@ def ensure_tracking_store(uri: str) -> None:
     path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed while creating it
         pid = stale.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and not process_alive(int(pid)):
+        if pid.isdigit() and writer_gone(int(pid), stale):
             stale.unlink(missing_ok=True)
     if path.exists():
         return
