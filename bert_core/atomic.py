@@ -89,10 +89,10 @@ _START_SLACK_S = 1.5
 
 def writer_gone(pid: int, temporary: Path) -> bool:
     """Whether the process ``pid`` that wrote ``temporary`` is gone: no such process on this host, a killed
-    one not yet reaped, or one that started after the temporary last changed (the number reused by another process; a temporary's
-    change time is never before its writer started). A process we may not inspect counts as its writer.
-    The ``old-`` sibling of a replaced output is judged by the number alone: it is the earlier output
-    renamed, and not every filesystem counts a rename as a change."""
+    one not yet reaped, or one that started after the temporary last changed (the number reused by another
+    process; a temporary's change time is never before its writer started). A process we may not inspect
+    counts as its writer. The ``old-`` sibling of a replaced output is judged by the number alone: it is
+    the earlier output renamed, and not every filesystem counts a rename as a change."""
     import psutil  # here, not at import: a served model carries this module without psutil
 
     try:
