@@ -3,8 +3,10 @@ each ``make`` word is a target of the Makefile, each ``python -m module`` / ``py
 each ``--flag`` it is given is one its ``--help`` names (a subcommand's help where the first argument is one).
 
 Commands are read from ``bash``/``sh`` fenced blocks and indented code blocks (untagged fences hold
-diagrams and file trees); a line ending in ``\\`` continues on the next; ``&&``, ``;`` and ``|`` separate
-commands; leading ``VAR=value`` assignments and ``/usr/bin/time -v`` are stepped over.
+diagrams and file trees), and from inline code in the prose; a line ending in ``\\`` continues on the
+next; ``&&``, ``;`` and ``|`` separate commands (``list|show`` alternatives too); leading ``VAR=value``
+assignments and ``/usr/bin/time -v`` are stepped over, ``[...]`` marks an optional part, and a command
+with a ``<placeholder>`` in its module is left out.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from bert_core.constants import REPO_ROOT
 
 DOCS = (REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")))
 PYTHONS = ("python", "python3", ".venv/bin/python")
+_INLINE = re.compile(r"`((?:make|python3?|\.venv/bin/python) [^`]+)`")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def code_lines(text: str) -> list[tuple[int, str]]:
-    """(line number, text) of each command line of a Markdown text, continuations joined."""
+    """(line number, text) of each command line of a Markdown text, continuations joined, and of each
+    inline code span in its prose that starts with ``make`` or ``python``."""
     lines: list[tuple[int, str]] = []
     fence: str | None = None  # the open fence's language ("" untagged), None outside a fence
     for number, line in enumerate(text.splitlines(), 1):
@@ -35,6 +39,8 @@ def code_lines(text: str) -> list[tuple[int, str]]:
             continue
         if fence in ("bash", "sh") or (fence is None and line.startswith("    ") and stripped):
             lines.append((number, stripped))
+        elif fence is None:
+            lines += [(number, span) for span in _INLINE.findall(line)]
     joined: list[tuple[int, str]] = []
     for number, line in lines:
         if joined and joined[-1][1].endswith("\\"):
@@ -47,14 +53,15 @@ def code_lines(text: str) -> list[tuple[int, str]]:
 def commands(line: str) -> list[list[str]]:
     """The words of each command on a line, comments, assignments and ``time`` stepped over."""
     out = []
-    for part in re.split(r"&&|;|\|", line.split(" #")[0]):
+    for part in re.split(r"&&|;|\||&", line.split(" #")[0]):
         try:
             words = shlex.split(part)
         except ValueError:  # prose in an indented block, a quote spanning lines
             continue
         while words and (_ASSIGNMENT.match(words[0]) or words[0] in ("/usr/bin/time", "-v")):
             words.pop(0)
-        if words:
+        words = [w.strip("[]") for w in words if w.strip("[]")]  # ``[--flag VALUE]``: an optional part
+        if words and not any(c in " ".join(words[:3]) for c in "<…"):  # ``python -m flows.<stage>``
             out.append(words)
     return out
 
