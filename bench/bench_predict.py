@@ -5,7 +5,10 @@ What is timed, interleaved in one process (ours/theirs alternate, order flipped 
 
 - throughput: all inputs in one call (ours: ``model.predict(DataFrame)``; theirs: ``pipe(list, batch_size)``),
   sentences per second;
-- latency: one sentence per call (a served request), milliseconds.
+- latency: one sentence per call (a served request), milliseconds;
+- the forward alone: the same sentences, already tokenised, through each side's torch model (ours:
+  ``bert_core.model``; theirs: the pipeline's ``model``), milliseconds: what the rest of a request costs is
+  the latency minus this.
 
 Both read the same model (a random BERT of the ``--preset`` shape with SST-2's head, or ``--model-dir``, a
 fine-tuned SST-2 directory), use the same batch size, and return the label and the class probabilities
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import pipeline
 
     from bert_core.finetune.params import TaskSettings
+    from bert_core.hf import load_pretrained
+    from bert_core.model import BertForSequenceClassification
     from bert_core.serving import serving_task
     from bert_core.serving.pyfunc import save_model
     from bert_core.tasks import get_task
@@ -180,6 +185,19 @@ def main(argv: list[str] | None = None) -> int:
             warmup=3,
             clock=CLOCKS[args.clock],
         )
+        ours_model = load_pretrained(BertForSequenceClassification, hf_dir)[0].eval()
+        encoded = [theirs.tokenizer([t], return_tensors="pt") for t in texts[: args.latency_calls]]
+
+        def forward(model: torch.nn.Module) -> None:
+            with torch.inference_mode():
+                model(**encoded[next(calls) % len(encoded)])
+
+        alone = interleaved_timing(
+            {"ours": lambda: forward(ours_model), "theirs": lambda: forward(theirs.model)},
+            repeats=args.latency_calls,
+            warmup=3,
+            clock=CLOCKS[args.clock],
+        )
     rows = [
         {
             "measure": f"throughput, {len(texts)} sentences, batch {args.batch_size} (sentences/s)",
@@ -192,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
             "ours": 1000 * median(single["ours"]),
             "transformers pipeline": 1000 * median(single["theirs"]),
             "ours / pipeline": median(paired_ratios(single["theirs"], single["ours"])),
+        },
+        {
+            "measure": "the forward alone, 1 sentence (ms, median)",
+            "ours": 1000 * median(alone["ours"]),
+            "transformers pipeline": 1000 * median(alone["theirs"]),
+            "ours / pipeline": median(paired_ratios(alone["theirs"], alone["ours"])),
         },
     ]
     info = {
