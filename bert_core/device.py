@@ -1,8 +1,9 @@
-"""Batches to the device, shared by the training loop and prediction (a served model carries this module)."""
+"""Tensors between host and device without the host waiting: batches to the device, results back. Shared by
+the training loop and prediction (a served model carries this module)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -18,3 +19,28 @@ def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
         else v
         for k, v in batch.items()
     }
+
+
+class HostCopy(NamedTuple):
+    """A tensor on its way to host memory, the host not waiting for the device: on a GPU a copy into pinned
+    memory behind an event recorded on the stream of the tensor's own device (the stream the copy goes to);
+    elsewhere the tensor itself. :meth:`wait` waits for that copy alone."""
+
+    tensor: Tensor
+    ready: torch.cuda.Event | None
+
+    @classmethod
+    def start(cls, tensor: Tensor) -> HostCopy:
+        if tensor.device.type != "cuda":
+            return cls(tensor, None)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(tensor.device))
+        return cls(host, ready)
+
+    def wait(self) -> Tensor:
+        """The tensor in host memory, once the copy is done."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.tensor

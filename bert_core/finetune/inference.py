@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from bert_core.constants import TOKENIZER_VOCAB_FILES
-from bert_core.device import to_device
+from bert_core.device import HostCopy, to_device
 from bert_core.finetune.collate import (
     LengthGroupedBatchSampler,
     feature_length,
@@ -112,7 +112,7 @@ def predict(
                 logits = torch.stack([result.start_logits, result.end_logits], dim=-1)  # (B, T, 2)
             else:
                 logits = result.logits  # (B, C) or (B, T, C)
-            queued = _Pending.of(index, batch["attention_mask"].sum(-1).tolist(), logits.float())
+            queued = _Pending(index, batch["attention_mask"].sum(-1).tolist(), HostCopy.start(logits.float()))
             if pending is not None:
                 read(pending)  # the batch before, read while the device runs this one
             pending = queued
@@ -127,30 +127,15 @@ def predict(
 
 
 class _Pending(NamedTuple):
-    """One batch's outputs on their way to the host: on a GPU a copy into pinned memory, queued behind the
-    batch's forward, and the event that marks it done, so the host collates and queues the next batch
-    before it waits (the device is never idle between batches); elsewhere the outputs themselves."""
+    """One batch's outputs on their way to the host (on a GPU, read while the device runs the next batch)."""
 
     index: list[int]
     lengths: list[int]
-    logits: torch.Tensor
-    ready: torch.cuda.Event | None
-
-    @classmethod
-    def of(cls, index: list[int], lengths: list[int], logits: torch.Tensor) -> _Pending:
-        if logits.device.type != "cuda":
-            return cls(index, lengths, logits, None)
-        host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
-        host.copy_(logits, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(logits.device))
-        return cls(index, lengths, host, ready)
+    logits: HostCopy
 
     def store(self, out: list[np.ndarray | None]) -> None:
         """Each feature's output, padding cut off, into its place in ``out``."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        logits = self.logits.numpy()
+        logits = self.logits.wait().numpy()
         per_token = logits.ndim == 3
         for j, i in enumerate(self.index):
             out[i] = logits[j][: self.lengths[j]] if per_token else logits[j]

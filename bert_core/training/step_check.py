@@ -22,11 +22,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from bert_core.device import HostCopy
 from bert_core.training.distributed import DistContext
 
 
@@ -72,12 +72,9 @@ class StepCheck:
     ) -> None:
         self.dist, self.clock, self.stopped, self.scaled, self.overlap = dist, clock, stopped, scaled, overlap
         self.found_inf: Tensor | None = None  # the last measured step's flag, for the fused AdamW
-        self._pending: tuple[int, Tensor, Tensor] | None = None
-        # Overlapped, made at the first step (a GPU is touched only once training runs): where the flags come
-        # back (bad; with several ranks stop and clock too), pinned on a GPU so that the copy does not block,
-        # and the event that marks the copy's end on the GPU's stream.
-        self._host: Tensor | None = None
-        self._event: Any = None
+        # Overlapped: the step not read yet, with its flags on their way back (bad; with several ranks stop
+        # and clock too).
+        self._pending: tuple[int, Tensor, Tensor, HostCopy] | None = None
 
     @classmethod
     def for_run(
@@ -131,26 +128,17 @@ class StepCheck:
             return self._flags(step, flags.tolist(), loss, grad_norm)
         previous = self.settle()
         self.found_inf = flags[0].float()
-        if self._host is None:
-            on_gpu = flags.device.type == "cuda"
-            self._host = torch.empty(len(flags), dtype=torch.float64, pin_memory=on_gpu)
-            self._event = torch.cuda.Event() if on_gpu else None
-        self._host.copy_(flags, non_blocking=True)
-        if self._event is not None:  # on the stream the copy went to: that of the flags' device
-            self._event.record(torch.cuda.current_stream(flags.device))
-        self._pending = (step, loss, grad_norm)
+        self._pending = (step, loss, grad_norm, HostCopy.start(flags))
         return previous
 
     def settle(self) -> StepFlags | None:
         """The flags not read yet, waiting for the device to make them (``None`` when none are pending)."""
         if self._pending is None:
             return None
-        step, loss, grad_norm = self._pending
+        step, loss, grad_norm, flags = self._pending
         self._pending = None
-        if self._event is not None:
-            self._event.synchronize()  # waits for that step alone: the step queued after it runs on
-        assert self._host is not None
-        return self._flags(step, self._host.tolist(), loss, grad_norm)
+        # waits for that step alone: the step queued after it runs on
+        return self._flags(step, flags.wait().tolist(), loss, grad_norm)
 
     def _flags(self, step: int, values: list[float], loss: Tensor, grad_norm: Tensor) -> StepFlags:
         if self.dist.distributed:
