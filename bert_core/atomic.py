@@ -42,7 +42,8 @@ class DiskFullError(OSError):
     """An output could not be written for lack of disk space; the partial output was removed."""
 
 
-def _looks_like_disk_full(err: Exception, directory: Path) -> bool:
+def looks_like_disk_full(err: Exception, directory: Path) -> bool:
+    """Whether ``err``, raised while writing under ``directory``, means the device (or a quota) is full."""
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(err)
@@ -169,13 +170,26 @@ def atomic_path(final: str | os.PathLike[str], *, is_dir: bool | None = None) ->
     refresh(final)  # replaced inside an already marked output: its manifest records the new content
 
 
+def commit_file(tmp: Path, final: Path) -> None:
+    """Move the finished file ``tmp`` (a sibling of ``final``) onto ``final``: fsynced first, one ``rename``,
+    never onto a directory or another thing :func:`bert_core.owned.check_replaceable` refuses. For a file
+    written over a long time that a crash must not discard (:mod:`bert_core.serving.partial`);
+    :func:`atomic_path` does the same for a temporary it made."""
+    check_replaceable(final, is_dir=False)
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    refresh(final)
+
+
 def _discard_and_reraise(err: BaseException, tmp: Path, final: Path) -> NoReturn:
     """Remove the partial output ``tmp``; re-raise ``err``, as :class:`DiskFullError` naming ``final`` when
     the device is full (one that already is names the inner output)."""
     full = (
         isinstance(err, Exception)
         and not isinstance(err, DiskFullError)
-        and _looks_like_disk_full(err, tmp.parent)
+        and looks_like_disk_full(err, tmp.parent)
     )
     _remove(tmp)
     if full:
@@ -421,7 +435,7 @@ def atomic_outputs(
                 for f in pairs
                 if isinstance(err, Exception)
                 and not isinstance(err, DiskFullError)
-                and _looks_like_disk_full(err, f.parent)
+                and looks_like_disk_full(err, f.parent)
             ),
             None,
         )

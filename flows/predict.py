@@ -28,6 +28,7 @@ def predict_flow(
     model: str = "models:/bert-sst2@champion",
     batch_size: Annotated[int, Field(ge=1, le=65536)] = DEFAULT_BATCH_SIZE,
     id_field: str = DEFAULT_ID_FIELD,
+    restart: bool = False,
 ) -> dict[str, Any]:
     """Predict every row of a JSON Lines file with a registered model; write the predictions as JSON Lines.
 
@@ -35,15 +36,18 @@ def predict_flow(
         input_path: JSON Lines file, one object per line with the model's input fields (relative paths are
             relative to the repository), e.g. data/predict/in.jsonl.
         output_path: Where the predictions go (one JSON object per input row, same order); written only
-            when every row was predicted.
+            when every row was predicted. A run that stopped keeps its rows beside it, and the next run of
+            the same input, model and settings continues after them.
         model: models:/<name>@<alias>, models:/<name>/<version>, runs:/<run>/model, an MLflow Model
             directory, or a stage's model directory (models/finetuned/sst2, models/pretrained; relative
             paths are relative to the repository).
         batch_size: Rows per model call.
         id_field: Input field copied to each output row (when the row has it).
+        restart: Predict every row again, dropping the rows an unfinished earlier run kept.
 
     Returns:
-        model_uri, input, output, rows, blank_lines, seconds, predict_seconds, rows_per_second.
+        model_uri, input, output, rows, blank_lines, seconds, predict_seconds, rows_per_second,
+        resumed_rows.
     """
     with library_logs():  # progress on the console and in the run's logs (Prefect's root is at WARNING)
         result = predict_file(
@@ -52,6 +56,7 @@ def predict_flow(
             in_repo(output_path, "output_path"),
             batch_size=batch_size,
             id_field=id_field,
+            restart=restart,
         )
     return result.as_record()
 
@@ -93,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True, help="JSON Lines output (written atomically)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per model call")
     parser.add_argument("--id-field", default=DEFAULT_ID_FIELD, help="input field copied to each output row")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="predict every row, dropping the rows an unfinished earlier run of this output kept",
+    )
     parser.add_argument("--no-prefect", action="store_true", help="run directly, not as a Prefect flow run")
     args = parser.parse_args(argv)
     model = Path(args.model).expanduser()
@@ -102,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(model.resolve()) if model.is_dir() else args.model,
         "batch_size": args.batch_size,
         "id_field": args.id_field,
+        "restart": args.restart,
     }
 
     def body() -> None:
@@ -113,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             with settings:
                 result = predict_flow(**kwargs)
         rows, seconds, output = result["rows"], result["seconds"], result["output"]
-        print(f"predicted {rows} row(s) in {seconds:.1f}s -> {output}", file=sys.stderr)
+        earlier = f" ({result['resumed_rows']} by an earlier run)" if result["resumed_rows"] else ""
+        print(f"predicted {rows} row(s){earlier} in {seconds:.1f}s -> {output}", file=sys.stderr)
 
-    return run_command(body, "predict", after_stop="; no output was written")
+    return run_command(body, "predict", after_stop="; the output was not written")
 
 
 if __name__ == "__main__":

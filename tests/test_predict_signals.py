@@ -1,9 +1,11 @@
-"""``python -m flows.predict`` stopped by SIGTERM / SIGINT mid-run: exit 143 / 130, no output, no temporary."""
+"""``python -m flows.predict`` stopped by SIGTERM / SIGINT mid-run: exit 143 / 130, no output; the rows
+predicted so far are kept beside it, and the same command then predicts only the rest."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,8 +26,9 @@ import mlflow
 
 class Slow(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):
-        pathlib.Path(os.environ["PREDICT_MARKER"]).touch()
-        time.sleep(0.5)
+        if os.environ.get("PREDICT_MARKER"):
+            pathlib.Path(os.environ["PREDICT_MARKER"]).touch()
+            time.sleep(0.5)
         return ["x"] * len(model_input)
 
 
@@ -37,7 +40,7 @@ mlflow.models.set_model(Slow())
 @pytest.mark.parametrize(
     ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"]
 )
-def test_a_signal_mid_run_exits_128_plus_n_and_leaves_nothing(tmp_path, signum, code):
+def test_a_signal_mid_run_exits_128_plus_n_and_the_rerun_continues(tmp_path, signum, code):
     import mlflow
 
     uri = register(tmp_path, "toy-slow", SLOW_CODE, _classifier_signature())
@@ -77,8 +80,7 @@ def test_a_signal_mid_run_exits_128_plus_n_and_leaves_nothing(tmp_path, signum, 
         assert marker.exists(), (
             f"predict never started; stderr: {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}"
         )
-        time.sleep(1.0)  # a few chunks written to the temporary output
-        assert any(".tmp-" in p.name for p in out_dir.iterdir())
+        time.sleep(1.0)  # a few chunks written to the partial output
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -86,6 +88,14 @@ def test_a_signal_mid_run_exits_128_plus_n_and_leaves_nothing(tmp_path, signum, 
             proc.kill()
             proc.communicate()
     assert proc.returncode == code, err[-2000:]
-    assert f"predict interrupted: stopped by {signal.Signals(signum).name}; no output was written" in err
-    assert list(out_dir.iterdir()) == []
+    assert f"predict interrupted: stopped by {signal.Signals(signum).name}; the output was not written" in err
+    assert "row(s); they are kept in" in err
+    assert sorted(p.name for p in out_dir.iterdir()) == [".pred.jsonl.partial", ".pred.jsonl.partial.json"]
     assert leftovers(tmp_path) == []
+
+    del env["PREDICT_MARKER"]  # the rest at full speed
+    rerun = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert re.search(r"predicted 200 row\(s\) \([1-9][0-9]* by an earlier run\)", rerun.stderr)
+    assert [json.loads(line)["id"] for line in dst.read_text().splitlines()] == list(range(200))
+    assert [p.name for p in out_dir.iterdir()] == ["pred.jsonl"]

@@ -15,11 +15,11 @@ reads its input schema and then:
 3. writes one JSON object per input row, in input order: the row's id field (``id``) when it has one, then
    the prediction's fields (a model returning scalars gives ``{"prediction": <value>}``).
 
-The output is written to a temporary file next to it and renamed into place at the end
-(:func:`bert_core.atomic.atomic_path`): an error, a signal or a crash leaves no output, never half of one.
-Progress (rows done / total, rows per second, ETA) is logged on the ``bert_core.serving.batch`` logger,
-which the console and Prefect show. Blank lines are skipped. A model without a signature gets every field
-of the row except the id.
+The rows go to ``.<output>.partial`` beside the output, which is renamed into place once every row is
+written (:mod:`bert_core.serving.partial`): the output appears whole or not at all, and a run stopped by an
+error, a signal or a crash leaves its finished rows there for the same command to continue after them.
+Progress (rows done / total, rows per second, ETA) is logged on the ``bert_core.serving.batch`` logger.
+Blank lines are skipped. A model without a signature gets every field of the row except the id.
 """
 
 from __future__ import annotations
@@ -30,42 +30,27 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bert_core.atomic import atomic_path, check_writable
+from bert_core.atomic import check_writable
 from bert_core.progress import Progress
+from bert_core.serving.partial import SAVE_INTERVAL_S, PartialOutput, run_identity
+from bert_core.serving.rows import (  # noqa: F401 - InputField and BadRowError are part of this module's API
+    DEFAULT_ID_FIELD,
+    BadRowError,
+    BatchPredictionError,
+    InputField,
+    check_file,
+    input_fields,
+    read_chunks,
+    record_check,
+)
 
 log = logging.getLogger("bert_core.serving.batch")
 
 DEFAULT_BATCH_SIZE = 64
-DEFAULT_ID_FIELD = "id"
-MAX_LINE_BYTES = 64 << 20  # one row; longer lines are refused (a file without newlines is not JSON Lines)
-_SHOW_VALUE = 60
-
-
-class BatchPredictionError(ValueError):
-    """Batch prediction cannot run or go on; the message names the model, file, line and field."""
-
-
-class BadRowError(BatchPredictionError):
-    """A row of the input file is not valid for the model (``<file>:<line>: field '<f>': ...``)."""
-
-    def __init__(self, path: Path, line: int, field_name: str | None, problem: str) -> None:
-        where = f"{path}:{line}: " + (f"field '{field_name}': " if field_name else "")
-        super().__init__(f"{where}{problem}; fix or remove the row. No output was written.")
-        self.path, self.line, self.field = path, line, field_name
-
-
-@dataclass(frozen=True)
-class InputField:
-    """One named input column of the model's schema."""
-
-    name: str
-    type: Any  # mlflow DataType, Array, Object, Map or AnyType
-    required: bool = True
 
 
 @dataclass
@@ -80,6 +65,7 @@ class BatchResult:
     seconds: float  # in all: loading the model, checking the rows, predicting
     fields: list[str] = field(default_factory=list)
     predict_seconds: float = 0.0
+    resumed_rows: int = 0  # written by an earlier, unfinished run of the same input, model and settings
 
     @property
     def rows_per_second(self) -> float:
@@ -96,221 +82,8 @@ class BatchResult:
             "seconds": round(self.seconds, 3),
             "predict_seconds": round(self.predict_seconds, 3),
             "rows_per_second": round(self.rows_per_second, 2) if self.predict_seconds > 0 else None,
+            "resumed_rows": self.resumed_rows,
         }
-
-
-# ---------------------------------------------------------------------------------------------- schema
-
-
-def input_fields(schema: Any, model_uri: str = "the model") -> list[InputField] | None:
-    """The named input fields of an MLflow input schema, or ``None`` when the model has no schema.
-
-    Raises:
-        BatchPredictionError: a tensor-based or unnamed-column schema (JSON rows cannot be mapped to it).
-    """
-    if schema is None:
-        return None
-    if schema.is_tensor_spec():
-        raise BatchPredictionError(
-            f"{model_uri}: its input schema is tensor-based ({schema}); batch prediction reads JSON rows into "
-            "named columns, so it needs a column-based signature"
-        )
-    fields = []
-    for spec in schema.inputs:
-        if not spec.name:
-            raise BatchPredictionError(
-                f"{model_uri}: its input schema has an unnamed column ({spec}); batch prediction needs named "
-                "fields to read JSON rows"
-            )
-        fields.append(InputField(spec.name, spec.type, bool(getattr(spec, "required", True))))
-    return fields
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "name", None) or str(tp)
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= _SHOW_VALUE else text[: _SHOW_VALUE - 3] + "..."
-
-
-def type_problem(value: Any, tp: Any) -> str | None:
-    """Why ``value`` (parsed JSON) does not fit MLflow type ``tp``, or ``None`` when it does."""
-    from mlflow.types.schema import Array, DataType, Map, Object
-
-    if isinstance(tp, DataType):
-        name = tp.name
-        if name in ("string", "datetime"):
-            if not isinstance(value, str):
-                return f"expected a string, got {_show(value)}"
-            if not value.strip():
-                return "empty text" if name == "string" else "empty datetime"
-            return None
-        if name == "binary":
-            return (
-                None if isinstance(value, str) and value else f"expected a base64 string, got {_show(value)}"
-            )
-        if name == "boolean":
-            return None if isinstance(value, bool) else f"expected true or false, got {_show(value)}"
-        if name in ("integer", "long"):
-            ok = isinstance(value, int) and not isinstance(value, bool)
-            return None if ok else f"expected an integer, got {_show(value)}"
-        if name in ("float", "double"):
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if ok and not math.isfinite(value):
-                return f"expected a finite number, got {_show(value)}"
-            return None if ok else f"expected a number, got {_show(value)}"
-        return None
-    if isinstance(tp, Array):
-        if not isinstance(value, list):
-            return f"expected a list of {_type_name(tp.dtype)}, got {_show(value)}"
-        if not value:
-            return "empty list"
-        for i, item in enumerate(value):
-            if problem := type_problem(item, tp.dtype):
-                return f"item {i}: {problem}"
-        return None
-    if isinstance(tp, Object | Map):
-        return None if isinstance(value, dict) else f"expected an object, got {_show(value)}"
-    return None  # AnyType and types this version does not know: the model checks them
-
-
-# ---------------------------------------------------------------------------------------------- rows
-
-
-def _lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes, int]]:
-    """``(line number, raw line, bytes read so far)``, lazily: one line in memory at a time."""
-    with open(path, "rb") as fh:
-        number, done = 0, 0
-        while True:
-            raw = fh.readline(max_line_bytes + 1)
-            if not raw:
-                return
-            number += 1
-            done += len(raw)
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                raise BadRowError(
-                    path,
-                    number,
-                    None,
-                    f"the line is longer than {max_line_bytes} bytes (is this JSON Lines?)",
-                )
-            yield number, raw, done
-
-
-def parse_row(
-    path: Path, number: int, raw: bytes, fields: list[InputField] | None, id_field: str
-) -> tuple[dict[str, Any], Any] | None:
-    """``(the row's fields for the model, its id or None)``, or ``None`` for a blank line. The model gets
-    the schema's fields (without a schema: every field but the id).
-
-    Raises:
-        BadRowError: not UTF-8, not JSON, not an object, a missing required field, a wrong type, empty text.
-    """
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise BadRowError(
-            path,
-            number,
-            None,
-            f"not UTF-8 (byte {raw[err.start : err.start + 1]!r} at "
-            f"offset {err.start}); save the file as UTF-8",
-        ) from None
-    if number == 1:
-        text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark (files saved by some editors)
-    if not text.strip():
-        return None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise BadRowError(path, number, None, f"not valid JSON ({err.msg} at column {err.colno})") from None
-    if not isinstance(obj, dict):
-        raise BadRowError(path, number, None, f"expected a JSON object, got {_show(obj)}")
-    row_id = obj.get(id_field)
-    if fields is None:
-        return {k: v for k, v in obj.items() if k != id_field}, row_id
-    row = {}
-    for spec in fields:
-        value = obj.get(spec.name)
-        if value is None:
-            if spec.required:
-                present = (", ".join(sorted(obj)[:10]) or "none")[:120]
-                raise BadRowError(
-                    path, number, spec.name, f"missing (required by the model; fields present: {present})"
-                )
-            continue
-        if problem := type_problem(value, spec.type):
-            raise BadRowError(path, number, spec.name, problem)
-        row[spec.name] = value
-    return row, row_id
-
-
-def record_check(model: Any) -> Callable[[dict[str, Any]], None] | None:
-    """The model's own check of one input record, when it has one, else ``None``.
-
-    This project's models have one (:meth:`bert_core.serving.pyfunc.BertPyfunc.check_record`: what
-    ``predict`` would refuse, such as a text over the model's length limit or a kind's impossible record,
-    found without running the model); other pyfunc models are checked against their schema only.
-    """
-    try:
-        inner = model.unwrap_python_model()
-    except Exception:  # not a PythonModel-based pyfunc (or a stand-in without the method)
-        return None
-    check = getattr(inner, "check_record", None)
-    return check if callable(check) else None
-
-
-def check_file(
-    path: Path,
-    fields: list[InputField] | None,
-    id_field: str = DEFAULT_ID_FIELD,
-    check: Callable[[dict[str, Any]], None] | None = None,
-) -> tuple[int, int]:
-    """Check every row of ``path`` (streaming) against the schema and, given ``check`` (:func:`record_check`),
-    as the model itself would; return ``(rows, blank lines)``.
-
-    Raises:
-        BadRowError: at the first bad row (its file and 1-based line).
-    """
-    from bert_core.kinds.base import ServingInputError
-
-    rows = blanks = 0
-    for number, raw, _ in _lines(path):
-        parsed = parse_row(path, number, raw, fields, id_field)
-        if parsed is None:
-            blanks += 1
-            continue
-        if check is not None:
-            try:
-                check(parsed[0])
-            except ServingInputError as err:  # names the field and the problem
-                raise BadRowError(path, number, None, str(err).rstrip(". ")) from None
-        rows += 1
-    return rows, blanks
-
-
-def read_chunks(
-    path: Path, fields: list[InputField] | None, batch_size: int, id_field: str = DEFAULT_ID_FIELD
-) -> Iterator[tuple[list[Any], list[dict[str, Any]], list[int]]]:
-    """Lazily yield ``(ids, rows, line numbers)`` chunks of at most ``batch_size`` rows (ids are ``None``
-    for rows without the id field; line numbers are 1-based). Only the current chunk is held in memory."""
-    ids: list[Any] = []
-    rows: list[dict[str, Any]] = []
-    lines: list[int] = []
-    for number, raw, _ in _lines(path):
-        parsed = parse_row(path, number, raw, fields, id_field)
-        if parsed is None:
-            continue
-        rows.append(parsed[0])
-        ids.append(parsed[1])
-        lines.append(number)
-        if len(rows) >= batch_size:
-            yield ids, rows, lines
-            ids, rows, lines = [], [], []
-    if rows:
-        yield ids, rows, lines
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -421,7 +194,9 @@ def predict_file(
     batch_size: int = DEFAULT_BATCH_SIZE,
     id_field: str = DEFAULT_ID_FIELD,
     model: Any = None,
+    restart: bool = False,
     progress_interval_s: float | None = None,
+    save_interval_s: float = SAVE_INTERVAL_S,
 ) -> BatchResult:
     """Predict every row of a JSON Lines file; write the predictions atomically (see the module docstring).
 
@@ -432,12 +207,16 @@ def predict_file(
         batch_size: Rows per ``model.predict`` call.
         id_field: Field copied from each input row to its output row (when present).
         model: An already loaded pyfunc model (``model_uri`` is then only its name in messages).
+        restart: Predict every row, dropping the rows an earlier unfinished run of the same input, model
+            and settings kept (by default the run continues after them: :mod:`bert_core.serving.partial`).
         progress_interval_s: Least seconds between progress log lines (default: ``BERT_PROGRESS_INTERVAL_S``
             or 20; see :class:`bert_core.progress.Progress`).
+        save_interval_s: Seconds between two saves of the rows written (what a SIGKILL can cost at most).
 
     Raises:
         BatchPredictionError: the model cannot be loaded or used, the input is missing, or a row is bad
-            (:class:`BadRowError`); no output is written.
+            (:class:`BadRowError`); the output is not written.
+        bert_core.serving.partial.OutputInUseError: another batch prediction is writing the same output.
     """
     if batch_size < 1:
         raise BatchPredictionError(f"batch_size must be at least 1, got {batch_size}")
@@ -451,47 +230,64 @@ def predict_file(
         raise BatchPredictionError(f"{dst}: the output would replace the input; choose another output path")
     check_writable(dst, is_dir=False)  # before any work: never replace a directory or a device
     t0 = time.monotonic()
-    if model is None:
-        log.info("loading %s", model_uri)
-        model = load_model(model_uri)
-    fields = input_fields(model.metadata.get_input_schema(), model_uri)
-    names = [f.name for f in fields] if fields is not None else []
-    log.info(
-        "model %s: input fields %s", model_uri, names if fields is not None else "(no schema: every field)"
-    )
-    t_check = time.monotonic()
-    total, blanks = check_file(src, fields, id_field, record_check(model))
-    log.info(
-        "%s: %d row(s) checked (%d blank line(s) skipped) in %.1fs",
-        src,
-        total,
-        blanks,
-        time.monotonic() - t_check,
-    )
-    progress = Progress(
-        f"{src.name} -> {dst.name}",
-        total,
-        noun="rows",
-        unit="rows",
-        logger=log,
-        interval_s=progress_interval_s,
-    )
-    done = 0
-    with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8") as out:
+    with PartialOutput(dst, save_interval_s=save_interval_s) as partial:  # a second run on dst fails here
+        if model is None:
+            log.info("loading %s", model_uri)
+            model = load_model(model_uri)
+        fields = input_fields(model.metadata.get_input_schema(), model_uri)
+        names = [f.name for f in fields] if fields is not None else []
+        log.info(
+            "model %s: input fields %s",
+            model_uri,
+            names if fields is not None else "(no schema: every field)",
+        )
+        t_check = time.monotonic()
+        total, blanks = check_file(src, fields, id_field, record_check(model))
+        log.info(
+            "%s: %d row(s) checked (%d blank line(s) skipped) in %.1fs",
+            src,
+            total,
+            blanks,
+            time.monotonic() - t_check,
+        )
+        done = partial.resume(
+            run_identity(src, model_uri, model, batch_size, id_field), total, restart=restart
+        )
+        what = f"{src.name} -> {dst.name}"
+        progress = Progress(
+            what, total, noun="rows", unit="rows", logger=log, interval_s=progress_interval_s, initial=done
+        )
+        skipped = 0
         for ids, rows, lines in read_chunks(src, fields, batch_size, id_field):
+            if skipped < done:  # written by the earlier run, in the same chunks
+                skipped += len(rows)
+                continue
             try:
                 predictions = model.predict(_frame(rows, fields))
             except Exception as err:
-                raise _predict_error(err, model_uri, src, done, lines) from err
-            for row_id, record in zip(ids, prediction_records(predictions, len(rows), model_uri)):
-                if row_id is not None:
-                    record = {
-                        id_field: _jsonable(row_id),
-                        **{k: v for k, v in record.items() if k != id_field},
-                    }
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            done += len(rows)
-            progress.update(done)
-        out.flush()
+                raise _predict_error(err, model_uri, src, partial.rows, lines) from err
+            records = prediction_records(predictions, len(rows), model_uri)
+            partial.write(
+                "".join(_line(row_id, record, id_field) for row_id, record in zip(ids, records)), len(rows)
+            )
+            progress.update(partial.rows)
+        partial.commit()
     log.info("%s; wrote %s", progress.line(done=True), dst)
-    return BatchResult(model_uri, src, dst, done, blanks, time.monotonic() - t0, names, progress.elapsed_s)
+    return BatchResult(
+        model_uri,
+        src,
+        dst,
+        partial.rows,
+        blanks,
+        time.monotonic() - t0,
+        names,
+        progress.elapsed_s,
+        partial.resumed_rows,
+    )
+
+
+def _line(row_id: Any, record: dict[str, Any], id_field: str) -> str:
+    """One output line: the row's id (when it has one) first, then the prediction's fields."""
+    if row_id is not None:
+        record = {id_field: _jsonable(row_id), **{k: v for k, v in record.items() if k != id_field}}
+    return json.dumps(record, ensure_ascii=False) + "\n"

@@ -187,3 +187,44 @@ def test_a_write_cut_short_by_a_file_size_limit_leaves_no_output(tmp_path, kind)
     assert res.returncode == 1, res.stderr[-2000:]
     assert "Traceback" in res.stderr  # an error, not a silent truncation
     assert list(out.iterdir()) == [], list(out.iterdir())
+
+
+def test_batch_prediction_on_a_full_disk_keeps_the_saved_rows_and_continues_once_there_is_room(
+    tmp_path, small_disk
+):
+    import json
+
+    from bert_core.serving.batch import predict_file
+
+    class Meta:
+        model_uuid = "0123abcd"
+
+        def get_input_schema(self):
+            return None
+
+    class Wordy:
+        metadata = Meta()
+
+        def predict(self, frame):
+            return [{"label": "positive", "note": "x" * 200} for _ in range(len(frame))]
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "text": f"row {i}"}) + "\n" for i in range(2000)))
+    expected = tmp_path / "expected.jsonl"
+    predict_file("wordy", src, expected, model=Wordy(), batch_size=50)  # about 470 KB
+    disk = small_disk(96)
+    dst = disk / "pred.jsonl"
+    with pytest.raises(
+        DiskFullError,
+        match=r"no space left on the device while writing .*pred\.jsonl .*the [1-9][0-9]* row\(s\) saved "
+        r"before are kept in .*\.pred\.jsonl\.partial\. Free space there and run the same command again",
+    ):
+        predict_file("wordy", src, dst, model=Wordy(), batch_size=50, save_interval_s=0)
+    saved = json.loads((disk / ".pred.jsonl.partial.json").read_text())["rows"]
+    assert not dst.exists() and saved > 0
+    resized = subprocess.run(["mount", "-o", "remount,size=2048k", str(disk)], capture_output=True, text=True)
+    assert resized.returncode == 0, resized.stderr
+    result = predict_file("wordy", src, dst, model=Wordy(), batch_size=50)
+    assert result.resumed_rows == saved
+    assert dst.read_bytes() == expected.read_bytes()
+    assert sorted(p.name for p in disk.iterdir()) == ["pred.jsonl"]
