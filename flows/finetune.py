@@ -19,6 +19,7 @@ from prefect import flow
 
 from bert_core.constants import REPO_ROOT
 from bert_core.finetune.params import FinetuneParams
+from bert_core.finetune.trials import discard_trials
 from bert_core.released import resolve_checkpoint
 from bert_core.serving.finetuned import FinetunedModel
 from bert_core.tasks import get_task
@@ -95,6 +96,7 @@ def finetune_flow(
     model_out: str | None = None,
     metrics_path: str | None = None,
     plots_dir: str | None = None,
+    trials_root: str = STAGE.default("trials_root"),
 ) -> dict[str, float]:
     """Fine-tune one task; return its flat dev metrics.
 
@@ -106,6 +108,7 @@ def finetune_flow(
         model_out: The selected model (default ``models/finetuned/<task>``).
         metrics_path: DVC metrics file (default ``metrics/finetune/<task>.json``).
         plots_dir: Learning curves of the selected trial for ``dvc plots`` (default ``plots/finetune/<task>``).
+        trials_root: Finished trials, kept until the outputs are committed: a rerun trains only the rest.
     """
     from bert_core.finetune.run import finetune_task  # torch: not imported for --help
 
@@ -135,6 +138,7 @@ def finetune_flow(
             on_data=lambda data: (s.reports.extend(data.check_reports), log_task_data(spec.name, data)),
             check_report_dir=o.checks,
             outputs=s.staged,
+            trials_root=trials_root,
         )
         s.run.set_tags(split_tags(result.data_split))  # data_split (+ its label unless official splits)
         model = FinetunedModel(spec, params.for_task(spec.name), result, params.registry)
@@ -147,6 +151,7 @@ def finetune_flow(
             artifacts=[(o.results, "results"), *((c, "plots") for c in o.curves)],
             then=register if params.registry.enabled else None,  # on the committed model directory
         )
+    discard_trials(trials_root, spec.name)
     return s.details
 
 

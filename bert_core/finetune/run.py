@@ -42,6 +42,7 @@ from bert_core.finetune.trial import (
     no_tracking,
     run_trial,
 )
+from bert_core.finetune.trials import Logged, TrialStore, trials_fingerprint
 from bert_core.kinds import SplitScore, get_kind, max_seq_length
 from bert_core.kinds.task_json import serving_task
 from bert_core.released import check_checkpoint
@@ -87,6 +88,7 @@ def finetune_task(
     on_data: Callable[[TrialData], None] | None = None,
     check_report_dir: str | Path | None = None,
     outputs: OutputSet | None = None,
+    trials_root: str | Path | None = None,
 ) -> FinetuneResult:
     """Fine-tune ``task`` from the HF model in ``model_source`` and write its outputs.
 
@@ -107,6 +109,8 @@ def finetune_task(
         outputs: Stage ``out_dir`` and ``model_out`` in this :class:`~bert_core.atomic.OutputSet` (the
             flow adds its metrics and plots files, so that all are committed together); default: a set of
             their own, committed when this function returns.
+        trials_root: Where finished trials are kept, so that a rerun after a crash trains only the rest
+            (:mod:`bert_core.finetune.trials`); default: a temporary folder, gone with the run.
 
     Returns:
         The :class:`FinetuneResult` (also written as ``out_dir/summary.json``).
@@ -148,13 +152,39 @@ def finetune_task(
             len(data.train.features),
             {s: len(d.features) for s, d in data.dev.items()},
         )
+        main_dev = data.dev[spec.main_dev_split]
+        fingerprint = trials_fingerprint(
+            spec.name,
+            settings,
+            source_dir,
+            [data.train.features, main_dev.features],
+            params.device,
+            params.precision,
+        )
+        store = TrialStore(trials_root or tmp / "trials", spec.name, fingerprint)
+        main = spec.main_metric
+
+        def trial_args(init: str, lr: float, seed: int) -> dict[str, Any]:
+            return dict(
+                spec=spec,
+                data=data,
+                settings=settings,
+                source_dir=source_dir,
+                init=init,
+                learning_rate=lr,
+                seed=seed,
+                device=params.device,
+                precision=params.precision,
+            )
+
         trials: list[TrialResult] = []
-        best: dict[str, TrialOutcome] = {}
+        # Per init, its best trial so far: (init, lr, seed), result, dev score (None: trained by an earlier
+        # run), weights (None: an earlier run's trial whose weights were not kept).
+        best: dict[str, tuple[tuple[str, float, int], TrialResult, SplitScore | None, Path | None]] = {}
         open_trial = tracker.trial if tracker is not None else no_tracking
         grid = trial_grid(settings, params.model.init)
         for number, (init, lr, seed) in enumerate(grid, 1):
             name = f"{spec.name}-{init}-lr{lr:g}-seed{seed}"
-            log.info("trial %d/%d: %s", number, len(grid), name)
             trial_params = {
                 **settings.model_dump(mode="json"),
                 "learning_rate": lr,
@@ -170,30 +200,32 @@ def finetune_task(
             }
             provenance = ("model", "model_version", "uri", "sha")
             tags.update({f"pretrained_{k}": str(v) for k, v in info.items() if k in provenance})
-            with open_trial(name, trial_params, tags) as recorder:
-                outcome, model = run_trial(
-                    spec,
-                    data,
-                    settings,
-                    source_dir,
-                    init=init,
-                    learning_rate=lr,
-                    seed=seed,
-                    device=params.device,
-                    precision=params.precision,
-                    recorder=recorder,
-                )
-            trials.append(outcome.result)
-            main = outcome.result.dev.get(spec.main_metric, math.nan)
-            log.info("%s: %s = %.3f", name, spec.main_metric, main)
             current = best.get(init)
-            if current is None or _rank(main) > _rank(current.result.dev.get(spec.main_metric)):
-                best[init] = outcome
-                target = tmp / f"best-{init}"
-                if target.exists():
-                    shutil.rmtree(target)
-                model.save_pretrained(target)
-            del model
+            kept = store.finished(name)
+            if kept is not None:
+                log.info(
+                    "trial %d/%d: %s: finished by an earlier run (%s)", number, len(grid), name, store.dir
+                )
+                with open_trial(name, trial_params, {**tags, "trial_reused": "true"}) as recorder:
+                    kept.replay(recorder)
+                result, score, weights = kept.result, None, kept.model_dir
+            else:
+                log.info("trial %d/%d: %s", number, len(grid), name)
+                with open_trial(name, trial_params, tags) as recorder:
+                    logged = Logged(recorder)
+                    outcome, model = run_trial(**trial_args(init, lr, seed), recorder=logged)
+                result, score = outcome.result, outcome.dev_score
+                # weights first, then the record: the best recorded trial of an init has its weights
+                weights = store.keep(
+                    name, result, logged.calls, model if _better(result, current, main) else None
+                )
+                del model
+            trials.append(result)
+            log.info("%s: %s = %.3f", name, main, result.dev.get(main, math.nan))
+            if _better(result, current, main):
+                if current is not None and current[3] not in (None, weights):
+                    store.drop(current[3])  # after the better trial's record
+                best[init] = ((init, lr, seed), result, score, weights)
         trials += run_reference_trials(
             spec,
             settings,
@@ -223,8 +255,17 @@ def finetune_task(
             data_split=data.split_info,
             baselines=baselines,
         )
-        selected_init = result.selected.init
-        best_dir = tmp / f"best-{selected_init}"
+        trial, selected, dev_score, best_dir = best[result.selected.init]
+        if (
+            best_dir is None
+        ):  # an earlier run kept its result, not its weights (its grid ran in another order)
+            log.info("%s: trained again for its weights", selected.name)
+            outcome, model = run_trial(**trial_args(*trial))
+            best_dir, dev_score = tmp / "selected", outcome.dev_score
+            model.save_pretrained(best_dir)
+            del model
+        elif dev_score is None:  # trained by an earlier run: its dev predictions again, from its weights
+            dev_score = _dev_score(spec, main_dev, settings, params, best_dir)
         with contextlib.ExitStack() as stack:
             if outputs is None:
                 outputs = stack.enter_context(atomic_outputs([out_dir, model_out], dirs=[out_dir]))
@@ -234,7 +275,7 @@ def finetune_task(
                 settings,
                 params,
                 result,
-                best[selected_init],
+                TrialOutcome(selected, dev_score),
                 best_dir,
                 tokenizer,
                 out_dir,
@@ -247,6 +288,29 @@ def finetune_task(
 def _rank(value: Any) -> float:
     v = float(value) if value is not None else math.nan
     return -math.inf if math.isnan(v) else v
+
+
+def _better(result: TrialResult, current: tuple[Any, TrialResult, Any, Any] | None, main: str) -> bool:
+    """Whether ``result`` beats the best trial of its init so far (the first of equals stays)."""
+    return current is None or _rank(result.dev.get(main, math.nan)) > _rank(current[1].dev.get(main))
+
+
+def _dev_score(
+    spec: TaskSpec, dev: SplitData, settings: TaskSettings, params: FinetuneParams, model_dir: Path
+) -> SplitScore:
+    """The main dev split's score of the weights in ``model_dir``, as its trial's last evaluation made it."""
+    kind = get_kind(spec)
+    model = kind.model_class.from_pretrained(model_dir)
+    device = torch.device("cuda" if params.device != "cpu" and torch.cuda.is_available() else "cpu")
+    outputs = predict(
+        model.to(device),
+        dev.features,
+        batch_size=settings.eval_batch_size,
+        device=device,
+        precision=params.precision,
+        label=f"{spec.name} {spec.dev_splits[0]} eval",
+    )
+    return kind.score(spec, dev.rows, dev.features, outputs, settings)
 
 
 def _write_outputs(

@@ -243,6 +243,9 @@ STAGES: tuple[Stage, ...] = (
             Option("--out", "out_dir", None, help="predictions dir (default results/finetune/<task>)"),
             Option("--model-out", "model_out", None, help="model dir (default models/finetuned/<task>)"),
             Option("--plots", "plots_dir", None, help="learning-curve CSVs (default plots/finetune/<task>)"),
+            Option(
+                "--trials", "trials_root", "data/finetune/trials", help="finished trials kept for a rerun"
+            ),
         ),
         outs=("models/finetuned/${key}", "results/finetune/${key}"),
         metrics=("metrics/finetune/${key}.json",),

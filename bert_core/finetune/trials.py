@@ -1,0 +1,145 @@
+"""Finished fine-tuning trials kept across a crash, so that a rerun of the stage trains only the rest.
+
+A task's grid of (init, learning rate, seed) trials is long work: the paper's grid for one GLUE task on
+BERT-Base is hours on a GPU, and a crash in its last trial must not cost the others.
+:func:`bert_core.finetune.run.finetune_task` keeps each finished trial in a :class:`TrialStore` folder,
+``<trials_root>/<task>-<fingerprint>/``:
+
+- ``<trial>.json``: its :class:`~bert_core.finetune.results.TrialResult` and every metric its recorder
+  logged (replayed into the rerun's MLflow trial run, tagged ``trial_reused``);
+- ``model-<trial>/``: the weights of the best trial of its init so far. A better trial's weights replace them
+  only after its own record is written, so the best finished trial always has its weights.
+
+The fingerprint (:func:`trials_fingerprint`) covers what a trial's result depends on besides its own
+learning rate and seed: the task settings (the grid's learning rates and seeds, the baselines and the test
+predictions excepted, so that a grid that grows keeps its trials), the starting checkpoint's weights and
+config, the training and dev features, the device and the precision. A rerun reuses every finished trial of
+its grid with that fingerprint; anything else starts in a folder of its own. A task's folders are removed
+once its outputs are committed (:func:`discard_trials`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import pickle
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bert_core.atomic import atomic_path, write_json_atomic
+from bert_core.finetune.results import TrialResult
+from bert_core.tracking.fingerprint import SHORT_HEX
+
+log = logging.getLogger(__name__)
+
+#: Task settings a trial's own result does not depend on (the grid, the baselines, the test predictions).
+_NOT_IN_A_TRIAL = {
+    "learning_rates",
+    "seeds",
+    "random_init_baseline",
+    "reference_baseline",
+    "predict_test",
+    "test_limit",
+}
+
+
+def trials_fingerprint(
+    task: str, settings: Any, source_dir: Path, features: list[Any], device: str, precision: str
+) -> str:
+    """What a trial's result depends on besides its init, learning rate and seed (see the module docstring)."""
+    import xxhash
+
+    from bert_core.tracking.fingerprint import fingerprint, json_fingerprint
+
+    digest = xxhash.xxh3_128()
+    for split in features:
+        digest.update(pickle.dumps(split, protocol=5))
+    return json_fingerprint(
+        {
+            "task": task,
+            "settings": settings.model_dump(mode="json", exclude=_NOT_IN_A_TRIAL),
+            "checkpoint": fingerprint(source_dir),
+            "features": digest.hexdigest(),
+            "device": device,
+            "precision": precision,
+        }
+    )
+
+
+class Logged:
+    """A trial recorder that also keeps what it was given, to be replayed when the trial is reused."""
+
+    def __init__(self, recorder: Any) -> None:
+        self.recorder, self.calls = recorder, []
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self.calls.append([dict(metrics), step])
+        self.recorder.log_metrics(metrics, step=step)
+
+
+@dataclasses.dataclass
+class KeptTrial:
+    """A trial an earlier run finished: its result, the metrics it logged, its weights when it has them."""
+
+    result: TrialResult
+    logged: list[list[Any]]
+    model_dir: Path | None
+
+    def replay(self, recorder: Any) -> None:
+        for metrics, step in self.logged:
+            recorder.log_metrics(metrics, step=step)
+
+
+class TrialStore:
+    """One task's finished trials under one fingerprint (see the module docstring)."""
+
+    def __init__(self, root: str | Path, task: str, fingerprint: str) -> None:
+        self.dir = Path(root) / f"{task}-{fingerprint}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for model in self.dir.glob("model-*"):  # weights saved just before a crash, without their record
+            if not (self.dir / f"{model.name.removeprefix('model-')}.json").is_file():
+                shutil.rmtree(model, ignore_errors=True)
+
+    def model_dir(self, name: str) -> Path:
+        return self.dir / f"model-{name}"
+
+    def finished(self, name: str) -> KeptTrial | None:
+        """The trial ``name`` when an earlier run finished it (``None`` when not, or its record is damaged)."""
+        path = self.dir / f"{name}.json"
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            result = TrialResult(**data["result"])
+            logged = [[dict(m), s] for m, s in data["logged"]]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("%s is damaged (%s); the trial runs again", path, err)
+            return None
+        model = self.model_dir(name)
+        return KeptTrial(result, logged, model if (model / "config.json").is_file() else None)
+
+    def keep(self, name: str, result: TrialResult, logged: list[list[Any]], model: Any = None) -> Path | None:
+        """Record a finished trial; with ``model`` (the new best of its init) its weights first. Returns the
+        weights' directory (``None`` without ``model``)."""
+        target = None
+        if model is not None:
+            target = self.model_dir(name)
+            with atomic_path(target) as tmp:
+                model.save_pretrained(tmp)
+        write_json_atomic(self.dir / f"{name}.json", {"result": dataclasses.asdict(result), "logged": logged})
+        return target
+
+    def drop(self, weights: Path) -> None:
+        """Remove a trial's weights (a better trial of its init has been recorded)."""
+        shutil.rmtree(weights, ignore_errors=True)
+
+
+def discard_trials(root: str | Path, task: str) -> None:
+    """Remove every kept-trials folder of ``task`` under ``root`` (its outputs are committed)."""
+    for folder in Path(root).glob(f"{task}-*"):
+        if folder.is_dir() and re.fullmatch(rf"{re.escape(task)}-[0-9a-f]{{{SHORT_HEX}}}", folder.name):
+            shutil.rmtree(folder, ignore_errors=True)

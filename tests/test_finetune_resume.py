@@ -1,0 +1,183 @@
+"""A fine-tuning run that crashed mid-grid: the rerun trains only the unfinished trials, reuses the others
+(their results, their logged metrics, the best one's weights) and writes what an uninterrupted run writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+import test_finetune_run as base
+
+from bert_core.finetune import run as run_module
+from bert_core.finetune.trials import TrialStore, discard_trials, trials_fingerprint
+
+# the tiny model, the data root and one thread, as the fine-tuning tests have them
+tiny_model, data_root, _one_thread, _params = base.tiny_model, base.data_root, base._one_thread, base._params
+
+
+class Tracker:
+    """Records each trial's name, tags and logged metrics, as the MLflow tracker would log them."""
+
+    def __init__(self) -> None:
+        self.trials: dict[str, dict] = {}
+
+    @contextlib.contextmanager
+    def trial(self, name, params, tags):
+        record = self.trials[name] = {"tags": dict(tags), "logged": []}
+
+        class Recorder:
+            def log_metrics(self, metrics, step=None):
+                record["logged"].append((dict(metrics), step))
+
+        yield Recorder()
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def _grid_params():
+    params = _params(learning_rates=[1e-3, 1e-4], random_init_baseline=True, predict_test=False)
+    return params.model_copy(update={"small_task_seeds": [1, 2]})  # rte: 2 lrs x 2 seeds x 2 inits
+
+
+def _finetune(tiny_model, data_root, out: Path, trials_root: Path | None, tracker=None):
+    return run_module.finetune_task(
+        "rte",
+        _grid_params(),
+        tiny_model,
+        out / "results",
+        model_out=out / "model",
+        data_root=data_root,
+        tracker=tracker,
+        trials_root=trials_root,
+    )
+
+
+def _counting(monkeypatch, crash_at: int | None = None) -> list[str]:
+    """Count the trials trained; raise :class:`Crash` when trial ``crash_at`` (1-based) starts."""
+    real, trained = run_module.run_trial, []
+
+    def run_trial(spec, data, settings, source_dir, **kwargs):
+        if crash_at is not None and len(trained) + 1 == crash_at:
+            raise Crash("killed")
+        trained.append(f"{kwargs['init']}-lr{kwargs['learning_rate']:g}-seed{kwargs['seed']}")
+        return real(spec, data, settings, source_dir, **kwargs)
+
+    monkeypatch.setattr(run_module, "run_trial", run_trial)
+    return trained
+
+
+def test_a_rerun_after_a_crash_trains_only_the_unfinished_trials_and_writes_the_same(
+    tiny_model, data_root, tmp_path, monkeypatch
+):
+    whole_tracker = Tracker()
+    whole = _finetune(tiny_model, data_root, tmp_path / "whole", None, whole_tracker)
+    assert len(whole.trials) == 8
+
+    trials_root, crashed_tracker = tmp_path / "trials", Tracker()
+    with monkeypatch.context() as m:
+        first = _counting(m, crash_at=6)
+        with pytest.raises(Crash):
+            _finetune(tiny_model, data_root, tmp_path / "out", trials_root, crashed_tracker)
+    assert len(first) == 5
+    (store,) = trials_root.iterdir()
+    assert len(list(store.glob("*.json"))) == 5
+    # the best of each init so far keeps its weights (pretrained: 4 trials done, random: 1)
+    assert len(list(store.glob("model-*"))) == 2
+
+    tracker = Tracker()
+    with monkeypatch.context() as m:
+        second = _counting(m)
+        resumed = _finetune(tiny_model, data_root, tmp_path / "out", trials_root, tracker)
+    assert second == ["random-lr0.001-seed2", "random-lr0.0001-seed1", "random-lr0.0001-seed2"]
+    assert [t.dev for t in resumed.trials] == [t.dev for t in whole.trials]
+    assert resumed.selected.name == whole.selected.name
+    assert list(tracker.trials) == list(whole_tracker.trials)
+    for name, record in tracker.trials.items():
+        if name.split("-", 1)[1] in second:
+            assert "trial_reused" not in record["tags"]
+        else:  # the metrics the crashed run logged, logged again unchanged (timings included)
+            assert record["tags"]["trial_reused"] == "true"
+            assert record["logged"] == crashed_tracker.trials[name]["logged"], name
+    for rel in ("model/model.safetensors", "results/dev_predictions.tsv"):
+        assert (tmp_path / "out" / rel).read_bytes() == (tmp_path / "whole" / rel).read_bytes(), rel
+    summary = json.loads((tmp_path / "out" / "results" / "summary.json").read_text())
+    assert (
+        summary["details"]
+        == json.loads((tmp_path / "whole" / "results" / "summary.json").read_text())["details"]
+    )
+
+
+def test_what_a_trial_depends_on_is_in_the_fingerprint_and_the_grid_is_not(tiny_model, tmp_path):
+    params = _grid_params()
+    settings = params.for_task("rte")
+    features = [[{"input_ids": [101, 7, 102]}], [{"input_ids": [101, 8, 102]}]]
+
+    def fp(settings=settings, features=features, device="cpu", precision="fp32"):
+        return trials_fingerprint("rte", settings, tiny_model, features, device, precision)
+
+    base = fp()
+    grown = settings.model_copy(update={"learning_rates": [1e-3, 1e-4, 5e-5], "seeds": [1, 2, 3]})
+    assert fp(grown) == base
+    assert fp(settings.model_copy(update={"epochs": 2.0})) != base
+    assert fp(features=[features[0], [{"input_ids": [101, 9, 102]}]]) != base
+    assert fp(precision="bf16") != base
+
+
+def test_weights_saved_without_their_record_are_removed(tmp_path):
+    store = TrialStore(tmp_path, "rte", "0123456789abcdef")
+    (store.model_dir("rte-pretrained-lr0.001-seed1") / "config.json").parent.mkdir()
+    (store.model_dir("rte-pretrained-lr0.001-seed1") / "config.json").write_text("{}")
+    assert TrialStore(tmp_path, "rte", "0123456789abcdef").finished("rte-pretrained-lr0.001-seed1") is None
+    assert not store.model_dir("rte-pretrained-lr0.001-seed1").exists()
+
+
+def test_a_damaged_record_makes_its_trial_train_again(tmp_path, caplog):
+    store = TrialStore(tmp_path, "rte", "0123456789abcdef")
+    (store.dir / "rte-pretrained-lr0.001-seed1.json").write_text('{"result": {"init"')
+    assert store.finished("rte-pretrained-lr0.001-seed1") is None
+    assert "is damaged" in caplog.text
+
+
+def test_discarding_a_tasks_trials_leaves_other_tasks_alone(tmp_path):
+    for name in (
+        "mnli-0123456789abcdef",
+        "mnli-fedcba9876543210",
+        "mnli_mm-0123456789abcdef",
+        "rte-0123456789abcdef",
+    ):
+        (tmp_path / name).mkdir()
+    discard_trials(tmp_path, "mnli")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mnli_mm-0123456789abcdef", "rte-0123456789abcdef"]
+    discard_trials(tmp_path / "missing", "rte")  # nothing kept: nothing to do
+
+
+def test_a_selected_trial_whose_weights_were_not_kept_is_trained_again(
+    tiny_model, data_root, tmp_path, monkeypatch, caplog
+):
+    """The weights of the best trial are gone (kept by no earlier run in this grid order, or removed): its
+    result is reused for the selection, and it is trained once more, alone, for the model written."""
+    import logging
+    import shutil
+
+    _finetune(tiny_model, data_root, tmp_path / "whole", None)
+    trials_root = tmp_path / "trials"
+    with monkeypatch.context() as m:
+        _counting(m, crash_at=6)
+        with pytest.raises(Crash):
+            _finetune(tiny_model, data_root, tmp_path / "out", trials_root)
+    (store,) = trials_root.iterdir()
+    for weights in store.glob("model-*"):
+        shutil.rmtree(weights)
+    with monkeypatch.context() as m, caplog.at_level(logging.INFO, "bert_core.finetune.run"):
+        trained = _counting(m)
+        resumed = _finetune(tiny_model, data_root, tmp_path / "out", trials_root)
+    assert trained[:3] == ["random-lr0.001-seed2", "random-lr0.0001-seed1", "random-lr0.0001-seed2"]
+    assert trained[3:] == [resumed.selected.name]
+    assert "trained again for its weights" in caplog.text
+    for rel in ("model/model.safetensors", "results/dev_predictions.tsv"):
+        assert (tmp_path / "out" / rel).read_bytes() == (tmp_path / "whole" / rel).read_bytes(), rel
