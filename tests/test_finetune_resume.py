@@ -181,3 +181,29 @@ def test_a_selected_trial_whose_weights_were_not_kept_is_trained_again(
     assert "trained again for its weights" in caplog.text
     for rel in ("model/model.safetensors", "results/dev_predictions.tsv"):
         assert (tmp_path / "out" / rel).read_bytes() == (tmp_path / "whole" / rel).read_bytes(), rel
+
+
+def test_the_reference_checkpoints_finished_trials_are_reused_too(
+    tiny_model, data_root, tmp_path, monkeypatch
+):
+    """The reference column's grid (a released checkpoint fine-tuned beside ours) keeps its trials as well."""
+    params = _params(learning_rates=[1e-3, 1e-4], reference_baseline=True, predict_test=False)
+    from bert_core.finetune.params import ReferenceSource
+
+    params = params.model_copy(update={"reference": ReferenceSource(source=str(tiny_model))})
+
+    def finetune(out: str):
+        return run_module.finetune_task(
+            "sst2", params, tiny_model, tmp_path / out, data_root=data_root, trials_root=tmp_path / "trials"
+        )
+
+    with monkeypatch.context() as m:
+        _counting(m, crash_at=4)  # 2 of ours, the first of the reference's, then a crash
+        with pytest.raises(Crash):
+            finetune("out")
+    with monkeypatch.context() as m:
+        trained = _counting(m)
+        result = finetune("out")
+    assert trained == ["pretrained-lr0.0001-seed1"]  # the reference's second trial (its init: "pretrained")
+    assert [t.init for t in result.trials] == ["pretrained", "pretrained", "reference", "reference"]
+    assert not list((tmp_path / "trials").glob("sst2-*/model-*reference*"))  # no weights kept for those

@@ -19,6 +19,7 @@ from typing import Any
 
 from bert_core.finetune.params import FinetuneParams, TaskSettings
 from bert_core.finetune.results import TrialResult
+from bert_core.finetune.trials import Logged, TrialStore, trials_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def run_reference_trials(
     run_trial: Callable[..., Any],
     open_trial: Callable[..., Any],
     info: dict[str, Any],
+    trials_root: Path,
 ) -> list[TrialResult]:
     """Run the task's grid from the reference checkpoint; record its status in ``info[STATUS_KEY]``.
 
@@ -60,6 +62,7 @@ def run_reference_trials(
         run_trial: :func:`bert_core.finetune.trial.run_trial`.
         open_trial: The tracker's ``trial`` (a nested MLflow run per trial in the flow).
         info: The task's model info (written to ``summary.json``).
+        trials_root: Where finished trials are kept for a rerun (:mod:`bert_core.finetune.trials`).
     """
     if not settings.reference_baseline:
         return []
@@ -75,6 +78,9 @@ def run_reference_trials(
 
     check_checkpoint(ref_dir, key="finetune.reference.source")
     data = load_data(load_tokenizer(ref_dir, read_config(ref_dir).vocab_size))
+    features = [data.train.features, data.dev[spec.main_dev_split].features]
+    fingerprint = trials_fingerprint(spec.name, settings, ref_dir, features, params.device, params.precision)
+    store = TrialStore(trials_root, spec.name, fingerprint)
     trials = []
     for lr in settings.learning_rates:
         for seed in settings.seeds:
@@ -91,26 +97,31 @@ def run_reference_trials(
                 "trial": name,
                 "reference_source": str(ref_dir),
             }
-            with open_trial(name, trial_params, tags) as recorder:
-                outcome, model = run_trial(
-                    spec,
-                    data,
-                    settings,
-                    ref_dir,
-                    init="pretrained",
-                    learning_rate=lr,
-                    seed=seed,
-                    device=params.device,
-                    precision=params.precision,
-                    recorder=recorder,
-                )
-            del model
-            outcome.result.init = REFERENCE_INIT
-            log.info(
-                "%s: %s = %.3f",
-                name,
-                spec.main_metric,
-                outcome.result.dev.get(spec.main_metric, float("nan")),
-            )
-            trials.append(outcome.result)
+            kept = store.finished(name)
+            if kept is not None:
+                log.info("%s: finished by an earlier run (%s)", name, store.dir)
+                with open_trial(name, trial_params, {**tags, "trial_reused": "true"}) as recorder:
+                    kept.replay(recorder)
+                result = kept.result
+            else:
+                with open_trial(name, trial_params, tags) as recorder:
+                    logged = Logged(recorder)
+                    outcome, model = run_trial(
+                        spec,
+                        data,
+                        settings,
+                        ref_dir,
+                        init="pretrained",
+                        learning_rate=lr,
+                        seed=seed,
+                        device=params.device,
+                        precision=params.precision,
+                        recorder=logged,
+                    )
+                del model
+                result = outcome.result
+                result.init = REFERENCE_INIT
+                store.keep(name, result, logged.calls)
+            log.info("%s: %s = %.3f", name, spec.main_metric, result.dev.get(spec.main_metric, float("nan")))
+            trials.append(result)
     return trials

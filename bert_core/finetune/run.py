@@ -234,6 +234,7 @@ def finetune_task(
             run_trial=run_trial,
             open_trial=open_trial,
             load_data=lambda tok: load_task_data(spec, settings, tok, data_root=data_root, data_checks=False),
+            trials_root=store.dir.parent,
         )
         # trivial baselines: fitted on the same (capped) training rows, scored on the same evaluated rows
         baselines = get_kind(spec).baselines(
