@@ -154,6 +154,9 @@ def test_discarding_a_tasks_trials_leaves_other_tasks_alone(tmp_path):
     discard_trials(tmp_path, "mnli")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mnli_mm-0123456789abcdef", "rte-0123456789abcdef"]
     discard_trials(tmp_path / "missing", "rte")  # nothing kept: nothing to do
+    discard_trials(tmp_path, "mnli_mm")
+    discard_trials(tmp_path, "rte")
+    assert not tmp_path.exists()  # the root goes with the last task's folder
 
 
 def test_a_selected_trial_whose_weights_were_not_kept_is_trained_again(

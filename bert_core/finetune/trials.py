@@ -20,6 +20,7 @@ once its outputs are committed (:func:`discard_trials`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -143,3 +144,5 @@ def discard_trials(root: str | Path, task: str) -> None:
     for folder in Path(root).glob(f"{task}-*"):
         if folder.is_dir() and re.fullmatch(rf"{re.escape(task)}-[0-9a-f]{{{SHORT_HEX}}}", folder.name):
             shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # the last task's: nothing left to keep
+        Path(root).rmdir()
