@@ -210,3 +210,27 @@ def test_the_reference_checkpoints_finished_trials_are_reused_too(
     assert trained == ["pretrained-lr0.0001-seed1"]  # the reference's second trial (its init: "pretrained")
     assert [t.init for t in result.trials] == ["pretrained", "pretrained", "reference", "reference"]
     assert not list((tmp_path / "trials").glob("sst2-*/model-*reference*"))  # no weights kept for those
+
+
+def test_kept_weights_damaged_on_disk_are_not_used_and_their_trial_trains_again(
+    tiny_model, data_root, tmp_path, monkeypatch, caplog
+):
+    import logging
+
+    _finetune(tiny_model, data_root, tmp_path / "whole", None)
+    trials_root = tmp_path / "trials"
+    with monkeypatch.context() as m:
+        _counting(m, crash_at=6)
+        with pytest.raises(Crash):
+            _finetune(tiny_model, data_root, tmp_path / "out", trials_root)
+    for weights in trials_root.glob("*/model-rte-pretrained-*/model.safetensors"):
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 1  # one flipped bit in the last tensor
+        weights.write_bytes(bytes(data))
+    with monkeypatch.context() as m, caplog.at_level(logging.INFO, "bert_core.finetune"):
+        trained = _counting(m)
+        resumed = _finetune(tiny_model, data_root, tmp_path / "out", trials_root)
+    assert "is damaged" in caplog.text
+    assert trained[3:] == [resumed.selected.name]  # trained again, not loaded from the damaged file
+    model = "model/model.safetensors"
+    assert (tmp_path / "out" / model).read_bytes() == (tmp_path / "whole" / model).read_bytes()

@@ -120,7 +120,7 @@ predict_file({uri!r}, {str(src)!r}, {str(dst)!r}, batch_size=4, model=stopping, 
     assert dst.read_bytes() == whole.read_bytes()
 
 
-def test_a_torn_tail_is_cut_and_a_record_that_does_not_fit_the_file_starts_over(setup):
+def test_a_torn_tail_is_cut_and_a_record_that_does_not_fit_the_file_or_its_checksum_starts_over(setup):
     uri, src, whole, dst = setup
     model = load_model(uri)
     with pytest.raises(KeyboardInterrupt):
@@ -145,6 +145,14 @@ def test_a_torn_tail_is_cut_and_a_record_that_does_not_fit_the_file_starts_over(
     record = dst.parent / ".pred.jsonl.partial.json"
     state = json.loads(record.read_text())
     record.write_text(json.dumps({**state, "rows": 7}))  # not where a chunk ends: not this run's record
+    assert predict_file(uri, src, dst, batch_size=4, model=model).resumed_rows == 0
+    assert dst.read_bytes() == whole.read_bytes()
+
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(uri, src, dst, batch_size=4, model=Stopping(model, after=2))
+    data = bytearray(partial.read_bytes())
+    data[5] ^= 1  # one flipped bit in the kept rows
+    partial.write_bytes(bytes(data))
     assert predict_file(uri, src, dst, batch_size=4, model=model).resumed_rows == 0
     assert dst.read_bytes() == whole.read_bytes()
 

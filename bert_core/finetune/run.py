@@ -257,9 +257,7 @@ def finetune_task(
             baselines=baselines,
         )
         trial, selected, dev_score, best_dir = best[result.selected.init]
-        if (
-            best_dir is None
-        ):  # an earlier run kept its result, not its weights (its grid ran in another order)
+        if best_dir is None:  # an earlier run kept its result, not its weights (another grid order)
             log.info("%s: trained again for its weights", selected.name)
             outcome, model = run_trial(**trial_args(*trial))
             best_dir, dev_score = tmp / "selected", outcome.dev_score

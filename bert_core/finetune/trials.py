@@ -33,6 +33,7 @@ from typing import Any
 
 from bert_core.atomic import atomic_path, write_json_atomic
 from bert_core.finetune.results import TrialResult
+from bert_core.integrity import CorruptOutputError, verify_output
 from bert_core.tracking.fingerprint import SHORT_HEX
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,14 @@ def trials_fingerprint(
     from bert_core.tracking.fingerprint import fingerprint, json_fingerprint
 
     digest = xxhash.xxh3_128()
+
+    class Hashed:  # pickle writes into the digest, in frames: no copy of the features in memory
+        def write(self, data: bytes) -> int:
+            digest.update(data)
+            return len(data)
+
     for split in features:
-        digest.update(pickle.dumps(split, protocol=5))
+        pickle.dump(split, Hashed(), protocol=5)
     return json_fingerprint(
         {
             "task": task,
@@ -121,7 +128,15 @@ class TrialStore:
             log.warning("%s is damaged (%s); the trial runs again", path, err)
             return None
         model = self.model_dir(name)
-        return KeptTrial(result, logged, model if (model / "config.json").is_file() else None)
+        if not (model / "config.json").is_file():
+            return KeptTrial(result, logged, None)
+        try:
+            verify_output(model)  # the checksums recorded when the weights were written
+        except CorruptOutputError as err:
+            log.warning("%s; its result is reused, and the trial trains again if it is selected", err)
+            shutil.rmtree(model, ignore_errors=True)
+            return KeptTrial(result, logged, None)
+        return KeptTrial(result, logged, model)
 
     def keep(self, name: str, result: TrialResult, logged: list[list[Any]], model: Any = None) -> Path | None:
         """Record a finished trial; with ``model`` (the new best of its init) its weights first. Returns the

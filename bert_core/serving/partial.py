@@ -5,9 +5,9 @@
 appears whole or not at all. Beside it, ``.<output>.partial.json`` records how far the rows are good and
 what they were predicted from:
 
-- the rows and bytes written, saved (atomically, after an fsync of the rows) at most every
-  ``save_interval_s`` and whenever the run stops on an error or a signal, so a SIGKILL or a power cut loses
-  the rows since the last save at most;
+- the rows and bytes written and the bytes' XXH3-128 (checked before the rows are used), saved
+  (atomically, after an fsync of the rows) at most every ``save_interval_s`` and whenever the run stops on
+  an error or a signal, so a SIGKILL or a power cut loses the rows since the last save at most;
 - the run's identity (:func:`run_identity`): the input file (path, size, XXH3-128 of its bytes), the model
   (its MLflow ``model_uuid``; for a stage's Hugging Face directory, a digest of its files), the batch size
   and the id field.
@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import xxhash
 
 from bert_core.atomic import DiskFullError, commit_file, looks_like_disk_full, write_json_atomic
 
@@ -95,8 +97,9 @@ class PartialOutput:
         self.path = self.final.with_name(f".{self.final.name}.partial")
         self.state_path = self.final.with_name(f".{self.final.name}.partial.json")
         self.save_interval_s, self.clock = save_interval_s, clock
-        #: (rows, bytes) written and good, updated in one assignment (a signal never splits the pair).
-        self.mark = (0, 0)
+        #: (rows, bytes, XXH3-128 of those bytes) written and good, updated in one assignment (a signal never
+        #: splits them).
+        self.mark: tuple[int, int, Any] = (0, 0, xxhash.xxh3_128())
         self.resumed_rows = self.saved_rows = 0
         self.identity: dict[str, Any] | None = None
         self._fh: BinaryIO | None = None
@@ -194,10 +197,11 @@ class PartialOutput:
             and 0 <= state["bytes"] <= size
             and 0 <= state["rows"] <= total
             and (state["rows"] % identity["batch_size"] == 0 or state["rows"] == total)
+            and (digest := self._digest(state["bytes"])).hexdigest() == state.get("xxh3_128")
         )
         if keep:
             assert state is not None
-            self.mark = (state["rows"], state["bytes"])
+            self.mark = (state["rows"], state["bytes"], digest)
             self.resumed_rows = self.saved_rows = state["rows"]
             log.info(
                 "continuing %s after the %d row(s) an earlier run of the same input and model wrote (%s)",
@@ -218,6 +222,16 @@ class PartialOutput:
         self._saved_at = self.clock()
         return self.rows
 
+    def _digest(self, size: int) -> Any:
+        """XXH3-128 of the partial file's first ``size`` bytes (the rows a record claims, checked before use)."""
+        assert self._fh is not None
+        digest = xxhash.xxh3_128()
+        self._fh.seek(0)
+        while size > 0 and (block := self._fh.read(min(size, 1 << 20))):
+            digest.update(block)
+            size -= len(block)
+        return digest
+
     def _read_state(self) -> dict[str, Any] | None:
         try:
             state = json.loads(self.state_path.read_text(encoding="utf-8"))
@@ -230,7 +244,9 @@ class PartialOutput:
         assert self._fh is not None and self.identity is not None, "resume() first"
         data = text.encode("utf-8")
         self._fh.write(data)
-        self.mark = (self.mark[0] + rows, self.mark[1] + len(data))
+        digest = self.mark[2].copy()
+        digest.update(data)
+        self.mark = (self.mark[0] + rows, self.mark[1] + len(data), digest)
         if self.clock() - self._saved_at >= self.save_interval_s:
             self.save()
 
@@ -238,10 +254,16 @@ class PartialOutput:
         """Make the rows written so far durable, then record them (in that order: the record never claims
         rows the disk lacks)."""
         assert self._fh is not None
-        rows, size = self.mark
+        rows, size, digest = self.mark
         self._fh.flush()
         os.fsync(self._fh.fileno())
-        state = {"version": _STATE_VERSION, "identity": self.identity, "rows": rows, "bytes": size}
+        state = {
+            "version": _STATE_VERSION,
+            "identity": self.identity,
+            "rows": rows,
+            "bytes": size,
+            "xxh3_128": digest.hexdigest(),
+        }
         write_json_atomic(self.state_path, state)
         self.saved_rows, self._saved_at = rows, self.clock()
 
