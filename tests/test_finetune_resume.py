@@ -12,7 +12,7 @@ import pytest
 import test_finetune_run as base
 
 from bert_core.finetune import run as run_module
-from bert_core.finetune.trials import TrialStore, discard_trials, trials_fingerprint
+from bert_core.finetune.trials import TrialsInUseError, TrialStore, discard_trials, trials_fingerprint
 
 # the tiny model, the data root and one thread, as the fine-tuning tests have them
 tiny_model, data_root, _one_thread, _params = base.tiny_model, base.data_root, base._one_thread, base._params
@@ -129,18 +129,30 @@ def test_what_a_trial_depends_on_is_in_the_fingerprint_and_the_grid_is_not(tiny_
 
 
 def test_weights_saved_without_their_record_are_removed(tmp_path):
-    store = TrialStore(tmp_path, "rte", "0123456789abcdef")
-    (store.model_dir("rte-pretrained-lr0.001-seed1") / "config.json").parent.mkdir()
-    (store.model_dir("rte-pretrained-lr0.001-seed1") / "config.json").write_text("{}")
-    assert TrialStore(tmp_path, "rte", "0123456789abcdef").finished("rte-pretrained-lr0.001-seed1") is None
-    assert not store.model_dir("rte-pretrained-lr0.001-seed1").exists()
+    name = "rte-pretrained-lr0.001-seed1"
+    with TrialStore(tmp_path, "rte", "0123456789abcdef") as store:
+        store.model_dir(name).mkdir()
+        (store.model_dir(name) / "config.json").write_text("{}")
+    with TrialStore(tmp_path, "rte", "0123456789abcdef") as store:
+        assert store.finished(name) is None
+        assert not store.model_dir(name).exists()
 
 
 def test_a_damaged_record_makes_its_trial_train_again(tmp_path, caplog):
-    store = TrialStore(tmp_path, "rte", "0123456789abcdef")
-    (store.dir / "rte-pretrained-lr0.001-seed1.json").write_text('{"result": {"init"')
-    assert store.finished("rte-pretrained-lr0.001-seed1") is None
+    with TrialStore(tmp_path, "rte", "0123456789abcdef") as store:
+        (store.dir / "rte-pretrained-lr0.001-seed1.json").write_text('{"result": {"init"')
+        assert store.finished("rte-pretrained-lr0.001-seed1") is None
     assert "is damaged" in caplog.text
+
+
+def test_two_runs_of_a_task_never_share_its_kept_trials(tmp_path):
+    with TrialStore(tmp_path, "rte", "0123456789abcdef"):
+        with pytest.raises(TrialsInUseError, match="another fine-tuning run of this task"):
+            TrialStore(tmp_path, "rte", "0123456789abcdef").__enter__()
+        with TrialStore(tmp_path, "rte", "fedcba9876543210"):  # other settings: a folder of their own
+            pass
+    with TrialStore(tmp_path, "rte", "0123456789abcdef"):  # released with the first
+        pass
 
 
 def test_discarding_a_tasks_trials_leaves_other_tasks_alone(tmp_path):

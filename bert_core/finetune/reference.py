@@ -79,49 +79,53 @@ def run_reference_trials(
     check_checkpoint(ref_dir, key="finetune.reference.source")
     data = load_data(load_tokenizer(ref_dir, read_config(ref_dir).vocab_size))
     features = [data.train.features, data.dev[spec.main_dev_split].features]
-    fingerprint = trials_fingerprint(spec.name, settings, ref_dir, features, params.device, params.precision)
-    store = TrialStore(trials_root, spec.name, fingerprint)
-    trials = []
-    for lr in settings.learning_rates:
-        for seed in settings.seeds:
-            name = f"{spec.name}-{REFERENCE_INIT}-lr{lr:g}-seed{seed}"
-            trial_params = {
-                **settings.model_dump(mode="json"),
-                "learning_rate": lr,
-                "seed": seed,
-                "init": REFERENCE_INIT,
-            }
-            tags = {
-                "task": spec.name,
-                "init": REFERENCE_INIT,
-                "trial": name,
-                "reference_source": str(ref_dir),
-            }
-            kept = store.finished(name)
-            if kept is not None:
-                log.info("%s: finished by an earlier run (%s)", name, store.dir)
-                with open_trial(name, trial_params, {**tags, "trial_reused": "true"}) as recorder:
-                    kept.replay(recorder)
-                result = kept.result
-            else:
-                with open_trial(name, trial_params, tags) as recorder:
-                    logged = Logged(recorder)
-                    outcome, model = run_trial(
-                        spec,
-                        data,
-                        settings,
-                        ref_dir,
-                        init="pretrained",
-                        learning_rate=lr,
-                        seed=seed,
-                        device=params.device,
-                        precision=params.precision,
-                        recorder=logged,
-                    )
-                del model
-                result = outcome.result
-                result.init = REFERENCE_INIT
-                store.keep(name, result, logged.calls)
-            log.info("%s: %s = %.3f", name, spec.main_metric, result.dev.get(spec.main_metric, float("nan")))
-            trials.append(result)
+    fingerprint = trials_fingerprint(
+        spec.name, settings, ref_dir, features, params.device, params.precision, grid="reference"
+    )
+    with TrialStore(trials_root, spec.name, fingerprint) as store:
+        trials = []
+        for lr in settings.learning_rates:
+            for seed in settings.seeds:
+                name = f"{spec.name}-{REFERENCE_INIT}-lr{lr:g}-seed{seed}"
+                trial_params = {
+                    **settings.model_dump(mode="json"),
+                    "learning_rate": lr,
+                    "seed": seed,
+                    "init": REFERENCE_INIT,
+                }
+                tags = {
+                    "task": spec.name,
+                    "init": REFERENCE_INIT,
+                    "trial": name,
+                    "reference_source": str(ref_dir),
+                }
+                kept = store.finished(name)
+                if kept is not None:
+                    log.info("%s: finished by an earlier run (%s)", name, store.dir)
+                    with open_trial(name, trial_params, {**tags, "trial_reused": "true"}) as recorder:
+                        kept.replay(recorder)
+                    result = kept.result
+                else:
+                    with open_trial(name, trial_params, tags) as recorder:
+                        logged = Logged(recorder)
+                        outcome, model = run_trial(
+                            spec,
+                            data,
+                            settings,
+                            ref_dir,
+                            init="pretrained",
+                            learning_rate=lr,
+                            seed=seed,
+                            device=params.device,
+                            precision=params.precision,
+                            recorder=logged,
+                        )
+                    del model
+                    result = outcome.result
+                    result.init = REFERENCE_INIT
+                    store.keep(name, result, logged.calls)
+                log.info(
+                    "%s: %s = %.3f", name, spec.main_metric, result.dev.get(spec.main_metric, float("nan"))
+                )
+                trials.append(result)
     return trials

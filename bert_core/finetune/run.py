@@ -133,7 +133,10 @@ def finetune_task(
     check_writable(out_dir, model_out)  # fail fast, before hours of training
     check_checkpoint(source_dir)  # tokenizer files present, vocab sizes agree (released checkpoints)
     tokenizer = load_tokenizer(source_dir, info["vocab_size"])
-    with tempfile.TemporaryDirectory(prefix=f"finetune-{spec.name}-") as tmp_name:
+    with (
+        tempfile.TemporaryDirectory(prefix=f"finetune-{spec.name}-") as tmp_name,
+        contextlib.ExitStack() as held,
+    ):
         tmp = Path(tmp_name)
         reports = Path(check_report_dir) if check_report_dir is not None else tmp / "data_checks"
         data = load_task_data(
@@ -161,7 +164,7 @@ def finetune_task(
             params.device,
             params.precision,
         )
-        store = TrialStore(trials_root or tmp / "trials", spec.name, fingerprint)
+        store = held.enter_context(TrialStore(trials_root or tmp / "trials", spec.name, fingerprint))
         main = spec.main_metric
 
         def trial_args(init: str, lr: float, seed: int) -> dict[str, Any]:

@@ -14,16 +14,19 @@ The fingerprint (:func:`trials_fingerprint`) covers what a trial's result depend
 learning rate and seed: the task settings (the grid's learning rates and seeds, the baselines and the test
 predictions excepted, so that a grid that grows keeps its trials), the starting checkpoint's weights and
 config, the training and dev features, the device and the precision. A rerun reuses every finished trial of
-its grid with that fingerprint; anything else starts in a folder of its own. A task's folders are removed
-once its outputs are committed (:func:`discard_trials`).
+its grid with that fingerprint; anything else starts in a folder of its own. A run holds its folder under an
+exclusive ``flock`` (a second run of the task with the same fingerprint fails at once, :class:`TrialsInUseError`).
+A task's folders are removed once its outputs are committed (:func:`discard_trials`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
+import os
 import pickle
 import re
 import shutil
@@ -50,9 +53,17 @@ _NOT_IN_A_TRIAL = {
 
 
 def trials_fingerprint(
-    task: str, settings: Any, source_dir: Path, features: list[Any], device: str, precision: str
+    task: str,
+    settings: Any,
+    source_dir: Path,
+    features: list[Any],
+    device: str,
+    precision: str,
+    grid: str = "main",
 ) -> str:
-    """What a trial's result depends on besides its init, learning rate and seed (see the module docstring)."""
+    """What a trial's result depends on besides its init, learning rate and seed (see the module docstring);
+    ``grid``: ``"main"``, or ``"reference"`` for the reference checkpoint's grid, a folder of its own even
+    when the reference is the starting checkpoint itself."""
     import xxhash
 
     from bert_core.tracking.fingerprint import fingerprint, json_fingerprint
@@ -69,6 +80,7 @@ def trials_fingerprint(
     return json_fingerprint(
         {
             "task": task,
+            "grid": grid,
             "settings": settings.model_dump(mode="json", exclude=_NOT_IN_A_TRIAL),
             "checkpoint": fingerprint(source_dir),
             "features": digest.hexdigest(),
@@ -102,15 +114,39 @@ class KeptTrial:
             recorder.log_metrics(metrics, step=step)
 
 
+class TrialsInUseError(RuntimeError):
+    """Another run of the same task holds the kept-trials folder."""
+
+
 class TrialStore:
-    """One task's finished trials under one fingerprint (see the module docstring)."""
+    """One task's finished trials under one fingerprint (see the module docstring); use it in a ``with``."""
 
     def __init__(self, root: str | Path, task: str, fingerprint: str) -> None:
         self.dir = Path(root) / f"{task}-{fingerprint}"
+        self._lock: int | None = None
+
+    def __enter__(self) -> TrialStore:
+        """Hold the folder (an exclusive ``flock``): two runs of one task never share kept trials."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise TrialsInUseError(
+                f"{self.dir}: another fine-tuning run of this task, with the same settings and checkpoint, is "
+                "using these kept trials; wait for it to finish"
+            ) from None
+        self._lock = fd
         for model in self.dir.glob("model-*"):  # weights saved just before a crash, without their record
             if not (self.dir / f"{model.name.removeprefix('model-')}.json").is_file():
                 shutil.rmtree(model, ignore_errors=True)
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def model_dir(self, name: str) -> Path:
         return self.dir / f"model-{name}"
