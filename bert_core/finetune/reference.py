@@ -99,11 +99,8 @@ def run_reference_trials(
                     "trial": name,
                     "reference_source": str(ref_dir),
                 }
-                kept = store.finished(name)
+                kept = store.reuse(name, open_trial, trial_params, tags)
                 if kept is not None:
-                    log.info("%s: finished by an earlier run (%s)", name, store.dir)
-                    with open_trial(name, trial_params, {**tags, "trial_reused": "true"}) as recorder:
-                        kept.replay(recorder)
                     result = kept.result
                 else:
                     with open_trial(name, trial_params, tags) as recorder:

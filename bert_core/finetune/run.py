@@ -21,6 +21,7 @@ import math
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,6 @@ from bert_core.finetune.results import FinetuneResult, TrialResult
 from bert_core.finetune.trial import (
     SplitData,
     TrialData,
-    TrialOutcome,
     TrialTracker,
     load_task_data,
     no_tracking,
@@ -155,39 +155,30 @@ def finetune_task(
             len(data.train.features),
             {s: len(d.features) for s, d in data.dev.items()},
         )
-        main_dev = data.dev[spec.main_dev_split]
+        features = [data.train.features, data.dev[spec.main_dev_split].features]
         fingerprint = trials_fingerprint(
             spec.name,
             settings,
             source_dir,
-            [data.train.features, main_dev.features],
+            features,
             params.device,
             params.precision,
+            checkpoint_sha=info.get("sha"),
         )
         store = held.enter_context(TrialStore(trials_root or tmp / "trials", spec.name, fingerprint))
         main = spec.main_metric
-
-        def trial_args(init: str, lr: float, seed: int) -> dict[str, Any]:
-            return dict(
-                spec=spec,
-                data=data,
-                settings=settings,
-                source_dir=source_dir,
-                init=init,
-                learning_rate=lr,
-                seed=seed,
-                device=params.device,
-                precision=params.precision,
-            )
-
+        train = partial(
+            run_trial, spec, data, settings, source_dir, device=params.device, precision=params.precision
+        )
         trials: list[TrialResult] = []
-        # Per init, its best trial so far: (init, lr, seed), result, dev score (None: trained by an earlier
-        # run), weights (None: an earlier run's trial whose weights were not kept).
-        best: dict[str, tuple[tuple[str, float, int], TrialResult, SplitScore | None, Path | None]] = {}
+        # Per init, its best trial so far: result, dev score (None: trained by an earlier run), weights (None:
+        # an earlier run's trial whose weights were not kept).
+        best: dict[str, tuple[TrialResult, SplitScore | None, Path | None]] = {}
         open_trial = tracker.trial if tracker is not None else no_tracking
         grid = trial_grid(settings, params.model.init)
         for number, (init, lr, seed) in enumerate(grid, 1):
             name = f"{spec.name}-{init}-lr{lr:g}-seed{seed}"
+            log.info("trial %d/%d: %s", number, len(grid), name)
             trial_params = {
                 **settings.model_dump(mode="json"),
                 "learning_rate": lr,
@@ -204,31 +195,24 @@ def finetune_task(
             provenance = ("model", "model_version", "uri", "sha")
             tags.update({f"pretrained_{k}": str(v) for k, v in info.items() if k in provenance})
             current = best.get(init)
-            kept = store.finished(name)
+            kept = store.reuse(name, open_trial, trial_params, tags)
             if kept is not None:
-                log.info(
-                    "trial %d/%d: %s: finished by an earlier run (%s)", number, len(grid), name, store.dir
-                )
-                with open_trial(name, trial_params, {**tags, "trial_reused": "true"}) as recorder:
-                    kept.replay(recorder)
                 result, score, weights = kept.result, None, kept.model_dir
             else:
-                log.info("trial %d/%d: %s", number, len(grid), name)
                 with open_trial(name, trial_params, tags) as recorder:
                     logged = Logged(recorder)
-                    outcome, model = run_trial(**trial_args(init, lr, seed), recorder=logged)
+                    outcome, model = train(init=init, learning_rate=lr, seed=seed, recorder=logged)
                 result, score = outcome.result, outcome.dev_score
                 # weights first, then the record: the best recorded trial of an init has its weights
-                weights = store.keep(
-                    name, result, logged.calls, model if _better(result, current, main) else None
-                )
+                better = _better(result, current, main)
+                weights = store.keep(name, result, logged.calls, model if better else None)
                 del model
             trials.append(result)
             log.info("%s: %s = %.3f", name, main, result.dev.get(main, math.nan))
             if _better(result, current, main):
-                if current is not None and current[3] not in (None, weights):
-                    store.drop(current[3])  # after the better trial's record
-                best[init] = ((init, lr, seed), result, score, weights)
+                if current is not None and current[2] not in (None, weights):
+                    store.drop(current[2])  # after the better trial's record
+                best[init] = (result, score, weights)
         trials += run_reference_trials(
             spec,
             settings,
@@ -259,15 +243,15 @@ def finetune_task(
             data_split=data.split_info,
             baselines=baselines,
         )
-        trial, selected, dev_score, best_dir = best[result.selected.init]
+        selected, dev_score, best_dir = best[result.selected.init]
         if best_dir is None:  # an earlier run kept its result, not its weights (another grid order)
             log.info("%s: trained again for its weights", selected.name)
-            outcome, model = run_trial(**trial_args(*trial))
+            outcome, model = train(
+                init=selected.init, learning_rate=selected.learning_rate, seed=selected.seed
+            )
             best_dir, dev_score = tmp / "selected", outcome.dev_score
             model.save_pretrained(best_dir)
             del model
-        elif dev_score is None:  # trained by an earlier run: its dev predictions again, from its weights
-            dev_score = _dev_score(spec, main_dev, settings, params, best_dir)
         with contextlib.ExitStack() as stack:
             if outputs is None:
                 outputs = stack.enter_context(atomic_outputs([out_dir, model_out], dirs=[out_dir]))
@@ -277,7 +261,7 @@ def finetune_task(
                 settings,
                 params,
                 result,
-                TrialOutcome(selected, dev_score),
+                dev_score,
                 best_dir,
                 tokenizer,
                 out_dir,
@@ -292,27 +276,9 @@ def _rank(value: Any) -> float:
     return -math.inf if math.isnan(v) else v
 
 
-def _better(result: TrialResult, current: tuple[Any, TrialResult, Any, Any] | None, main: str) -> bool:
+def _better(result: TrialResult, current: tuple[TrialResult, Any, Any] | None, main: str) -> bool:
     """Whether ``result`` beats the best trial of its init so far (the first of equals stays)."""
-    return current is None or _rank(result.dev.get(main, math.nan)) > _rank(current[1].dev.get(main))
-
-
-def _dev_score(
-    spec: TaskSpec, dev: SplitData, settings: TaskSettings, params: FinetuneParams, model_dir: Path
-) -> SplitScore:
-    """The main dev split's score of the weights in ``model_dir``, as its trial's last evaluation made it."""
-    kind = get_kind(spec)
-    model = kind.model_class.from_pretrained(model_dir)
-    device = torch.device("cuda" if params.device != "cpu" and torch.cuda.is_available() else "cpu")
-    outputs = predict(
-        model.to(device),
-        dev.features,
-        batch_size=settings.eval_batch_size,
-        device=device,
-        precision=params.precision,
-        label=f"{spec.name} {spec.dev_splits[0]} eval",
-    )
-    return kind.score(spec, dev.rows, dev.features, outputs, settings)
+    return current is None or _rank(result.dev.get(main, math.nan)) > _rank(current[0].dev.get(main))
 
 
 def _write_outputs(
@@ -321,7 +287,7 @@ def _write_outputs(
     settings: TaskSettings,
     params: FinetuneParams,
     result: FinetuneResult,
-    selected: TrialOutcome,
+    dev_score: SplitScore | None,
     best_dir: Path,
     tokenizer: Any,
     out_dir: Path,
@@ -329,30 +295,35 @@ def _write_outputs(
     staged: OutputSet,
 ) -> None:
     """Predictions of the selected model (dev, other dev splits, test) + summary + model, staged in
-    ``staged`` (committed together by its owner)."""
+    ``staged`` (committed together by its owner). ``dev_score``: the selected trial's last evaluation on the
+    main dev split; ``None`` for a trial an earlier run trained, whose dev predictions are made again here."""
     kind = get_kind(spec)
     model = kind.model_class.from_pretrained(best_dir)
     device = torch.device("cuda" if params.device != "cpu" and torch.cuda.is_available() else "cpu")
     model.to(device)
-    threshold = selected.dev_score.extra.get("null_threshold")
-    tmp_out = staged[out_dir]
-    paths = kind.write_predictions(
-        spec, spec.dev_splits[0], data.dev[spec.dev_splits[0]].rows, selected.dev_score, tmp_out
-    )
-    details = {spec.dev_splits[0]: selected.dev_score.details}
 
-    def predicted(split: str, d: SplitData) -> SplitScore:
-        """The selected model's score on one more split, its prediction files written."""
-        label = f"{spec.name} {split} predict"
+    def scored(split: str, d: SplitData, what: str, null_threshold: float | None = None) -> SplitScore:
         outputs = predict(
             model,
             d.features,
             batch_size=settings.eval_batch_size,
             device=device,
             precision=params.precision,
-            label=label,
+            label=f"{spec.name} {split} {what}",
         )
-        score = kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=threshold)
+        return kind.score(spec, d.rows, d.features, outputs, settings, null_threshold=null_threshold)
+
+    main_split = spec.dev_splits[0]
+    if dev_score is None:  # as the trial's own last evaluation made it (the null threshold tuned again)
+        dev_score = scored(main_split, data.dev[main_split], "eval")
+    threshold = dev_score.extra.get("null_threshold")
+    tmp_out = staged[out_dir]
+    paths = kind.write_predictions(spec, main_split, data.dev[main_split].rows, dev_score, tmp_out)
+    details = {main_split: dev_score.details}
+
+    def predicted(split: str, d: SplitData) -> SplitScore:
+        """The selected model's score on one more split, its prediction files written."""
+        score = scored(split, d, "predict", null_threshold=threshold)
         paths.update(kind.write_predictions(spec, split, d.rows, score, tmp_out))
         return score
 

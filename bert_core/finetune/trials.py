@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import logging
-import os
 import pickle
 import re
 import shutil
@@ -60,10 +58,12 @@ def trials_fingerprint(
     device: str,
     precision: str,
     grid: str = "main",
+    checkpoint_sha: str | None = None,
 ) -> str:
     """What a trial's result depends on besides its init, learning rate and seed (see the module docstring);
     ``grid``: ``"main"``, or ``"reference"`` for the reference checkpoint's grid, a folder of its own even
-    when the reference is the starting checkpoint itself."""
+    when the reference is the starting checkpoint itself. ``checkpoint_sha``: the checkpoint's
+    :func:`bert_core.tracking.fingerprint.fingerprint`, when the caller has it (else its weights are read again)."""
     import xxhash
 
     from bert_core.tracking.fingerprint import fingerprint, json_fingerprint
@@ -82,7 +82,7 @@ def trials_fingerprint(
             "task": task,
             "grid": grid,
             "settings": settings.model_dump(mode="json", exclude=_NOT_IN_A_TRIAL),
-            "checkpoint": fingerprint(source_dir),
+            "checkpoint": checkpoint_sha or fingerprint(source_dir),
             "features": digest.hexdigest(),
             "device": device,
             "precision": precision,
@@ -122,31 +122,30 @@ class TrialStore:
     """One task's finished trials under one fingerprint (see the module docstring); use it in a ``with``."""
 
     def __init__(self, root: str | Path, task: str, fingerprint: str) -> None:
+        from filelock import FileLock
+
         self.dir = Path(root) / f"{task}-{fingerprint}"
-        self._lock: int | None = None
+        self._lock = FileLock(self.dir / ".lock", blocking=False)
 
     def __enter__(self) -> TrialStore:
-        """Hold the folder (an exclusive ``flock``): two runs of one task never share kept trials."""
+        """Hold the folder (an exclusive lock): two runs of one task never share kept trials."""
+        from filelock import Timeout
+
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+            self._lock.acquire()
+        except Timeout:
             raise TrialsInUseError(
                 f"{self.dir}: another fine-tuning run of this task, with the same settings and checkpoint, is "
                 "using these kept trials; wait for it to finish"
             ) from None
-        self._lock = fd
         for model in self.dir.glob("model-*"):  # weights saved just before a crash, without their record
             if not (self.dir / f"{model.name.removeprefix('model-')}.json").is_file():
                 shutil.rmtree(model, ignore_errors=True)
         return self
 
     def __exit__(self, *_: Any) -> None:
-        if self._lock is not None:
-            os.close(self._lock)
-            self._lock = None
+        self._lock.release()
 
     def model_dir(self, name: str) -> Path:
         return self.dir / f"model-{name}"
@@ -173,6 +172,18 @@ class TrialStore:
             shutil.rmtree(model, ignore_errors=True)
             return KeptTrial(result, logged, None)
         return KeptTrial(result, logged, model)
+
+    def reuse(
+        self, name: str, open_trial: Any, params: Mapping[str, Any], tags: Mapping[str, str]
+    ) -> KeptTrial | None:
+        """The trial ``name`` when an earlier run finished it, its logged metrics replayed into a new trial run
+        (``open_trial``, tagged ``trial_reused``); ``None``: it has to be trained."""
+        kept = self.finished(name)
+        if kept is not None:
+            log.info("%s: finished by an earlier run (%s)", name, self.dir)
+            with open_trial(name, params, {**tags, "trial_reused": "true"}) as recorder:
+                kept.replay(recorder)
+        return kept
 
     def keep(self, name: str, result: TrialResult, logged: list[list[Any]], model: Any = None) -> Path | None:
         """Record a finished trial; with ``model`` (the new best of its init) its weights first. Returns the
