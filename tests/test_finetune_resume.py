@@ -71,6 +71,18 @@ def _counting(monkeypatch, crash_at: int | None = None) -> list[str]:
     return trained
 
 
+def _whole_and_crashed(tiny_model, data_root, tmp_path: Path, monkeypatch) -> Path:
+    """An uninterrupted run into ``whole/``, and one into ``out/`` that crashed when trial 6 of 8 started;
+    returns the latter's kept-trials root."""
+    _finetune(tiny_model, data_root, tmp_path / "whole", None)
+    trials_root = tmp_path / "trials"
+    with monkeypatch.context() as m:
+        _counting(m, crash_at=6)
+        with pytest.raises(Crash):
+            _finetune(tiny_model, data_root, tmp_path / "out", trials_root)
+    return trials_root
+
+
 def test_a_rerun_after_a_crash_trains_only_the_unfinished_trials_and_writes_the_same(
     tiny_model, data_root, tmp_path, monkeypatch
 ):
@@ -179,12 +191,7 @@ def test_a_selected_trial_whose_weights_were_not_kept_is_trained_again(
     import logging
     import shutil
 
-    _finetune(tiny_model, data_root, tmp_path / "whole", None)
-    trials_root = tmp_path / "trials"
-    with monkeypatch.context() as m:
-        _counting(m, crash_at=6)
-        with pytest.raises(Crash):
-            _finetune(tiny_model, data_root, tmp_path / "out", trials_root)
+    trials_root = _whole_and_crashed(tiny_model, data_root, tmp_path, monkeypatch)
     (store,) = trials_root.iterdir()
     for weights in store.glob("model-*"):
         shutil.rmtree(weights)
@@ -229,12 +236,7 @@ def test_kept_weights_damaged_on_disk_are_not_used_and_their_trial_trains_again(
 ):
     import logging
 
-    _finetune(tiny_model, data_root, tmp_path / "whole", None)
-    trials_root = tmp_path / "trials"
-    with monkeypatch.context() as m:
-        _counting(m, crash_at=6)
-        with pytest.raises(Crash):
-            _finetune(tiny_model, data_root, tmp_path / "out", trials_root)
+    trials_root = _whole_and_crashed(tiny_model, data_root, tmp_path, monkeypatch)
     for weights in trials_root.glob("*/model-rte-pretrained-*/model.safetensors"):
         data = bytearray(weights.read_bytes())
         data[-1] ^= 1  # one flipped bit in the last tensor

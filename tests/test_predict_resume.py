@@ -64,6 +64,12 @@ def setup(tmp_path):
     return uri, src, whole, tmp_path / "out" / "pred.jsonl"
 
 
+def stopped_after_two_chunks(uri: str, src: Path, dst: Path, model) -> None:
+    """A run of ``src`` into ``dst`` stopped (KeyboardInterrupt) when its third chunk of 4 rows starts."""
+    with pytest.raises(KeyboardInterrupt):
+        predict_file(uri, src, dst, batch_size=4, model=Stopping(model, after=2))
+
+
 def kept(dst: Path) -> list[str]:
     return sorted(p.name for p in dst.parent.iterdir() if p.name != dst.name) if dst.parent.is_dir() else []
 
@@ -123,8 +129,7 @@ predict_file({uri!r}, {str(src)!r}, {str(dst)!r}, batch_size=4, model=stopping, 
 def test_a_torn_tail_is_cut_and_a_record_that_does_not_fit_the_file_or_its_checksum_starts_over(setup):
     uri, src, whole, dst = setup
     model = load_model(uri)
-    with pytest.raises(KeyboardInterrupt):
-        predict_file(uri, src, dst, batch_size=4, model=Stopping(model, after=2))
+    stopped_after_two_chunks(uri, src, dst, model)
     partial = dst.parent / ".pred.jsonl.partial"
     with open(partial, "ab") as fh:  # half a line after the saved rows, as a crash mid-write leaves
         fh.write(b'{"id": 8, "lab')
@@ -132,24 +137,21 @@ def test_a_torn_tail_is_cut_and_a_record_that_does_not_fit_the_file_or_its_check
     assert predict_file(uri, src, dst, batch_size=4, model=again).resumed_rows == 8
     assert dst.read_bytes() == whole.read_bytes()
 
-    with pytest.raises(KeyboardInterrupt):
-        predict_file(uri, src, dst, batch_size=4, model=Stopping(model, after=2))
+    stopped_after_two_chunks(uri, src, dst, model)
     with open(partial, "r+b") as fh:
         fh.truncate(10)  # the file lost what its record claims (a disk that did not keep the order)
     again = Stopping(model)
     assert predict_file(uri, src, dst, batch_size=4, model=again).resumed_rows == 0
     assert again.rows == 23 and dst.read_bytes() == whole.read_bytes()
 
-    with pytest.raises(KeyboardInterrupt):
-        predict_file(uri, src, dst, batch_size=4, model=Stopping(model, after=2))
+    stopped_after_two_chunks(uri, src, dst, model)
     record = dst.parent / ".pred.jsonl.partial.json"
     state = json.loads(record.read_text())
     record.write_text(json.dumps({**state, "rows": 7}))  # not where a chunk ends: not this run's record
     assert predict_file(uri, src, dst, batch_size=4, model=model).resumed_rows == 0
     assert dst.read_bytes() == whole.read_bytes()
 
-    with pytest.raises(KeyboardInterrupt):
-        predict_file(uri, src, dst, batch_size=4, model=Stopping(model, after=2))
+    stopped_after_two_chunks(uri, src, dst, model)
     data = bytearray(partial.read_bytes())
     data[5] ^= 1  # one flipped bit in the kept rows
     partial.write_bytes(bytes(data))
@@ -161,8 +163,7 @@ def test_a_torn_tail_is_cut_and_a_record_that_does_not_fit_the_file_or_its_check
 def test_another_input_batch_size_or_restart_predicts_every_row(setup, change, caplog):
     uri, src, whole, dst = setup
     model = load_model(uri)
-    with pytest.raises(KeyboardInterrupt):
-        predict_file(uri, src, dst, batch_size=4, model=Stopping(model, after=2))
+    stopped_after_two_chunks(uri, src, dst, model)
     batch_size, restart = (5 if change == "batch size" else 4), change == "restart"
     if change == "input":
         src.write_text(src.read_text().replace("row 22", "row twenty-two"))
@@ -179,8 +180,7 @@ def test_another_input_batch_size_or_restart_predicts_every_row(setup, change, c
 def test_a_bad_row_or_a_failed_load_leaves_an_earlier_runs_rows_alone(setup):
     uri, src, _, dst = setup
     model = load_model(uri)
-    with pytest.raises(KeyboardInterrupt):
-        predict_file(uri, src, dst, batch_size=4, model=Stopping(model, after=2))
+    stopped_after_two_chunks(uri, src, dst, model)
     partial = dst.parent / ".pred.jsonl.partial"
     before = partial.read_bytes()
     bad = write_jsonl(src.with_name("bad.jsonl"), [{"id": 1, "text": ""}])

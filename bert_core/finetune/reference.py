@@ -19,6 +19,7 @@ from typing import Any
 
 from bert_core.finetune.params import FinetuneParams, TaskSettings
 from bert_core.finetune.results import TrialResult
+from bert_core.finetune.trial import trial_params
 from bert_core.finetune.trials import Logged, TrialStore, trials_fingerprint
 
 log = logging.getLogger(__name__)
@@ -87,23 +88,18 @@ def run_reference_trials(
         for lr in settings.learning_rates:
             for seed in settings.seeds:
                 name = f"{spec.name}-{REFERENCE_INIT}-lr{lr:g}-seed{seed}"
-                trial_params = {
-                    **settings.model_dump(mode="json"),
-                    "learning_rate": lr,
-                    "seed": seed,
-                    "init": REFERENCE_INIT,
-                }
+                params_of_trial = trial_params(settings, REFERENCE_INIT, lr, seed)
                 tags = {
                     "task": spec.name,
                     "init": REFERENCE_INIT,
                     "trial": name,
                     "reference_source": str(ref_dir),
                 }
-                kept = store.reuse(name, open_trial, trial_params, tags)
+                kept = store.reuse(name, open_trial, params_of_trial, tags)
                 if kept is not None:
                     result = kept.result
                 else:
-                    with open_trial(name, trial_params, tags) as recorder:
+                    with open_trial(name, params_of_trial, tags) as recorder:
                         logged = Logged(recorder)
                         outcome, model = run_trial(
                             spec,

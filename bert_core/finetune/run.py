@@ -41,6 +41,7 @@ from bert_core.finetune.trial import (
     load_task_data,
     no_tracking,
     run_trial,
+    trial_params,
 )
 from bert_core.finetune.trials import Logged, TrialStore, trials_fingerprint
 from bert_core.kinds import SplitScore, get_kind, max_seq_length
@@ -179,12 +180,7 @@ def finetune_task(
         for number, (init, lr, seed) in enumerate(grid, 1):
             name = f"{spec.name}-{init}-lr{lr:g}-seed{seed}"
             log.info("trial %d/%d: %s", number, len(grid), name)
-            trial_params = {
-                **settings.model_dump(mode="json"),
-                "learning_rate": lr,
-                "seed": seed,
-                "init": init,
-            }
+            params_of_trial = trial_params(settings, init, lr, seed)
             tags = {
                 "task": spec.name,
                 "init": init,
@@ -195,11 +191,11 @@ def finetune_task(
             provenance = ("model", "model_version", "uri", "sha")
             tags.update({f"pretrained_{k}": str(v) for k, v in info.items() if k in provenance})
             current = best.get(init)
-            kept = store.reuse(name, open_trial, trial_params, tags)
+            kept = store.reuse(name, open_trial, params_of_trial, tags)
             if kept is not None:
                 result, score, weights = kept.result, None, kept.model_dir
             else:
-                with open_trial(name, trial_params, tags) as recorder:
+                with open_trial(name, params_of_trial, tags) as recorder:
                     logged = Logged(recorder)
                     outcome, model = train(init=init, learning_rate=lr, seed=seed, recorder=logged)
                 result, score = outcome.result, outcome.dev_score

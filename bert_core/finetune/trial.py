@@ -200,6 +200,11 @@ def load_task_data(
 
 
 # ====================================================================== one trial
+def trial_params(settings: TaskSettings, init: str, learning_rate: float, seed: int) -> dict[str, Any]:
+    """A trial's params as its tracking run records them: the task settings, its learning rate, seed, init."""
+    return {**settings.model_dump(mode="json"), "learning_rate": learning_rate, "seed": seed, "init": init}
+
+
 @dataclass
 class TrialOutcome:
     result: TrialResult

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from bert_core.atomic import check_writable
 from bert_core.progress import Progress
 from bert_core.serving.partial import SAVE_INTERVAL_S, PartialOutput, run_identity
@@ -242,7 +244,8 @@ def predict_file(
             names if fields is not None else "(no schema: every field)",
         )
         t_check = time.monotonic()
-        total, blanks = check_file(src, fields, id_field, record_check(model))
+        read = xxhash.xxh3_128()
+        total, blanks = check_file(src, fields, id_field, record_check(model), digest=read)
         log.info(
             "%s: %d row(s) checked (%d blank line(s) skipped) in %.1fs",
             src,
@@ -250,9 +253,8 @@ def predict_file(
             blanks,
             time.monotonic() - t_check,
         )
-        done = partial.resume(
-            run_identity(src, model_uri, model, batch_size, id_field), total, restart=restart
-        )
+        identity = run_identity(src, model_uri, model, batch_size, id_field, read.hexdigest())
+        done = partial.resume(identity, total, restart=restart)
         what = f"{src.name} -> {dst.name}"
         progress = Progress(
             what, total, noun="rows", unit="rows", logger=log, interval_s=progress_interval_s, initial=done

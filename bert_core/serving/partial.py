@@ -64,14 +64,17 @@ def _model_identity(model_uri: str, model: Any) -> str | None:
     return f"mlflow:{uuid}" if isinstance(uuid, str) and uuid else None
 
 
-def run_identity(src: Path, model_uri: str, model: Any, batch_size: int, id_field: str) -> dict[str, Any]:
-    """What a batch prediction's rows depend on; a partial output is continued only under the same."""
+def run_identity(
+    src: Path, model_uri: str, model: Any, batch_size: int, id_field: str, input_xxh3_128: str | None = None
+) -> dict[str, Any]:
+    """What a batch prediction's rows depend on; a partial output is continued only under the same.
+    ``input_xxh3_128``: the input's checksum when the caller has read it already."""
     from bert_core.integrity import file_digest
 
     return {
         "input": str(src.resolve()),
         "input_bytes": src.stat().st_size,
-        "input_xxh3_128": file_digest(src),
+        "input_xxh3_128": input_xxh3_128 or file_digest(src),
         "model": _model_identity(model_uri, model),
         "batch_size": batch_size,
         "id_field": id_field,

@@ -119,16 +119,15 @@ def type_problem(value: Any, tp: Any) -> str | None:
 # ---------------------------------------------------------------------------------------------- rows
 
 
-def _lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes, int]]:
-    """``(line number, raw line, bytes read so far)``, lazily: one line in memory at a time."""
+def _lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """``(line number, raw line)``, lazily: one line in memory at a time; every byte of the file passes."""
     with open(path, "rb") as fh:
-        number, done = 0, 0
+        number = 0
         while True:
             raw = fh.readline(max_line_bytes + 1)
             if not raw:
                 return
             number += 1
-            done += len(raw)
             if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
                 raise BadRowError(
                     path,
@@ -136,7 +135,7 @@ def _lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[i
                     None,
                     f"the line is longer than {max_line_bytes} bytes (is this JSON Lines?)",
                 )
-            yield number, raw, done
+            yield number, raw
 
 
 def parse_row(
@@ -207,9 +206,11 @@ def check_file(
     fields: list[InputField] | None,
     id_field: str = DEFAULT_ID_FIELD,
     check: Callable[[dict[str, Any]], None] | None = None,
+    digest: Any = None,
 ) -> tuple[int, int]:
     """Check every row of ``path`` (streaming) against the schema and, given ``check`` (:func:`record_check`),
-    as the model itself would; return ``(rows, blank lines)``.
+    as the model itself would; return ``(rows, blank lines)``. ``digest`` (a hash object) is updated with
+    every byte read: the file's checksum without a second pass.
 
     Raises:
         BadRowError: at the first bad row (its file and 1-based line).
@@ -217,7 +218,9 @@ def check_file(
     from bert_core.kinds.base import ServingInputError
 
     rows = blanks = 0
-    for number, raw, _ in _lines(path):
+    for number, raw in _lines(path):
+        if digest is not None:
+            digest.update(raw)
         parsed = parse_row(path, number, raw, fields, id_field)
         if parsed is None:
             blanks += 1
@@ -239,7 +242,7 @@ def read_chunks(
     ids: list[Any] = []
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
-    for number, raw, _ in _lines(path):
+    for number, raw in _lines(path):
         parsed = parse_row(path, number, raw, fields, id_field)
         if parsed is None:
             continue
