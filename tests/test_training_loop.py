@@ -145,6 +145,55 @@ def test_sigterm_writes_a_checkpoint_and_the_resumed_run_is_exact(tmp_path, over
     assert [h.get("loss") for h in result.history] == [h.get("loss") for h in ref_result.history]
 
 
+def test_checkpoints_by_the_training_clock_and_without_the_final_one(tmp_path):
+    """``checkpoint_every_s``: a checkpoint once that much training time has passed since the last one (here
+    after every step); ``final_checkpoint=False``: none at the end, for a caller that keeps the result itself.
+    The seconds spent in evaluations and checkpoints between steps are reported apart (``paused_s``)."""
+    _, result = run(
+        tmp_path,
+        max_steps=4,
+        checkpoint_every=0,
+        checkpoint_every_s=1e-9,
+        final_checkpoint=False,
+        keep_last=9,
+    )
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [f"step-{s:08d}" for s in (1, 2, 3)]
+    assert 0 < result.paused_s < result.elapsed_s
+    assert run(tmp_path / "none", max_steps=4, checkpoint_every=0, checkpoint_every_s=3600.0)[
+        1
+    ].checkpoint == (
+        ckpt.step_dir(tmp_path / "none", 4)  # an hour: only the final one
+    )
+
+
+def test_a_resumed_run_can_hand_its_history_to_a_new_tracking_run(tmp_path):
+    """``replay_on_resume``: ``on_metrics`` gets the checkpoint's records again, then the rest, so a tracking
+    run opened by the resumed process holds the whole curve."""
+    logged = []
+    run(
+        tmp_path / "ref",
+        max_steps=6,
+        on_metrics=lambda s, m: logged.append((s, m["loss"] if "loss" in m else None)),
+    )
+    calls = {"n": 0}
+
+    def send_sigterm():
+        calls["n"] += 1
+        if calls["n"] == 7:  # inside optimizer step 4
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path / "ck", max_steps=6, checkpoint_every=100, on_micro=send_sigterm)
+    again = []
+    run(
+        tmp_path / "ck",
+        max_steps=6,
+        replay_on_resume=True,
+        on_metrics=lambda s, m: again.append((s, m["loss"] if "loss" in m else None)),
+    )
+    assert again == logged
+
+
 def test_a_run_resumed_mid_window_logs_the_rows_of_an_uninterrupted_one(tmp_path):
     """Interrupted at step 4 with a 3-step logging window: the row at step 6 averages steps 4-6 as the
     uninterrupted run's does (the window's sums travel in the checkpoint); only timing differs."""

@@ -162,6 +162,7 @@ def run(
     on_micro=None,
     on_metrics=None,
     dist=None,
+    replay_on_resume: bool = False,
     **config_kw,
 ):
     """One deterministic CPU training run of the tiny model on the fake data; returns (model, result)."""
@@ -199,6 +200,7 @@ def run(
         on_metrics=on_metrics,
         fingerprint="fake-v1",
         dist=dist,
+        replay_on_resume=replay_on_resume,
     )
     return model, trainer.fit()
 

@@ -43,6 +43,10 @@ class TrainConfig:
             (:mod:`bert_core.training.step_check`). None: on a GPU with the fused AdamW and no fp16 loss
             scaling; True elsewhere needs the same optimizer (the CPU's has it).
         checkpoint_every: steps between checkpoints (0 = only the final one).
+        checkpoint_every_s: seconds of training between checkpoints (None: by steps alone); the clock is
+            rank 0's, so every rank checkpoints at the same step.
+        final_checkpoint: write a checkpoint marked complete at the end (False: a caller that keeps the
+            result itself, as fine-tuning does, writes only the ones a resume needs).
         keep_last: checkpoints kept.
         eval_every: steps between evaluations (0 = only at the end).
         max_eval_batches: evaluate on at most this many batches per rank (None = all).
@@ -69,6 +73,8 @@ class TrainConfig:
     compile_mode: CompileMode | None = None
     overlap_checks: bool | None = None
     checkpoint_every: int = 0
+    checkpoint_every_s: float | None = None
+    final_checkpoint: bool = True
     keep_last: int = 2
     eval_every: int = 0
     max_eval_batches: int | None = None
@@ -108,6 +114,8 @@ class TrainConfig:
         for name in ("checkpoint_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.checkpoint_every_s is not None and self.checkpoint_every_s <= 0:
+            raise ValueError(f"checkpoint_every_s must be > 0, got {self.checkpoint_every_s}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.compile_mode is not None and self.compile_mode not in COMPILE_MODES:
@@ -140,6 +148,7 @@ class FitResult:
     Attributes:
         step: optimizer steps done.
         elapsed_s: wall-clock seconds of training (summed over resumed segments).
+        paused_s: of those, the seconds spent in evaluations and checkpoints between steps.
         stop_reason: "max_steps" or "time_budget".
         train_metrics: the last logged training metrics.
         eval_metrics: the final evaluation (empty without evaluation data).
@@ -150,6 +159,7 @@ class FitResult:
 
     step: int
     elapsed_s: float
+    paused_s: float
     stop_reason: str
     train_metrics: dict[str, float]
     eval_metrics: dict[str, float]

@@ -45,7 +45,7 @@ from bert_core.training import checkpoint as ckpt
 from bert_core.training.config import FitResult, NonFiniteLossError, TrainConfig, TrainingInterrupted
 from bert_core.training.distributed import DistContext, resolve_device
 from bert_core.training.evaluation import evaluate_objective
-from bert_core.training.flops import mfu, peak_tflops
+from bert_core.training.flops import peak_tflops
 from bert_core.training.objective import Objective
 from bert_core.training.optim import build_optimizer
 from bert_core.training.step_check import StepCheck, StepFlags
@@ -72,6 +72,8 @@ class Trainer:
         on_metrics: called as ``on_metrics(step, metrics)`` on rank 0 at each log and evaluation.
         dist: the process's ``DistContext`` (default: single process on ``config.device``).
         fingerprint: identifies the run's settings; resuming a checkpoint with another fingerprint raises.
+        replay_on_resume: after a resume, pass the checkpoint's history to ``on_metrics`` again (for a caller
+            whose tracking run is new in each process, as a fine-tuning trial's is).
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class Trainer:
         on_metrics: MetricsCallback | None = None,
         dist: DistContext | None = None,
         fingerprint: str = "",
+        replay_on_resume: bool = False,
     ) -> None:
         self.model = model
         self.objective = objective
@@ -98,11 +101,12 @@ class Trainer:
         self.on_metrics = on_metrics
         self.dist = dist or DistContext(device=resolve_device(config.device))
         self.fingerprint = fingerprint
+        self.replay_on_resume = replay_on_resume
         self.device = self.dist.device
         self.schedule = config.schedule()
         # run state (saved in checkpoints)
         self.step = 0
-        self.elapsed_s = 0.0
+        self.elapsed_s = self.paused_s = 0.0  # paused: evaluations and checkpoints between steps
         self.history: list[dict[str, Any]] = []
         self.eval_metrics: dict[str, float] = {}
         self.train_metrics: dict[str, float] = {}
@@ -130,12 +134,14 @@ class Trainer:
                 self._stop_reason = self._train()
                 self._evaluate()
                 self._complete = True
-                self._save()
+                if self.config.final_checkpoint:
+                    self._save()
                 if self._stop_requested():  # a signal during the final evaluation or save
                     raise TrainingInterrupted(self._stop_signal or signal.SIGTERM, self.step, self._last_ckpt)
             return FitResult(
                 step=self.step,
                 elapsed_s=self.elapsed_s,
+                paused_s=self.paused_s,
                 stop_reason=self._stop_reason,
                 train_metrics=self.train_metrics,
                 eval_metrics=self.eval_metrics,
@@ -226,10 +232,16 @@ class Trainer:
         self._last_ckpt = path
         self._resumed_from = self.step
         log.info("resumed from %s (step %d, %.0f s trained)", path, self.step, self.elapsed_s)
+        if self.replay_on_resume and self.dist.is_main and self.on_metrics is not None:
+            for record in self.history:
+                self.on_metrics(
+                    record["step"], {k: v for k, v in record.items() if k not in ("step", "kind")}
+                )
 
     def _restore_state(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.elapsed_s = float(state["elapsed_s"])
+        self.paused_s = float(state.get("paused_s", 0.0))
         self.history = list(state.get("history", []))
         self.eval_metrics = dict(state.get("eval_metrics", {}))
         self.train_metrics = dict(state.get("train_metrics", {}))
@@ -273,6 +285,7 @@ class Trainer:
         cfg = self.config
         batches = self._batches()
         self._elapsed_base, self._t_start = self.elapsed_s, time.perf_counter()
+        self._saved_at = self.elapsed_s
         saved, self._saved_windows = self._saved_windows, None
         resumed = saved and len(saved) == self.dist.world_size  # mid-window: its sums go on
         self._win = (
@@ -333,7 +346,11 @@ class Trainer:
             if self._stop_any:
                 self._timed(self._save)
                 raise TrainingInterrupted(self._stop_signal or signal.SIGTERM, self.step, self._last_ckpt)
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not done:
+            every_s = cfg.checkpoint_every_s
+            due = (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or (
+                every_s is not None and self.elapsed_s - self._saved_at >= every_s
+            )
+            if due and not done:
                 self._timed(self._save)
         return reason
 
@@ -341,7 +358,9 @@ class Trainer:
         """Run eval/checkpoint work: it counts toward the elapsed time but not toward throughput."""
         t = time.perf_counter()
         fn()
-        self._win.t0 += time.perf_counter() - t
+        seconds = time.perf_counter() - t
+        self._win.t0 += seconds
+        self.paused_s += seconds
 
     def _take(self, flags: StepFlags | None) -> None:
         """Act on a step's flags (:mod:`bert_core.training.step_check`): a bad step raises with the state
@@ -368,28 +387,7 @@ class Trainer:
     # ------------------------------------------------------------------ metrics
     def _log_train(self) -> None:
         self._settle()
-        w = self._win
-        seconds = max(time.perf_counter() - w.t0, 1e-9)
-        counts = torch.tensor([w.seqs, w.tokens, w.flops], dtype=torch.float64, device=self.device)
-        scalars = torch.stack([w.loss, w.grad_norm]).float() / max(w.steps, 1)
-        self.dist.all_reduce(counts)
-        self.dist.all_reduce(scalars)
-        for k in sorted(w.stats):
-            self.dist.all_reduce(w.stats[k])
-        loss, gnorm = (scalars / self.dist.world_size).tolist()
-        seqs, tokens, flops = counts.tolist()
-        metrics = {"loss": loss, **self.objective.summarize(w.stats)}
-        metrics.update(
-            lr=w.lr,
-            grad_norm=gnorm,
-            seq_per_s=seqs / seconds,
-            tokens_per_s=tokens / seconds,
-            step_time_s=seconds / max(w.timed_steps, 1),
-            elapsed_s=self.elapsed_s,
-        )
-        util = mfu(flops, seconds, self._peak, self.dist.world_size) if flops else None
-        if util is not None:
-            metrics["mfu"] = util
+        metrics = self._win.metrics(self.dist, self.objective, self._peak, elapsed_s=self.elapsed_s)
         self.train_metrics = metrics
         self._emit("train", metrics)
         self._win = MetricsWindow(self.device)
@@ -451,6 +449,7 @@ class Trainer:
         if self.dist.is_main:
             state = {
                 "elapsed_s": self.elapsed_s,
+                "paused_s": self.paused_s,
                 "history": self.history,
                 "train_windows": windows,
                 "eval_metrics": self.eval_metrics,
@@ -474,7 +473,7 @@ class Trainer:
                 keep_last=self.config.keep_last,
             )
             log.info("checkpoint written: %s", path)
-        self._last_ckpt = ckpt.step_dir(self.checkpoint_dir, self.step)
+        self._last_ckpt, self._saved_at = ckpt.step_dir(self.checkpoint_dir, self.step), self.elapsed_s
         self.dist.barrier()
 
     # ------------------------------------------------------------------ signals and clean-up

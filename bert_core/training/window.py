@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from bert_core.training.evaluation import sum_into
+from bert_core.training.flops import mfu
+
+if TYPE_CHECKING:
+    from bert_core.training.distributed import DistContext
+    from bert_core.training.objective import Objective
 
 
 def _plain(t: Tensor) -> list[Any]:
@@ -67,6 +72,34 @@ class MetricsWindow:
         self.t0 = time.perf_counter()
         self.timed_steps = self.seqs = self.tokens = 0
         self.flops = 0.0
+
+    def metrics(
+        self, dist: DistContext, objective: Objective, peak_tflops: float | None, *, elapsed_s: float
+    ) -> dict[str, float]:
+        """The window's logged row, its sums reduced over the ranks (a collective under DDP): mean loss and
+        gradient norm, the objective's own figures, the learning rate, throughput and MFU (with a known peak)."""
+        seconds = max(time.perf_counter() - self.t0, 1e-9)
+        counts = torch.tensor([self.seqs, self.tokens, self.flops], dtype=torch.float64, device=self.device)
+        scalars = torch.stack([self.loss, self.grad_norm]).float() / max(self.steps, 1)
+        dist.all_reduce(counts)
+        dist.all_reduce(scalars)
+        for k in sorted(self.stats):
+            dist.all_reduce(self.stats[k])
+        loss, gnorm = (scalars / dist.world_size).tolist()
+        seqs, tokens, flops = counts.tolist()
+        metrics = {"loss": loss, **objective.summarize(self.stats)}
+        metrics.update(
+            lr=self.lr,
+            grad_norm=gnorm,
+            seq_per_s=seqs / seconds,
+            tokens_per_s=tokens / seconds,
+            step_time_s=seconds / max(self.timed_steps, 1),
+            elapsed_s=elapsed_s,
+        )
+        util = mfu(flops, seconds, peak_tflops, dist.world_size) if flops else None
+        if util is not None:
+            metrics["mfu"] = util
+        return metrics
 
     def state(self) -> dict[str, Any]:
         """The sums and their step count, as a checkpoint stores them (JSON: dtype and values)."""
