@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import test_finetune_run as base
+import torch
 
 from bert_core.finetune import run as run_module
 from bert_core.finetune.trials import TrialsInUseError, TrialStore, discard_trials, trials_fingerprint
@@ -21,16 +22,20 @@ tiny_model, data_root, _one_thread, _params = base.tiny_model, base.data_root, b
 class Tracker:
     """Records each trial's name, tags and logged metrics, as the MLflow tracker would log them."""
 
-    def __init__(self) -> None:
+    def __init__(self, crash_at: tuple[str, int] | None = None) -> None:
         self.trials: dict[str, dict] = {}
+        self.crash_at = crash_at  # (trial, step): raise Crash when that trial logs that step
 
     @contextlib.contextmanager
     def trial(self, name, params, tags):
         record = self.trials[name] = {"tags": dict(tags), "logged": []}
+        crash_at = self.crash_at
 
         class Recorder:
             def log_metrics(self, metrics, step=None):
                 record["logged"].append((dict(metrics), step))
+                if crash_at == (name, step):
+                    raise Crash("killed")
 
         yield Recorder()
 
@@ -39,8 +44,8 @@ class Crash(RuntimeError):
     pass
 
 
-def _grid_params():
-    params = _params(learning_rates=[1e-3, 1e-4], random_init_baseline=True, predict_test=False)
+def _grid_params(**settings):
+    params = _params(learning_rates=[1e-3, 1e-4], random_init_baseline=True, predict_test=False, **settings)
     return params.model_copy(update={"small_task_seeds": [1, 2]})  # rte: 2 lrs x 2 seeds x 2 inits
 
 
@@ -248,3 +253,171 @@ def test_kept_weights_damaged_on_disk_are_not_used_and_their_trial_trains_again(
     assert trained[3:] == [resumed.selected.name]  # trained again, not loaded from the damaged file
     model = "model/model.safetensors"
     assert (tmp_path / "out" / model).read_bytes() == (tmp_path / "whole" / model).read_bytes()
+
+
+# ------------------------------------------------------------------ one trial, stopped and continued
+_TIMINGS = {"seq_per_s", "tokens_per_s", "step_time_s", "elapsed_s", "examples_per_second", "seconds"}
+
+
+def _untimed(logged):
+    """The logged metrics without the clock's figures, which differ between any two runs."""
+    return [({k: v for k, v in m.items() if k.split(".", 1)[1] not in _TIMINGS}, step) for m, step in logged]
+
+
+class _Recorder:
+    """Keeps what a trial logs; ``at_step(step)`` runs on each call (to stop the trial there)."""
+
+    def __init__(self, at_step=lambda step: None) -> None:
+        self.logged, self.at_step = [], at_step
+
+    def log_metrics(self, metrics, step=None):
+        self.logged.append((dict(metrics), step))
+        if step is not None:
+            self.at_step(step)
+
+
+def _trial_setup(tiny_model, data_root, **settings):
+    from bert_core.finetune.inference import load_tokenizer
+    from bert_core.finetune.trial import load_task_data
+    from bert_core.tasks import get_task
+
+    spec = get_task("rte")
+    task_settings = _params(epochs=3, **settings).for_task("rte")  # 3 steps an epoch: 9 in all
+    data = load_task_data(
+        spec, task_settings, load_tokenizer(tiny_model, 30522), data_root=data_root, data_checks=False
+    )
+    return spec, data, task_settings
+
+
+def _trial(tiny_model, setup, recorder, checkpoint_dir=None, every_s=None):
+    from bert_core.finetune.trial import run_trial
+
+    spec, data, settings = setup
+    return run_trial(
+        spec,
+        data,
+        settings,
+        tiny_model,
+        init="pretrained",
+        learning_rate=1e-3,
+        seed=1,
+        device="cpu",
+        recorder=recorder,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every_s=every_s,
+    )
+
+
+def _same_trial(resumed, whole) -> None:
+    (outcome, model), (whole_outcome, whole_model) = resumed, whole
+    for (name, value), expected in zip(
+        model.state_dict().items(), whole_model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(value, expected), name
+    assert outcome.result.dev == whole_outcome.result.dev
+    assert outcome.result.steps == whole_outcome.result.steps == 9
+    assert outcome.result.evals == whole_outcome.result.evals
+    assert [h["loss"] for h in outcome.result.history] == [h["loss"] for h in whole_outcome.result.history]
+
+
+@pytest.mark.parametrize("group_by_length", [True, False])
+def test_a_trial_stopped_by_a_signal_continues_from_its_checkpoint_and_ends_as_an_uninterrupted_one(
+    tiny_model, data_root, tmp_path, group_by_length
+):
+    import os
+    import signal
+
+    from bert_core.training import TrainingInterrupted
+
+    setup = _trial_setup(tiny_model, data_root, group_by_length=group_by_length)
+    whole_recorder = _Recorder()
+    whole = _trial(tiny_model, setup, whole_recorder)
+
+    checkpoints = tmp_path / "checkpoints"
+    stop = lambda step: os.kill(os.getpid(), signal.SIGTERM) if step == 4 else None  # noqa: E731
+    with pytest.raises(TrainingInterrupted) as stopped:
+        _trial(tiny_model, setup, _Recorder(stop), checkpoints)
+    assert 4 <= stopped.value.step < 9  # in the second epoch: the order of a later epoch is resumed too
+    assert stopped.value.checkpoint is not None and stopped.value.checkpoint.is_dir()
+
+    recorder = _Recorder()
+    resumed = _trial(tiny_model, setup, recorder, checkpoints)
+    _same_trial(resumed, whole)
+    # the new tracking run gets the whole curve: the steps before the stop again, then the rest
+    assert _untimed(recorder.logged) == _untimed(whole_recorder.logged)
+
+
+def test_a_trial_that_crashed_continues_from_its_last_periodic_checkpoint(tiny_model, data_root, tmp_path):
+    setup = _trial_setup(tiny_model, data_root)
+    whole = _trial(tiny_model, setup, _Recorder())
+
+    def crash(step):
+        if step == 7:
+            raise Crash("killed")
+
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(Crash):  # no checkpoint at the crash itself: the periodic ones are what is left
+        _trial(tiny_model, setup, _Recorder(crash), checkpoints, every_s=1e-9)
+    assert [p.name for p in checkpoints.iterdir() if p.name.startswith("step-")] == ["step-00000006"]
+    _same_trial(_trial(tiny_model, setup, _Recorder(), checkpoints, every_s=1e-9), whole)
+
+
+def test_a_grid_that_crashed_inside_a_trial_continues_that_trial_from_its_checkpoint(
+    tiny_model, data_root, tmp_path, monkeypatch
+):
+    def finetune(out, trials_root, tracker):
+        # 3 steps an epoch, a checkpoint after every step
+        params = _grid_params(epochs=3).model_copy(update={"checkpoint_minutes": 1e-9})
+        return run_module.finetune_task(
+            "rte",
+            params,
+            tiny_model,
+            out / "results",
+            model_out=out / "model",
+            data_root=data_root,
+            tracker=tracker,
+            trials_root=trials_root,
+        )
+
+    whole_tracker = Tracker()
+    whole = finetune(tmp_path / "whole", None, whole_tracker)
+    trials_root, trial = tmp_path / "trials", "rte-pretrained-lr0.0001-seed1"
+    with pytest.raises(Crash):
+        finetune(tmp_path / "out", trials_root, Tracker(crash_at=(trial, 5)))
+    (store,) = trials_root.iterdir()
+    assert sorted(p.name for p in store.glob("checkpoints-*")) == [f"checkpoints-{trial}"]
+
+    tracker = Tracker()
+    with monkeypatch.context() as m:
+        trained = _counting(m)
+        resumed = finetune(tmp_path / "out", trials_root, tracker)
+    assert trained[0] == "pretrained-lr0.0001-seed1"  # the crashed trial first, from its step-4 checkpoint
+    assert [t.dev for t in resumed.trials] == [t.dev for t in whole.trials]
+    assert _untimed(tracker.trials[trial]["logged"]) == _untimed(whole_tracker.trials[trial]["logged"])
+    for rel in ("model/model.safetensors", "results/dev_predictions.tsv"):
+        assert (tmp_path / "out" / rel).read_bytes() == (tmp_path / "whole" / rel).read_bytes(), rel
+    assert not list(store.glob("checkpoints-*"))  # removed with each trial's record
+
+
+def test_a_trial_checkpoint_damaged_in_place_is_dropped_and_the_trial_trains_from_its_start(
+    tiny_model, data_root, tmp_path, caplog
+):
+    setup = _trial_setup(tiny_model, data_root)
+    whole = _trial(tiny_model, setup, _Recorder())
+
+    def crash(step):
+        if step == 5:
+            raise Crash("killed")
+
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(Crash):
+        _trial(tiny_model, setup, _Recorder(crash), checkpoints, every_s=1e-9)
+    weights = checkpoints / "step-00000004" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+
+    recorder = _Recorder()
+    _same_trial(_trial(tiny_model, setup, recorder, checkpoints, every_s=1e-9), whole)
+    assert "the trial trains from its start" in caplog.text and "resumed from" not in caplog.text
+    assert [step for _, step in recorder.logged].count(1) == 1  # nothing replayed: one curve, from step 1

@@ -98,6 +98,25 @@ def pad_collate(
     return batch
 
 
+class EpochShuffle(torch.utils.data.Sampler[int]):
+    """A shuffle of ``n`` indices whose order depends on the seed and the epoch alone (:meth:`set_epoch`), so
+    that a resumed trial draws the order an uninterrupted one would (the first epoch's order is
+    ``RandomSampler``'s with a generator seeded ``seed``)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from torch.randperm(self.n, generator=generator).tolist()
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class LengthGroupedBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Batches of indices with similar lengths.
 
@@ -215,12 +234,7 @@ def make_loader(
             dataset.lengths(), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last
         )
     else:
-        generator = torch.Generator().manual_seed(seed)
-        base = (
-            torch.utils.data.RandomSampler(dataset, generator=generator)
-            if shuffle
-            else torch.utils.data.SequentialSampler(dataset)
-        )
+        base = EpochShuffle(len(dataset), seed) if shuffle else torch.utils.data.SequentialSampler(dataset)
         sampler = torch.utils.data.BatchSampler(base, batch_size, drop_last=drop_last)
     return torch.utils.data.DataLoader(
         dataset,

@@ -107,12 +107,21 @@ class TaskSettings(StrictModel):
         return math.ceil(n_train / self.batch_size)
 
     def train_config(
-        self, n_train: int, *, learning_rate: float, seed: int, device: str, precision: str
+        self,
+        n_train: int,
+        *,
+        learning_rate: float,
+        seed: int,
+        device: str,
+        precision: str,
+        checkpoint_every_s: float | None = None,
     ) -> TrainConfig:
         """The :class:`TrainConfig` of one trial over ``n_train`` training features.
 
         The optimizer settings come from these settings by name (one definition each, bounds checked at
-        parse time); the step counts follow from ``epochs``, ``batch_size`` and ``evals_per_epoch``.
+        parse time); the step counts follow from ``epochs``, ``batch_size`` and ``evals_per_epoch``;
+        ``checkpoint_every_s``: seconds of training between the trial's checkpoints (None: only when a signal
+        stops it, with a checkpoint directory).
         """
         from bert_core.training.config import TrainConfig  # the training package imports torch
 
@@ -128,7 +137,10 @@ class TaskSettings(StrictModel):
             seed=seed,
             device=device,
             precision=precision,
-            checkpoint_every=0,
+            # a trial's checkpoints serve a resume only: the finished trial is kept by the stage
+            checkpoint_every_s=checkpoint_every_s,
+            final_checkpoint=False,
+            keep_last=1,
         )
 
 
@@ -238,6 +250,9 @@ class FinetuneParams(StrictModel):
         registry: Model registration.
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
         precision: ``auto`` (bf16 on a GPU that has it, else fp32), ``fp32``, ``bf16``.
+        checkpoint_minutes: Minutes of training between a trial's checkpoints, from which a rerun continues
+            the trial after a crash (0: only when Ctrl-C or SIGTERM stops it). Not a DVC param: the results
+            do not depend on it.
         data_checks: Run the Great Expectations checks on the train and dev rows first.
     """
 
@@ -250,7 +265,12 @@ class FinetuneParams(StrictModel):
     registry: RegistryParams = Field(default_factory=RegistryParams)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    checkpoint_minutes: float = Field(10.0, ge=0)
     data_checks: bool = True
+
+    @property
+    def checkpoint_every_s(self) -> float | None:
+        return self.checkpoint_minutes * 60 if self.checkpoint_minutes else None
 
     @field_validator("small_task_seeds")
     @classmethod

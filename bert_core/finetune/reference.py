@@ -112,6 +112,8 @@ def run_reference_trials(
                             device=params.device,
                             precision=params.precision,
                             recorder=logged,
+                            checkpoint_dir=store.checkpoint_dir(name),
+                            checkpoint_every_s=params.checkpoint_every_s,
                         )
                     del model
                     result = outcome.result

@@ -169,7 +169,14 @@ def finetune_task(
         store = held.enter_context(TrialStore(trials_root or tmp / "trials", spec.name, fingerprint))
         main = spec.main_metric
         train = partial(
-            run_trial, spec, data, settings, source_dir, device=params.device, precision=params.precision
+            run_trial,
+            spec,
+            data,
+            settings,
+            source_dir,
+            device=params.device,
+            precision=params.precision,
+            checkpoint_every_s=params.checkpoint_every_s,
         )
         trials: list[TrialResult] = []
         # Per init, its best trial so far: result, dev score (None: trained by an earlier run), weights (None:
@@ -197,7 +204,13 @@ def finetune_task(
             else:
                 with open_trial(name, params_of_trial, tags) as recorder:
                     logged = Logged(recorder)
-                    outcome, model = train(init=init, learning_rate=lr, seed=seed, recorder=logged)
+                    outcome, model = train(
+                        init=init,
+                        learning_rate=lr,
+                        seed=seed,
+                        recorder=logged,
+                        checkpoint_dir=store.checkpoint_dir(name),
+                    )
                 result, score = outcome.result, outcome.dev_score
                 # weights first, then the record: the best recorded trial of an init has its weights
                 better = _better(result, current, main)

@@ -9,7 +9,9 @@ clipping) and a thin :class:`FinetuneObjective`, scoring dev after each epoch. T
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import shutil
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +28,8 @@ from bert_core.finetune.results import TrialResult
 from bert_core.kinds import SplitScore, get_kind
 from bert_core.progress import Progress
 from bert_core.tasks import TaskSpec
-from bert_core.training import Objective, StepOutput, Trainer
+from bert_core.training import FitResult, Objective, StepOutput, Trainer
+from bert_core.training.checkpoint import TrainingCheckpointError
 from bert_core.training.distributed import resolve_device
 from bert_core.unpad import set_unpad
 
@@ -82,27 +85,53 @@ class FinetuneObjective(Objective):
 
 
 class EpochLoader:
-    """A DataLoader the Trainer can re-seed per epoch (``set_epoch``) for a new length-grouped order; it
-    tells ``progress`` the steps done (one batch per step: when batch k+1 is drawn, k steps are done)."""
+    """The training batches, epoch after epoch, in an order that depends on the seed and the epoch alone; it
+    tells ``progress`` the steps done (one batch per step: when batch k+1 is drawn, k steps are done).
+
+    Its position (``state_dict``) goes into the trial's checkpoints: a resumed trial draws the batches an
+    uninterrupted one would have drawn next. Each ``iter()`` continues where the last one stopped.
+    """
 
     def __init__(self, loader: torch.utils.data.DataLoader, progress: Progress | None = None) -> None:
         self.loader, self.progress = loader, progress
-        self.drawn = self.examples = 0
+        self.epoch = self.in_epoch = 0  # the position: the epoch, and the batches drawn from it
+        self.drawn = 0  # batches drawn in all (over resumed processes)
+        self.examples = 0  # examples drawn by this process (its throughput)
+        self._started = False
 
-    def set_epoch(self, epoch: int) -> None:
-        sampler = self.loader.batch_sampler
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "in_epoch": self.in_epoch, "drawn": self.drawn}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.epoch, self.in_epoch, self.drawn = (
+            int(state["epoch"]),
+            int(state["in_epoch"]),
+            int(state["drawn"]),
+        )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for batch in self.loader:
-            if self.progress is not None and self.drawn == 0:
-                self.progress.reset()  # the clock starts with training, not with the model's setup
+        batches = self.loader.batch_sampler
+        for sampler in (batches, getattr(batches, "sampler", None)):  # grouped by length, or a plain shuffle
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(self.epoch)
+        if self.in_epoch >= len(self.loader):  # resumed at the end of an epoch
+            loader: Iterator[dict[str, Any]] = iter(())
+        elif self.in_epoch:  # resumed inside an epoch, whose loader drew from the RNG before the checkpoint
+            with torch.random.fork_rng(devices=[]):
+                loader = iter(self.loader)
+        else:  # a new epoch: its loader draws a seed from torch's RNG, as in an uninterrupted run
+            loader = iter(self.loader)
+        for batch in itertools.islice(loader, self.in_epoch, None):
+            if self.progress is not None and not self._started:
+                self.progress.reset(self.drawn)  # the clock starts with training, not with the model's setup
             elif self.progress is not None:
                 self.progress.update(self.drawn, examples=self.examples)
+            self._started = True
+            self.in_epoch += 1
             self.drawn += 1
             self.examples += int(batch["input_ids"].shape[0])
             yield batch
+        self.epoch, self.in_epoch = self.epoch + 1, 0
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -223,8 +252,15 @@ def run_trial(
     device: str = "auto",
     precision: str = "auto",
     recorder: TrialRecorder | None = None,
+    checkpoint_dir: Path | None = None,
+    checkpoint_every_s: float | None = None,
 ) -> tuple[TrialOutcome, nn.Module]:
-    """Train one model and score it on the main dev split; return the outcome and the trained model."""
+    """Train one model and score it on the main dev split; return the outcome and the trained model.
+
+    With ``checkpoint_dir`` the trial writes a checkpoint every ``checkpoint_every_s`` seconds of training
+    and when SIGTERM or SIGINT stops it; run again with the same directory, it continues from the newest
+    one, its earlier metrics passed to ``recorder`` again, and ends as an uninterrupted trial would.
+    """
     recorder = recorder or _NullRecorder()
     main_split = spec.dev_splits[0]
     dev = data.dev[main_split]
@@ -233,7 +269,12 @@ def run_trial(
     model = set_unpad(kind.build_model(spec, source_dir, init=init, seed=seed), settings.unpad)
     n_train = len(data.train.features)
     config = settings.train_config(
-        n_train, learning_rate=learning_rate, seed=seed, device=device, precision=precision
+        n_train,
+        learning_rate=learning_rate,
+        seed=seed,
+        device=device,
+        precision=precision,
+        checkpoint_every_s=checkpoint_every_s,
     )
     steps_per_epoch, max_steps = settings.steps_per_epoch(n_train), config.max_steps
     assert max_steps is not None  # fine-tuning runs a number of epochs, never a time budget
@@ -260,13 +301,11 @@ def run_trial(
         pad_to_multiple_of=width_multiple(resolve_device(device)),
         group_by_length=settings.group_by_length,
     )
-    eval_seconds: list[float] = []
     last: dict[str, SplitScore] = {}
 
     def evaluator(m: nn.Module) -> dict[str, float]:
         if train_data.drawn >= max_steps:  # the final evaluation: training is over
             progress.finish(done=max_steps, examples=train_data.examples)
-        t0 = time.perf_counter()
         outputs = predict(
             m,
             dev.features,
@@ -277,7 +316,6 @@ def run_trial(
         )
         result = kind.score(spec, dev.rows, dev.features, outputs, settings)
         last["dev"] = result
-        eval_seconds.append(time.perf_counter() - t0)
         return {
             **{f"dev.{k}": v for k, v in result.metrics.items()},
             **{f"dev.{k}": v for k, v in result.extra.items()},
@@ -287,10 +325,30 @@ def run_trial(
         renamed = {(k if k.startswith("dev.") else f"train.{k}"): float(v) for k, v in metrics.items()}
         recorder.log_metrics(renamed, step=step)
 
+    def fit_trial() -> FitResult:
+        return Trainer(
+            model,
+            FinetuneObjective(),
+            train_data,
+            config,
+            checkpoint_dir=checkpoint_dir,
+            evaluator=evaluator,
+            on_metrics=on_metrics,
+            fingerprint=name,  # the directory is the trial's own; the name guards against a mix-up
+            replay_on_resume=True,  # the recorder is a new tracking run: it gets the whole curve
+        ).fit()
+
     train_data = EpochLoader(loader, progress)
-    fit = Trainer(
-        model, FinetuneObjective(), train_data, config, evaluator=evaluator, on_metrics=on_metrics
-    ).fit()
+    try:
+        fit = fit_trial()
+    except TrainingCheckpointError as err:  # damaged, or unreadable: it only saves time, so start over
+        if checkpoint_dir is None:
+            raise
+        log.warning("%s: %s; the trial trains from its start", name, err)
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        model = set_unpad(kind.build_model(spec, source_dir, init=init, seed=seed), settings.unpad)
+        train_data = EpochLoader(loader, progress)
+        fit = fit_trial()
     progress.finish(done=fit.step, examples=train_data.examples)
     history, evals = [], []
     for rec in fit.history:
@@ -308,7 +366,7 @@ def run_trial(
                 }
             )
     score = last["dev"]
-    train_seconds = max(fit.elapsed_s - sum(eval_seconds[:-1]), 1e-9)
+    train_seconds = max(fit.elapsed_s - fit.paused_s, 1e-9)  # without the evaluations between steps
     result = TrialResult(
         init=init,
         learning_rate=learning_rate,

@@ -8,7 +8,10 @@ BERT-Base is hours on a GPU, and a crash in its last trial must not cost the oth
 - ``<trial>.json``: its :class:`~bert_core.finetune.results.TrialResult` and every metric its recorder
   logged (replayed into the rerun's MLflow trial run, tagged ``trial_reused``);
 - ``model-<trial>/``: the weights of the best trial of its init so far. A better trial's weights replace them
-  only after its own record is written, so the best finished trial always has its weights.
+  only after its own record is written, so the best finished trial always has its weights;
+- ``checkpoints-<trial>/``: the running trial's newest checkpoint (every ``finetune.checkpoint_minutes`` of
+  training, and when a signal stops it), from which a rerun continues that trial; removed once its record
+  is written.
 
 The fingerprint (:func:`trials_fingerprint`) covers what a trial's result depends on besides its own
 learning rate and seed: the task settings (the grid's learning rates and seeds, the baselines and the test
@@ -142,6 +145,9 @@ class TrialStore:
         for model in self.dir.glob("model-*"):  # weights saved just before a crash, without their record
             if not (self.dir / f"{model.name.removeprefix('model-')}.json").is_file():
                 shutil.rmtree(model, ignore_errors=True)
+        for checkpoints in self.dir.glob("checkpoints-*"):  # a finished trial's, its record just written
+            if (self.dir / f"{checkpoints.name.removeprefix('checkpoints-')}.json").is_file():
+                shutil.rmtree(checkpoints, ignore_errors=True)
         return self
 
     def __exit__(self, *_: Any) -> None:
@@ -149,6 +155,10 @@ class TrialStore:
 
     def model_dir(self, name: str) -> Path:
         return self.dir / f"model-{name}"
+
+    def checkpoint_dir(self, name: str) -> Path:
+        """Where the trial ``name`` writes the checkpoints a rerun continues it from."""
+        return self.dir / f"checkpoints-{name}"
 
     def finished(self, name: str) -> KeptTrial | None:
         """The trial ``name`` when an earlier run finished it (``None`` when not, or its record is damaged)."""
@@ -194,6 +204,7 @@ class TrialStore:
             with atomic_path(target) as tmp:
                 model.save_pretrained(tmp)
         write_json_atomic(self.dir / f"{name}.json", {"result": dataclasses.asdict(result), "logged": logged})
+        shutil.rmtree(self.checkpoint_dir(name), ignore_errors=True)
         return target
 
     def drop(self, weights: Path) -> None:

@@ -335,6 +335,59 @@ def test_ctrl_c_to_pretraining_on_two_processes_then_a_rerun_resumes(
     assert "up to date" in pipe.dvc("status", "pretrain", root=clone).stdout
 
 
+TRIALS = Path("data") / "finetune" / "trials"
+
+
+@pytest.mark.faults
+def test_ctrl_c_to_fine_tuning_inside_a_trial_then_a_rerun_continues_it_and_gives_the_same_model(
+    tiny_pipeline: TinyPipeline, prefect_api, tmp_path
+):
+    """Two trials of MRPC, long enough to stop inside the second: it writes a checkpoint and the stage stops;
+    the rerun reuses the first trial, continues the second from its checkpoint and commits the model an
+    uninterrupted run commits."""
+    pipe, stage = tiny_pipeline, "finetune@mrpc"
+    pipe.build(until=stage)
+    clones = []
+    for name in ("whole", "stopped"):
+        clone = pipe.clone(tmp_path / name)
+        params = clone / "params" / "finetune.yaml"
+        doc = yaml.safe_load(params.read_text())
+        doc["finetune"]["small_task_seeds"] = [1, 2]
+        doc["finetune"]["tasks"]["mrpc"].update(train_limit=1000, epochs=2)  # 2 x 64 steps
+        doc["finetune"]["checkpoint_minutes"] = 0.0005  # about every step; not a DVC param
+        params.write_text(yaml.safe_dump(doc, sort_keys=False))
+        clones.append(clone)
+    whole, clone = clones
+    uninterrupted = pipe.dvc("repro", "--single-item", stage, root=whole, timeout=900)
+    assert uninterrupted.returncode == 0, (uninterrupted.stdout + uninterrupted.stderr)[-4000:]
+
+    def inside_the_second_trial(_out: str) -> bool:  # the first one's record, the second one's checkpoint
+        kept = clone / TRIALS
+        return any(kept.glob("*/*.json")) and any(kept.glob("*/checkpoints-*/step-*/state.json"))
+
+    res = signal_when(
+        [PY, "-m", "dvc", "repro", "--single-item", stage],
+        cwd=clone,
+        env=pipe.env(clone),
+        ready=inside_the_second_trial,
+        sig=signal.SIGINT,
+    )
+    assert res.returncode == 255 and "exited with 130" in res.output, res.output[-4000:]
+    assert_one_line(
+        res,
+        r"finetune stage interrupted \(mrpc\): training stopped by SIGINT after step \d+; checkpoint \S+",
+    )
+    assert not wait_gone(res.children), f"processes left behind: {alive(res.children)}"
+
+    rerun = pipe.dvc("repro", "--single-item", stage, root=clone, timeout=900)
+    out = rerun.stdout + rerun.stderr
+    assert rerun.returncode == 0, out[-4000:]
+    assert "finished by an earlier run" in out and re.search(r"resumed from \S*step-\d+", out), out[-4000:]
+    model = "models/finetuned/mrpc"
+    assert pipe.lock_outs(clone)[model] == pipe.lock_outs(whole)[model], "not the uninterrupted run's model"
+    assert not (clone / TRIALS).exists()  # committed: nothing kept
+
+
 # ------------------------------------------------------------------------------- Prefect unreachable
 
 
