@@ -276,6 +276,16 @@ class _Recorder:
             self.at_step(step)
 
 
+def _crash_at(at: int):
+    """A ``_Recorder`` hook that raises :class:`Crash` when step ``at`` is logged."""
+
+    def crash(step):
+        if step == at:
+            raise Crash("killed")
+
+    return crash
+
+
 def _trial_setup(tiny_model, data_root, **settings):
     from bert_core.finetune.inference import load_tokenizer
     from bert_core.finetune.trial import load_task_data
@@ -351,13 +361,9 @@ def test_a_trial_that_crashed_continues_from_its_last_periodic_checkpoint(tiny_m
     setup = _trial_setup(tiny_model, data_root)
     whole = _trial(tiny_model, setup, _Recorder())
 
-    def crash(step):
-        if step == 7:
-            raise Crash("killed")
-
     checkpoints = tmp_path / "checkpoints"
     with pytest.raises(Crash):  # no checkpoint at the crash itself: the periodic ones are what is left
-        _trial(tiny_model, setup, _Recorder(crash), checkpoints, every_s=1e-9)
+        _trial(tiny_model, setup, _Recorder(_crash_at(7)), checkpoints, every_s=1e-9)
     assert [p.name for p in checkpoints.iterdir() if p.name.startswith("step-")] == ["step-00000006"]
     _same_trial(_trial(tiny_model, setup, _Recorder(), checkpoints, every_s=1e-9), whole)
 
@@ -405,13 +411,9 @@ def test_a_trial_checkpoint_damaged_in_place_is_dropped_and_the_trial_trains_fro
     setup = _trial_setup(tiny_model, data_root)
     whole = _trial(tiny_model, setup, _Recorder())
 
-    def crash(step):
-        if step == 5:
-            raise Crash("killed")
-
     checkpoints = tmp_path / "checkpoints"
     with pytest.raises(Crash):
-        _trial(tiny_model, setup, _Recorder(crash), checkpoints, every_s=1e-9)
+        _trial(tiny_model, setup, _Recorder(_crash_at(5)), checkpoints, every_s=1e-9)
     weights = checkpoints / "step-00000004" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF

@@ -43,6 +43,18 @@ def _assert_same(a, b):
         assert torch.equal(a[k], b[k]), k
 
 
+def _sigterm_at_micro(n: int):
+    """An ``on_micro`` that sends SIGTERM to this process at micro-step ``n`` (2 per optimizer step)."""
+    calls = {"n": 0}
+
+    def send_sigterm():
+        calls["n"] += 1
+        if calls["n"] == n:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return send_sigterm
+
+
 def test_learns_and_reports_metrics_next_to_baselines():
     seen = []
     _, result = run(
@@ -126,15 +138,14 @@ OVERLAP = pytest.mark.parametrize("overlap", [False, True], ids=["checks-at-once
 def test_sigterm_writes_a_checkpoint_and_the_resumed_run_is_exact(tmp_path, overlap):
     """Overlapped runs (flags read a step late) are compared with a reference that reads them at once."""
     reference, ref_result = run(tmp_path / "ref", max_steps=8)
-    calls = {"n": 0}
-
-    def send_sigterm():
-        calls["n"] += 1
-        if calls["n"] == 7:  # inside optimizer step 4 (2 micro-batches per step)
-            os.kill(os.getpid(), signal.SIGTERM)
-
     with pytest.raises(TrainingInterrupted) as info:
-        run(tmp_path / "ck", max_steps=8, checkpoint_every=100, on_micro=send_sigterm, overlap_checks=overlap)
+        run(
+            tmp_path / "ck",
+            max_steps=8,
+            checkpoint_every=100,
+            on_micro=_sigterm_at_micro(7),
+            overlap_checks=overlap,
+        )
     assert info.value.step == 4 and info.value.exit_code == 128 + signal.SIGTERM
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "ck")] == ["step-00000004"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
@@ -173,23 +184,16 @@ def test_a_resumed_run_can_hand_its_history_to_a_new_tracking_run(tmp_path):
     run(
         tmp_path / "ref",
         max_steps=6,
-        on_metrics=lambda s, m: logged.append((s, m["loss"] if "loss" in m else None)),
+        on_metrics=lambda s, m: logged.append((s, m.get("loss"))),
     )
-    calls = {"n": 0}
-
-    def send_sigterm():
-        calls["n"] += 1
-        if calls["n"] == 7:  # inside optimizer step 4
-            os.kill(os.getpid(), signal.SIGTERM)
-
     with pytest.raises(TrainingInterrupted):
-        run(tmp_path / "ck", max_steps=6, checkpoint_every=100, on_micro=send_sigterm)
+        run(tmp_path / "ck", max_steps=6, checkpoint_every=100, on_micro=_sigterm_at_micro(7))
     again = []
     run(
         tmp_path / "ck",
         max_steps=6,
         replay_on_resume=True,
-        on_metrics=lambda s, m: again.append((s, m["loss"] if "loss" in m else None)),
+        on_metrics=lambda s, m: again.append((s, m.get("loss"))),
     )
     assert again == logged
 
@@ -198,15 +202,8 @@ def test_a_run_resumed_mid_window_logs_the_rows_of_an_uninterrupted_one(tmp_path
     """Interrupted at step 4 with a 3-step logging window: the row at step 6 averages steps 4-6 as the
     uninterrupted run's does (the window's sums travel in the checkpoint); only timing differs."""
     _, ref = run(tmp_path / "ref", max_steps=8, log_every=3)
-    calls = {"n": 0}
-
-    def send_sigterm():
-        calls["n"] += 1
-        if calls["n"] == 7:  # inside optimizer step 4
-            os.kill(os.getpid(), signal.SIGTERM)
-
     with pytest.raises(TrainingInterrupted):
-        run(tmp_path / "ck", max_steps=8, checkpoint_every=100, log_every=3, on_micro=send_sigterm)
+        run(tmp_path / "ck", max_steps=8, checkpoint_every=100, log_every=3, on_micro=_sigterm_at_micro(7))
     _, resumed = run(tmp_path / "ck", max_steps=8, log_every=3)
     timing = {"seq_per_s", "tokens_per_s", "step_time_s", "elapsed_s", "mfu"}
 
