@@ -357,6 +357,38 @@ def test_a_trial_stopped_by_a_signal_continues_from_its_checkpoint_and_ends_as_a
     assert _untimed(recorder.logged) == _untimed(whole_recorder.logged)
 
 
+def test_a_trial_stopped_during_its_final_evaluation_is_not_trained_again(
+    tiny_model, data_root, tmp_path, caplog
+):
+    """No final checkpoint is written for a trial (its result is kept by the stage), except when a stop
+    signal lands during the final evaluation: the rerun then only evaluates the trained model again."""
+    import os
+    import signal
+
+    from bert_core.training import TrainingInterrupted
+
+    setup = _trial_setup(tiny_model, data_root)
+    whole_recorder = _Recorder()
+    whole = _trial(tiny_model, setup, whole_recorder)
+
+    def stop_at_the_final_evaluation(step):
+        if step == 9 and "dev.accuracy" in recorder.logged[-1][0]:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    checkpoints, recorder = tmp_path / "checkpoints", _Recorder()
+    recorder.at_step = stop_at_the_final_evaluation
+    with pytest.raises(TrainingInterrupted) as stopped:
+        _trial(tiny_model, setup, recorder, checkpoints)
+    assert stopped.value.step == 9 and stopped.value.checkpoint.name == "step-00000009"
+
+    again = _Recorder()
+    with caplog.at_level("INFO", logger="bert_core.training"):
+        resumed = _trial(tiny_model, setup, again, checkpoints)
+    assert "step-00000009 (step 9," in caplog.text  # resumed complete: nothing left to train
+    _same_trial(resumed, whole)
+    assert _untimed(again.logged) == _untimed(whole_recorder.logged)
+
+
 def test_a_trial_that_crashed_continues_from_its_last_periodic_checkpoint(tiny_model, data_root, tmp_path):
     setup = _trial_setup(tiny_model, data_root)
     whole = _trial(tiny_model, setup, _Recorder())

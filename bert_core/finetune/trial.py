@@ -349,6 +349,8 @@ def run_trial(
         model = set_unpad(kind.build_model(spec, source_dir, init=init, seed=seed), settings.unpad)
         train_data = EpochLoader(loader, progress)
         fit = fit_trial()
+    if "dev" not in last:  # resumed from a complete checkpoint: the stopped process ran the final evaluation
+        evaluator(model)
     progress.finish(done=fit.step, examples=train_data.examples)
     history, evals = [], []
     for rec in fit.history:

@@ -46,7 +46,8 @@ class TrainConfig:
         checkpoint_every_s: seconds of training between checkpoints (None: by steps alone); the clock is
             rank 0's, so every rank checkpoints at the same step.
         final_checkpoint: write a checkpoint marked complete at the end (False: a caller that keeps the
-            result itself, as fine-tuning does, writes only the ones a resume needs).
+            result itself, as fine-tuning does, writes only the ones a resume needs, and this one only when
+            a stop signal arrived during the final evaluation).
         keep_last: checkpoints kept.
         eval_every: steps between evaluations (0 = only at the end).
         max_eval_batches: evaluate on at most this many batches per rank (None = all).

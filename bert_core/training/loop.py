@@ -134,7 +134,8 @@ class Trainer:
                 self._stop_reason = self._train()
                 self._evaluate()
                 self._complete = True
-                if self.config.final_checkpoint:
+                # without a final checkpoint, a signal during the final evaluation still writes one
+                if self.config.final_checkpoint or self._stop_requested():
                     self._save()
                 if self._stop_requested():  # a signal during the final evaluation or save
                     raise TrainingInterrupted(self._stop_signal or signal.SIGTERM, self.step, self._last_ckpt)
