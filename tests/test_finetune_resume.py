@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,32 @@ import torch
 
 from bert_core.finetune import run as run_module
 from bert_core.finetune.trials import TrialsInUseError, TrialStore, discard_trials, trials_fingerprint
+from bert_core.training import TrainingInterrupted
 
 # the tiny model, the data root and one thread, as the fine-tuning tests have them
 tiny_model, data_root, _one_thread, _params = base.tiny_model, base.data_root, base._one_thread, base._params
+
+
+class _Recorder:
+    """Keeps what a trial logs; ``at_step(step)`` runs on each call (to stop the trial there)."""
+
+    def __init__(self, at_step=lambda step: None) -> None:
+        self.logged, self.at_step = [], at_step
+
+    def log_metrics(self, metrics, step=None):
+        self.logged.append((dict(metrics), step))
+        if step is not None:
+            self.at_step(step)
+
+
+def _crash_at(at: int):
+    """A ``_Recorder`` hook that raises :class:`Crash` when step ``at`` is logged."""
+
+    def crash(step):
+        if step == at:
+            raise Crash("killed")
+
+    return crash
 
 
 class Tracker:
@@ -28,16 +53,10 @@ class Tracker:
 
     @contextlib.contextmanager
     def trial(self, name, params, tags):
-        record = self.trials[name] = {"tags": dict(tags), "logged": []}
-        crash_at = self.crash_at
-
-        class Recorder:
-            def log_metrics(self, metrics, step=None):
-                record["logged"].append((dict(metrics), step))
-                if crash_at == (name, step):
-                    raise Crash("killed")
-
-        yield Recorder()
+        crashing = self.crash_at is not None and self.crash_at[0] == name
+        recorder = _Recorder(_crash_at(self.crash_at[1]) if crashing else lambda step: None)
+        self.trials[name] = {"tags": dict(tags), "logged": recorder.logged}
+        yield recorder
 
 
 class Crash(RuntimeError):
@@ -49,10 +68,10 @@ def _grid_params(**settings):
     return params.model_copy(update={"small_task_seeds": [1, 2]})  # rte: 2 lrs x 2 seeds x 2 inits
 
 
-def _finetune(tiny_model, data_root, out: Path, trials_root: Path | None, tracker=None):
+def _finetune(tiny_model, data_root, out: Path, trials_root: Path | None, tracker=None, params=None):
     return run_module.finetune_task(
         "rte",
-        _grid_params(),
+        params or _grid_params(),
         tiny_model,
         out / "results",
         model_out=out / "model",
@@ -264,28 +283,6 @@ def _untimed(logged):
     return [({k: v for k, v in m.items() if k.split(".", 1)[1] not in _TIMINGS}, step) for m, step in logged]
 
 
-class _Recorder:
-    """Keeps what a trial logs; ``at_step(step)`` runs on each call (to stop the trial there)."""
-
-    def __init__(self, at_step=lambda step: None) -> None:
-        self.logged, self.at_step = [], at_step
-
-    def log_metrics(self, metrics, step=None):
-        self.logged.append((dict(metrics), step))
-        if step is not None:
-            self.at_step(step)
-
-
-def _crash_at(at: int):
-    """A ``_Recorder`` hook that raises :class:`Crash` when step ``at`` is logged."""
-
-    def crash(step):
-        if step == at:
-            raise Crash("killed")
-
-    return crash
-
-
 def _trial_setup(tiny_model, data_root, **settings):
     from bert_core.finetune.inference import load_tokenizer
     from bert_core.finetune.trial import load_task_data
@@ -334,11 +331,6 @@ def _same_trial(resumed, whole) -> None:
 def test_a_trial_stopped_by_a_signal_continues_from_its_checkpoint_and_ends_as_an_uninterrupted_one(
     tiny_model, data_root, tmp_path, group_by_length
 ):
-    import os
-    import signal
-
-    from bert_core.training import TrainingInterrupted
-
     setup = _trial_setup(tiny_model, data_root, group_by_length=group_by_length)
     whole_recorder = _Recorder()
     whole = _trial(tiny_model, setup, whole_recorder)
@@ -362,11 +354,6 @@ def test_a_trial_stopped_during_its_final_evaluation_is_not_trained_again(
 ):
     """No final checkpoint is written for a trial (its result is kept by the stage), except when a stop
     signal lands during the final evaluation: the rerun then only evaluates the trained model again."""
-    import os
-    import signal
-
-    from bert_core.training import TrainingInterrupted
-
     setup = _trial_setup(tiny_model, data_root)
     whole_recorder = _Recorder()
     whole = _trial(tiny_model, setup, whole_recorder)
@@ -403,19 +390,11 @@ def test_a_trial_that_crashed_continues_from_its_last_periodic_checkpoint(tiny_m
 def test_a_grid_that_crashed_inside_a_trial_continues_that_trial_from_its_checkpoint(
     tiny_model, data_root, tmp_path, monkeypatch
 ):
+    # 3 steps an epoch, a checkpoint after every step
+    params = _grid_params(epochs=3).model_copy(update={"checkpoint_minutes": 1e-9})
+
     def finetune(out, trials_root, tracker):
-        # 3 steps an epoch, a checkpoint after every step
-        params = _grid_params(epochs=3).model_copy(update={"checkpoint_minutes": 1e-9})
-        return run_module.finetune_task(
-            "rte",
-            params,
-            tiny_model,
-            out / "results",
-            model_out=out / "model",
-            data_root=data_root,
-            tracker=tracker,
-            trials_root=trials_root,
-        )
+        return _finetune(tiny_model, data_root, out, trials_root, tracker, params)
 
     whole_tracker = Tracker()
     whole = finetune(tmp_path / "whole", None, whole_tracker)

@@ -170,11 +170,8 @@ def test_checkpoints_by_the_training_clock_and_without_the_final_one(tmp_path):
     )
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [f"step-{s:08d}" for s in (1, 2, 3)]
     assert 0 < result.paused_s < result.elapsed_s
-    assert run(tmp_path / "none", max_steps=4, checkpoint_every=0, checkpoint_every_s=3600.0)[
-        1
-    ].checkpoint == (
-        ckpt.step_dir(tmp_path / "none", 4)  # an hour: only the final one
-    )
+    _, hourly = run(tmp_path / "none", max_steps=4, checkpoint_every=0, checkpoint_every_s=3600.0)
+    assert hourly.checkpoint == ckpt.step_dir(tmp_path / "none", 4)  # an hour: only the final one
 
 
 def test_a_resumed_run_can_hand_its_history_to_a_new_tracking_run(tmp_path):

@@ -201,6 +201,7 @@ def finetune_task(
             kept = store.reuse(name, open_trial, params_of_trial, tags)
             if kept is not None:
                 result, score, weights = kept.result, None, kept.model_dir
+                better = _better(result, current, main)
             else:
                 with open_trial(name, params_of_trial, tags) as recorder:
                     logged = Logged(recorder)
@@ -218,7 +219,7 @@ def finetune_task(
                 del model
             trials.append(result)
             log.info("%s: %s = %.3f", name, main, result.dev.get(main, math.nan))
-            if _better(result, current, main):
+            if better:
                 if current is not None and current[2] not in (None, weights):
                     store.drop(current[2])  # after the better trial's record
                 best[init] = (result, score, weights)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -226,14 +227,12 @@ class PartialOutput:
         return self.rows
 
     def _digest(self, size: int) -> Any:
-        """XXH3-128 of the partial file's first ``size`` bytes (the rows a record claims, checked before use)."""
+        """XXH3-128 of the partial file cut to the ``size`` bytes a record claims (checked before use; a torn
+        tail after them goes whether they are kept or not)."""
         assert self._fh is not None
-        digest = xxhash.xxh3_128()
+        self._fh.truncate(size)
         self._fh.seek(0)
-        while size > 0 and (block := self._fh.read(min(size, 1 << 20))):
-            digest.update(block)
-            size -= len(block)
-        return digest
+        return hashlib.file_digest(self._fh, xxhash.xxh3_128)
 
     def _read_state(self) -> dict[str, Any] | None:
         try:
