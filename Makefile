@@ -143,7 +143,7 @@ GPU_PYTHON_VERSION ?= 3.12
 GPU_ARGS ?=
 GPU_BUDGET_S ?= 540
 GPU_OUT ?= reports/gpu-check/run
-GPU_RUN_PARTS := env,tests,pretrain_ablate,finetune,pretrain_loop,pretrain_large,pretrain_compare_128,pretrain_compare_512,smoke
+GPU_RUN_PARTS := env,tests,smoke,finetune,pretrain_loop,pretrain_compare_128,pretrain_compare_512,pretrain_large,pretrain_ablate
 .PHONY: gpu-bundle gpu-check gpu-smoke gpu-run
 
 gpu-bundle: venv
