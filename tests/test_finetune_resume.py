@@ -25,13 +25,16 @@ tiny_model, data_root, _one_thread, _params = base.tiny_model, base.data_root, b
 class _Recorder:
     """Keeps what a trial logs; ``at_step(step)`` runs on each call (to stop the trial there)."""
 
-    def __init__(self, at_step=lambda step: None) -> None:
-        self.logged, self.at_step = [], at_step
+    def __init__(self, at_step=lambda step: None, tags=None) -> None:
+        self.logged, self.at_step, self.tags = [], at_step, {} if tags is None else tags
 
     def log_metrics(self, metrics, step=None):
         self.logged.append((dict(metrics), step))
         if step is not None:
             self.at_step(step)
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
 
 
 def _crash_at(at: int):
@@ -54,8 +57,8 @@ class Tracker:
     @contextlib.contextmanager
     def trial(self, name, params, tags):
         crashing = self.crash_at is not None and self.crash_at[0] == name
-        recorder = _Recorder(_crash_at(self.crash_at[1]) if crashing else lambda step: None)
-        self.trials[name] = {"tags": dict(tags), "logged": recorder.logged}
+        recorder = _Recorder(_crash_at(self.crash_at[1]) if crashing else lambda step: None, dict(tags))
+        self.trials[name] = {"tags": recorder.tags, "logged": recorder.logged}
         yield recorder
 
 
@@ -347,6 +350,7 @@ def test_a_trial_stopped_by_a_signal_continues_from_its_checkpoint_and_ends_as_a
     _same_trial(resumed, whole)
     # the new tracking run gets the whole curve: the steps before the stop again, then the rest
     assert _untimed(recorder.logged) == _untimed(whole_recorder.logged)
+    assert recorder.tags == {"trial_resumed_from_step": str(stopped.value.step)} and whole_recorder.tags == {}
 
 
 def test_a_trial_stopped_during_its_final_evaluation_is_not_trained_again(
@@ -372,6 +376,7 @@ def test_a_trial_stopped_during_its_final_evaluation_is_not_trained_again(
     with caplog.at_level("INFO", logger="bert_core.training"):
         resumed = _trial(tiny_model, setup, again, checkpoints)
     assert "step-00000009 (step 9," in caplog.text  # resumed complete: nothing left to train
+    assert again.tags == {"trial_resumed_from_step": "9"}
     _same_trial(resumed, whole)
     assert _untimed(again.logged) == _untimed(whole_recorder.logged)
 
@@ -411,6 +416,8 @@ def test_a_grid_that_crashed_inside_a_trial_continues_that_trial_from_its_checkp
     assert trained[0] == "pretrained-lr0.0001-seed1"  # the crashed trial first, from its step-4 checkpoint
     assert [t.dev for t in resumed.trials] == [t.dev for t in whole.trials]
     assert _untimed(tracker.trials[trial]["logged"]) == _untimed(whole_tracker.trials[trial]["logged"])
+    assert tracker.trials[trial]["tags"]["trial_resumed_from_step"] == "4"
+    assert sum("trial_resumed_from_step" in t["tags"] for t in tracker.trials.values()) == 1
     for rel in ("model/model.safetensors", "results/dev_predictions.tsv"):
         assert (tmp_path / "out" / rel).read_bytes() == (tmp_path / "whole" / rel).read_bytes(), rel
     assert not list(store.glob("checkpoints-*"))  # removed with each trial's record
@@ -433,4 +440,5 @@ def test_a_trial_checkpoint_damaged_in_place_is_dropped_and_the_trial_trains_fro
     recorder = _Recorder()
     _same_trial(_trial(tiny_model, setup, recorder, checkpoints, every_s=1e-9), whole)
     assert "the trial trains from its start" in caplog.text and "resumed from" not in caplog.text
+    assert recorder.tags == {}  # trained from its start: not tagged as resumed
     assert [step for _, step in recorder.logged].count(1) == 1  # nothing replayed: one curve, from step 1

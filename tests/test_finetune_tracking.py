@@ -237,3 +237,24 @@ def test_finetune_and_evaluate_flows_record_everything(tiny_model, shared_data, 
     assert (tmp_path / "reports" / "evaluate.html").is_file() and (
         tmp_path / "reports" / "evaluate" / "scores.png"
     ).is_file()
+
+
+def test_a_trial_run_gets_its_metrics_and_the_tags_set_after_training(monkeypatch, caplog):
+    from mlflow import MlflowClient
+
+    from bert_core.tracking.trials import MlflowTrialTracker
+
+    parent = _run_id()
+    tracker = MlflowTrialTracker(parent, tags={"task": "rte"}, main_metric="accuracy")
+    with tracker.trial("rte-pretrained-lr2e-05-seed1", {"lr": 2e-5}, {"init": "pretrained"}) as recorder:
+        recorder.log_metrics({"dev.accuracy": 60.0}, step=9)
+        recorder.set_tags({"trial_resumed_from_step": "4"})
+        with monkeypatch.context() as m:  # a tracking server failing here costs a warning, not the trial
+            m.setattr(MlflowClient, "set_tag", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
+            recorder.set_tags({"other": "x"})
+    assert "tag other not set: down" in caplog.text
+    (run,) = MlflowClient().search_runs(
+        [MlflowClient().get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'"
+    )
+    assert run.data.tags["trial_resumed_from_step"] == "4" and run.data.tags["init"] == "pretrained"
+    assert run.data.metrics["dev.accuracy"] == 60.0 and run.info.status == "FINISHED"

@@ -37,10 +37,16 @@ log = logging.getLogger(__name__)
 
 
 # ====================================================================== tracking protocol
+#: The tag of a trial's tracking run that continued from a checkpoint: the step it continued from.
+RESUMED_TAG = "trial_resumed_from_step"
+
+
 class TrialRecorder(Protocol):
-    """Receives one trial's metrics (``dev.*`` and ``train.*`` keys)."""
+    """Receives one trial's metrics (``dev.*`` and ``train.*`` keys) and tags set once it has trained."""
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
 
 
 class TrialTracker(Protocol):
@@ -53,6 +59,9 @@ class TrialTracker(Protocol):
 
 class _NullRecorder:
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
         pass
 
 
@@ -351,6 +360,8 @@ def run_trial(
         fit = fit_trial()
     if "dev" not in last:  # resumed from a complete checkpoint: the stopped process ran the final evaluation
         evaluator(model)
+    if fit.resumed_from_step is not None:  # the run shows that part of its curve is an earlier process's
+        recorder.set_tags({RESUMED_TAG: str(fit.resumed_from_step)})
     progress.finish(done=fit.step, examples=train_data.examples)
     history, evals = [], []
     for rec in fit.history:

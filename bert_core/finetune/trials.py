@@ -103,6 +103,9 @@ class Logged:
         self.calls.append([dict(metrics), step])
         self.recorder.log_metrics(metrics, step=step)
 
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.recorder.set_tags(tags)
+
 
 @dataclasses.dataclass
 class KeptTrial:

@@ -35,6 +35,17 @@ class _TrialRun:
         if values:
             self._sink(step if step is not None else 0, values)
 
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Tags set once the trial has trained; a tracking server that fails here costs a warning, not the
+        trial."""
+        from mlflow import MlflowClient
+
+        for key, value in tags.items():
+            try:
+                MlflowClient().set_tag(self.run_id, key, value)
+            except Exception as err:  # any client or server error
+                log.warning("trial run %s: tag %s not set: %s", self.run_id, key, err)
+
     def close(self) -> int:
         return self._sink.close(timeout_s=60.0)
 
