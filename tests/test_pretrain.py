@@ -141,12 +141,29 @@ def test_loss_curve_and_heldout_csv(trained, tmp_path):
     assert held[0].startswith("step,phase,mlm_acc,baseline_mlm_acc") and len(held) == 3
 
 
+_TIMINGS = {"seq_per_s", "tokens_per_s", "step_time_s", "elapsed_s", "mfu"}
+
+
+def _untimed(seen):
+    """What ``on_metrics`` got, without the clock's figures (they differ between any two runs)."""
+    return [(s, {k: v for k, v in m.items() if k.rpartition("/")[2] not in _TIMINGS}) for s, m in seen]
+
+
 def test_rerun_with_the_same_params_is_instant_and_identical(trained, data):
-    result, out, _ = trained
+    result, out, seen = trained
+    again_seen: list[tuple[int, dict]] = []
     again = pretrain(
-        small_params(), *data, out / "model2", on_metrics=None, checkpoint_root=out / "model.checkpoints"
+        small_params(),
+        *data,
+        out / "model2",
+        on_metrics=lambda s, m: again_seen.append((s, m)),
+        checkpoint_root=out / "model.checkpoints",
     )
     assert [f.resumed_from_step for f in again.phases] == [8, 2]
+    assert [again.metrics["phases"][p]["resumed_from_step"] for p in ("seq128", "seq512")] == [8, 2]
+    assert "resumed_from_step" not in result.metrics["phases"]["seq128"]
+    # the new tracking run gets the curve again, from the checkpoints, timings and all
+    assert again_seen == seen
     assert again.metrics["heldout"] == result.metrics["heldout"]
     assert (out / "model2" / "model.safetensors").read_bytes() == (
         result.model_dir / "model.safetensors"
@@ -180,8 +197,13 @@ def test_sigterm_then_rerun_gives_the_uninterrupted_weights(
         pretrain(small_params(), *data, tmp_path / "model")
     assert not (tmp_path / "model").exists()  # no finished-looking output after an interruption
     monkeypatch.setattr(objective.PretrainingObjective, "step", real_step)
-    again = pretrain(small_params(), *data, tmp_path / "model")
+    again_seen: list[tuple[int, dict]] = []
+    again = pretrain(
+        small_params(), *data, tmp_path / "model", on_metrics=lambda s, m: again_seen.append((s, m))
+    )
     assert [f.resumed_from_step for f in again.phases] == resumed
+    # the rerun's tracking run holds the whole curve: the records before the stop again, then the rest
+    assert _untimed(again_seen) == _untimed(trained[2])
     assert (tmp_path / "model" / "model.safetensors").read_bytes() == (
         result.model_dir / "model.safetensors"
     ).read_bytes()

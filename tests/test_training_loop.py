@@ -175,8 +175,8 @@ def test_checkpoints_by_the_training_clock_and_without_the_final_one(tmp_path):
 
 
 def test_a_resumed_run_can_hand_its_history_to_a_new_tracking_run(tmp_path):
-    """``replay_on_resume``: ``on_metrics`` gets the checkpoint's records again, then the rest, so a tracking
-    run opened by the resumed process holds the whole curve."""
+    """``replay_to`` gets the checkpoint's records, then ``on_metrics`` the rest, so a tracking run opened by
+    the resumed process holds the whole curve."""
     logged = []
     run(
         tmp_path / "ref",
@@ -185,14 +185,14 @@ def test_a_resumed_run_can_hand_its_history_to_a_new_tracking_run(tmp_path):
     )
     with pytest.raises(TrainingInterrupted):
         run(tmp_path / "ck", max_steps=6, checkpoint_every=100, on_micro=_sigterm_at_micro(7))
-    again = []
+    again, replayed = [], []
     run(
         tmp_path / "ck",
         max_steps=6,
-        replay_on_resume=True,
+        replay_to=lambda s, m: replayed.append((s, m.get("loss"))),
         on_metrics=lambda s, m: again.append((s, m.get("loss"))),
     )
-    assert again == logged
+    assert replayed + again == logged and [s for s, _ in replayed] == [1, 2, 3, 4]
 
 
 def test_a_run_resumed_mid_window_logs_the_rows_of_an_uninterrupted_one(tmp_path):

@@ -162,7 +162,7 @@ def run(
     on_micro=None,
     on_metrics=None,
     dist=None,
-    replay_on_resume: bool = False,
+    replay_to=None,
     **config_kw,
 ):
     """One deterministic CPU training run of the tiny model on the fake data; returns (model, result)."""
@@ -200,7 +200,7 @@ def run(
         on_metrics=on_metrics,
         fingerprint="fake-v1",
         dist=dist,
-        replay_on_resume=replay_on_resume,
+        replay_to=replay_to,
     )
     return model, trainer.fit()
 

@@ -344,7 +344,7 @@ def run_trial(
             evaluator=evaluator,
             on_metrics=on_metrics,
             fingerprint=name,  # the directory is the trial's own; the name guards against a mix-up
-            replay_on_resume=True,  # the recorder is a new tracking run: it gets the whole curve
+            replay_to=on_metrics,  # the recorder is a new tracking run: it gets the whole curve
         ).fit()
 
     train_data = EpochLoader(loader, progress)

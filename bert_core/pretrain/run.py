@@ -240,16 +240,18 @@ def _phase_trainer(
         logger=log,
     )
 
-    def emit(step: int, metrics: dict[str, float]) -> None:
-        heldout_metrics = any(k.startswith("eval_") for k in metrics)
-        if not heldout_metrics:
-            progress.window(step, metrics)
+    def track(step: int, metrics: dict[str, float]) -> None:
         if on_metrics is None:
             return
-        prefix = "heldout/" if heldout_metrics else "train/"
+        prefix = "heldout/" if any(k.startswith("eval_") for k in metrics) else "train/"
         out = {prefix + k.removeprefix("eval_"): v for k, v in metrics.items()}
         out["phase"] = float(i)
         on_metrics(step + step_offset, out)
+
+    def emit(step: int, metrics: dict[str, float]) -> None:
+        if not any(k.startswith("eval_") for k in metrics):
+            progress.window(step, metrics)
+        track(step, metrics)
 
     log.info(
         "phase %s: %s, global batch %d = %d x %d accumulation x %d process(es), %d train steps/epoch",
@@ -271,6 +273,8 @@ def _phase_trainer(
         on_metrics=emit,
         dist=dist,
         fingerprint=fingerprint,
+        # a resumed run's tracking run is a new one: it gets the curve before the checkpoint too
+        replay_to=track if on_metrics is not None else None,
     )
     return trainer, progress
 
@@ -328,6 +332,8 @@ def _phase_summary(fit: FitResult) -> dict[str, Any]:
         "seconds": round(fit.elapsed_s, 2),
         "stop_reason": fit.stop_reason,
     }
+    if fit.resumed_from_step is not None:
+        out["resumed_from_step"] = fit.resumed_from_step
     for k in ("loss", "mlm_acc", "nsp_acc", "seq_per_s", "tokens_per_s", "mfu"):
         if k in train:
             out[f"train_{k}"] = train[k]

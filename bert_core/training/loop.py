@@ -72,8 +72,8 @@ class Trainer:
         on_metrics: called as ``on_metrics(step, metrics)`` on rank 0 at each log and evaluation.
         dist: the process's ``DistContext`` (default: single process on ``config.device``).
         fingerprint: identifies the run's settings; resuming a checkpoint with another fingerprint raises.
-        replay_on_resume: after a resume, pass the checkpoint's history to ``on_metrics`` again (for a caller
-            whose tracking run is new in each process, as a fine-tuning trial's is).
+        replay_to: after a resume, called as ``on_metrics`` is with each record of the checkpoint's history
+            (rank 0), for a caller whose tracking run is new in each process: it then holds the whole curve.
     """
 
     def __init__(
@@ -89,7 +89,7 @@ class Trainer:
         on_metrics: MetricsCallback | None = None,
         dist: DistContext | None = None,
         fingerprint: str = "",
-        replay_on_resume: bool = False,
+        replay_to: MetricsCallback | None = None,
     ) -> None:
         self.model = model
         self.objective = objective
@@ -101,7 +101,7 @@ class Trainer:
         self.on_metrics = on_metrics
         self.dist = dist or DistContext(device=resolve_device(config.device))
         self.fingerprint = fingerprint
-        self.replay_on_resume = replay_on_resume
+        self.replay_to = replay_to
         self.device = self.dist.device
         self.schedule = config.schedule()
         # run state (saved in checkpoints)
@@ -233,11 +233,9 @@ class Trainer:
         self._last_ckpt = path
         self._resumed_from = self.step
         log.info("resumed from %s (step %d, %.0f s trained)", path, self.step, self.elapsed_s)
-        if self.replay_on_resume and self.dist.is_main and self.on_metrics is not None:
+        if self.replay_to is not None and self.dist.is_main:
             for record in self.history:
-                self.on_metrics(
-                    record["step"], {k: v for k, v in record.items() if k not in ("step", "kind")}
-                )
+                self.replay_to(record["step"], {k: v for k, v in record.items() if k not in ("step", "kind")})
 
     def _restore_state(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
