@@ -386,6 +386,29 @@ def test_ctrl_c_to_fine_tuning_inside_a_trial_then_a_rerun_continues_it_and_give
     model = "models/finetuned/mrpc"
     assert pipe.lock_outs(clone)[model] == pipe.lock_outs(whole)[model], "not the uninterrupted run's model"
     assert not (clone / TRIALS).exists()  # committed: nothing kept
+    # in MLflow: the continued trial's run is tagged with its step and holds the uninterrupted trial's curve
+    (resumed,) = [r for r in _trial_runs(clone) if "trial_resumed_from_step" in r.data.tags]
+    name = resumed.data.tags["trial"]
+    (uninterrupted_run,) = [r for r in _trial_runs(whole) if r.data.tags["trial"] == name]
+    assert resumed.info.status == "FINISHED"
+    assert _loss_curve(clone, resumed) == _loss_curve(whole, uninterrupted_run)
+
+
+def _trial_runs(root: Path) -> list:
+    """The fine-tuning trial runs in a workspace's MLflow store that finished or stopped (not the reused
+    trials' replayed runs)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return [r for r in runs if "trial" in r.data.tags and "trial_reused" not in r.data.tags]
+
+
+def _loss_curve(root: Path, run) -> list[tuple[int, float]]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train.loss"))
 
 
 # ------------------------------------------------------------------------------- Prefect unreachable
