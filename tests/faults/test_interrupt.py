@@ -294,6 +294,12 @@ def test_ctrl_c_to_dvc_during_pretraining_then_a_rerun_gives_the_same_model(
     assert "up to date" in pipe.dvc("status", "pretrain", root=clone).stdout
     after, reference = pipe.lock_outs(clone), pipe.lock_outs()
     assert after["models/pretrained"] == reference["models/pretrained"], "not the uninterrupted run's model"
+    # the rerun's MLflow run holds the whole loss curve: the records before the stop again, then the rest
+    (rerun_run,) = [
+        r for r in _runs(clone) if r.data.tags.get("stage") == "pretrain" and r.info.status == "FINISHED"
+    ]
+    reference_run = next(r for r in _runs(pipe.root) if r.data.tags.get("stage") == "pretrain")
+    assert _curve(clone, rerun_run, "train/loss") == _curve(pipe.root, reference_run, "train/loss") != []
 
 
 @pytest.mark.faults
@@ -387,28 +393,27 @@ def test_ctrl_c_to_fine_tuning_inside_a_trial_then_a_rerun_continues_it_and_give
     assert pipe.lock_outs(clone)[model] == pipe.lock_outs(whole)[model], "not the uninterrupted run's model"
     assert not (clone / TRIALS).exists()  # committed: nothing kept
     # in MLflow: the continued trial's run is tagged with its step and holds the uninterrupted trial's curve
-    (resumed,) = [r for r in _trial_runs(clone) if "trial_resumed_from_step" in r.data.tags]
-    name = resumed.data.tags["trial"]
-    (uninterrupted_run,) = [r for r in _trial_runs(whole) if r.data.tags["trial"] == name]
+    trials = [r for r in _runs(clone) if "trial" in r.data.tags and "trial_reused" not in r.data.tags]
+    (resumed,) = [r for r in trials if "trial_resumed_from_step" in r.data.tags]
+    (uninterrupted_run,) = [r for r in _runs(whole) if r.data.tags.get("trial") == resumed.data.tags["trial"]]
     assert resumed.info.status == "FINISHED"
-    assert _loss_curve(clone, resumed) == _loss_curve(whole, uninterrupted_run)
+    assert _curve(clone, resumed, "train.loss") == _curve(whole, uninterrupted_run, "train.loss")
 
 
-def _trial_runs(root: Path) -> list:
-    """The fine-tuning trial runs in a workspace's MLflow store that finished or stopped (not the reused
-    trials' replayed runs)."""
+def _runs(root: Path) -> list:
+    """Every run in a workspace's MLflow store, the newest first."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    return [r for r in runs if "trial" in r.data.tags and "trial_reused" not in r.data.tags]
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
 
 
-def _loss_curve(root: Path, run) -> list[tuple[int, float]]:
+def _curve(root: Path, run, key: str) -> list[tuple[int, float]]:
+    """The (step, value) points of one metric of a run, by step."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
-    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train.loss"))
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
 
 
 # ------------------------------------------------------------------------------- Prefect unreachable
