@@ -512,3 +512,10 @@ def test_train_config_of_the_shipped_params():
     )
     two = small_params().train_config(0, world_size=2)
     assert (two.grad_accum, two.warmup_steps, two.max_steps) == (1, None, 8)
+    # a cadence in minutes of training as well as in steps (gpu-base: minutes alone)
+    assert params.train_config(0).checkpoint_every_s is None
+    by_clock = params.model_copy(update={"checkpoint_every": 0, "checkpoint_minutes": 10.0})
+    assert (by_clock.train_config(0).checkpoint_every, by_clock.train_config(0).checkpoint_every_s) == (
+        0,
+        600.0,
+    )

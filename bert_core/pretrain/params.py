@@ -147,6 +147,12 @@ class PretrainParams(StrictModel):
         "labels, which saves short runs the first thousands of steps spent learning token frequencies",
     )
     checkpoint_every: int = Field(200, ge=0, description="steps between checkpoints (0: phase ends only)")
+    checkpoint_minutes: float = Field(
+        0.0,
+        ge=0,
+        description="minutes of training between checkpoints, whichever of the two comes first (0: by "
+        "steps alone); one cadence for any model size and device",
+    )
     keep_last: int = Field(2, ge=1)
     eval_every: int = Field(0, ge=0, description="steps between held-out evaluations (0: phase ends only)")
     eval_batches: int | None = Field(50, ge=1, description="held-out batches per evaluation (null: all)")
@@ -262,6 +268,7 @@ class PretrainParams(StrictModel):
             grad_accum=phase.split(world_size)[1],
             max_eval_batches=self.eval_batches,
             seed=self.seed + 1000 * i,
+            checkpoint_every_s=self.checkpoint_minutes * 60 or None,
         )
 
 
