@@ -16,7 +16,7 @@ WORKER = Path(__file__).with_name("training_fakes.py")
 
 
 def _train(
-    tmp: Path, name: str, *, nproc: int, accum: int, overlap: bool = False
+    tmp: Path, name: str, *, nproc: int, accum: int, overlap: bool = False, every_s: float | None = None
 ) -> tuple[list[float], dict, dict]:
     args = [
         str(WORKER),
@@ -33,6 +33,7 @@ def _train(
         "--max-steps",
         "8",
         *(["--overlap-checks"] if overlap else []),
+        *(["--checkpoint-every-s", str(every_s)] if every_s else []),
     ]
     if nproc > 1:
         cmd = [
@@ -56,9 +57,13 @@ def _train(
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("overlap", [False, True], ids=["checks-at-once", "checks-overlapped"])
 def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_path, overlap):
-    """Overlapped, the ranks read each step's flags (bad step, stop, rank 0's clock) one step late."""
+    """Overlapped, the ranks read each step's flags (bad step, stop, rank 0's clock) one step late. The DDP
+    run checkpoints by rank 0's clock (after every step here): every rank checkpoints at the same steps, or
+    the collectives of a save would wait for a rank that never comes."""
     single_losses, single_state, single_w = _train(tmp_path, "single", nproc=1, accum=2)
-    ddp_losses, ddp_state, ddp_w = _train(tmp_path, "ddp", nproc=2, accum=1, overlap=overlap)
+    ddp_losses, ddp_state, ddp_w = _train(tmp_path, "ddp", nproc=2, accum=1, overlap=overlap, every_s=1e-9)
+    kept = sorted(p.name for p in (tmp_path / "ddp-ck").glob("step-*"))
+    assert kept == ["step-00000007", "step-00000008"]  # a checkpoint a step, the last two kept
     assert len(ddp_losses) == len(single_losses) == 8
     torch.testing.assert_close(torch.tensor(ddp_losses), torch.tensor(single_losses), rtol=1e-5, atol=1e-6)
     assert ddp_state["world_size"] == 2 and single_state["world_size"] == 1

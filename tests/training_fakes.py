@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--ddp", action="store_true", help="join the torchrun process group (gloo)")
     ap.add_argument("--overlap-checks", action="store_true", help="read the step flags one step late")
+    ap.add_argument(
+        "--checkpoint-every-s", type=float, default=None, help="checkpoints by the clock, not every 2 steps"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     sig = getattr(signal, args.signal)
@@ -262,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
             dropout=args.dropout,
             dist=dist,
             overlap_checks=args.overlap_checks,
+            **(
+                {"checkpoint_every": 0, "checkpoint_every_s": args.checkpoint_every_s}
+                if args.checkpoint_every_s
+                else {}
+            ),
         )
     except TrainingInterrupted as exc:
         print(f"interrupted: {exc}", flush=True)
