@@ -324,7 +324,9 @@ def run(sections: dict, args: argparse.Namespace, data_root: Path, out: Path, su
             model_dir,
             checkpoint_root=out / "checkpoints",
         )
-        return result, _flat(result.metrics, ("loss", "accuracy", "tokens_per_s", "mfu", "seq_per_s", "step"))
+        return result, _flat(
+            result.metrics, ("loss", "accuracy", "tokens_per_s", "mfu", "seq_per_s", "step", "checkpoint_s")
+        )
 
     def finetune():
         result = finetune_task(

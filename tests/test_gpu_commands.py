@@ -160,6 +160,8 @@ def test_gpu_smoke_dry_run_trains_and_loads_in_transformers(bare_env, tmp_path, 
     stages = ["corpus", "vocab", "pretrain_data", "pretrain", "finetune", "load_in_transformers"]
     assert smoke["status"] == "ok" and smoke["result"]["ok"]
     assert list(smoke["result"]["stages"]) == stages
+    pretrained = smoke["result"]["stages"]["pretrain"]
+    assert pretrained["phases.seq128.checkpoint_s"] > 0  # what a checkpoint costs on the device, in the table
     loaded = smoke["result"]["stages"]["load_in_transformers"]
     assert loaded["finetuned_class"] == "BertForSequenceClassification"
     assert (work / "smoke" / "models" / "pretrained" / "model.safetensors").is_file()

@@ -103,6 +103,7 @@ def test_two_phases_continue_and_report_metrics_with_baselines(trained):
     for key in ("mlm_acc", "mlm_ppl", "nsp_acc", "baseline_mlm_acc", "baseline_mlm_ppl", "baseline_nsp_acc"):
         assert 0 <= heldout[key] < float("inf"), key
     assert set(result.metrics["phases"]) == {"seq128", "seq512"}
+    assert all(phase["checkpoint_s"] > 0 for phase in result.metrics["phases"].values())  # phase ends
     assert result.data_stats["seq128.train"]["instances"] > 0
     keys = set().union(*(m.keys() for _, m in seen))
     assert {"train/loss", "train/mlm_acc", "train/lr", "heldout/mlm_acc", "heldout/baseline_mlm_acc"} <= keys

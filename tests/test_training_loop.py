@@ -156,20 +156,24 @@ def test_sigterm_writes_a_checkpoint_and_the_resumed_run_is_exact(tmp_path, over
     assert [h.get("loss") for h in result.history] == [h.get("loss") for h in ref_result.history]
 
 
-def test_checkpoints_by_the_training_clock_and_without_the_final_one(tmp_path):
+def test_checkpoints_by_the_training_clock_and_without_the_final_one(tmp_path, caplog):
     """``checkpoint_every_s``: a checkpoint once that much training time has passed since the last one (here
     after every step); ``final_checkpoint=False``: none at the end, for a caller that keeps the result itself.
-    The seconds spent in evaluations and checkpoints between steps are reported apart (``paused_s``)."""
-    _, result = run(
-        tmp_path,
-        max_steps=4,
-        checkpoint_every=0,
-        checkpoint_every_s=1e-9,
-        final_checkpoint=False,
-        keep_last=9,
-    )
+    The seconds spent in evaluations and checkpoints between steps are reported apart (``paused_s``), and
+    those spent writing checkpoints too (``checkpoint_s``, each in the log with the checkpoint's size)."""
+    with caplog.at_level("INFO", logger="bert_core.training"):
+        _, result = run(
+            tmp_path,
+            max_steps=4,
+            checkpoint_every=0,
+            checkpoint_every_s=1e-9,
+            final_checkpoint=False,
+            keep_last=9,
+        )
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [f"step-{s:08d}" for s in (1, 2, 3)]
-    assert 0 < result.paused_s < result.elapsed_s
+    assert 0 < result.checkpoint_s < result.paused_s < result.elapsed_s
+    size = ckpt.size_bytes(ckpt.step_dir(tmp_path, 3)) / 1e9
+    assert f"step-00000003 ({size:.2f} GB in " in caplog.text
     _, hourly = run(tmp_path / "none", max_steps=4, checkpoint_every=0, checkpoint_every_s=3600.0)
     assert hourly.checkpoint == ckpt.step_dir(tmp_path / "none", 4)  # an hour: only the final one
 

@@ -332,6 +332,8 @@ def _phase_summary(fit: FitResult) -> dict[str, Any]:
         "seconds": round(fit.elapsed_s, 2),
         "stop_reason": fit.stop_reason,
     }
+    if fit.checkpoint_s:  # what checkpoints cost this run (their cadence: checkpoint_every / _minutes)
+        out["checkpoint_s"] = round(fit.checkpoint_s, 2)
     if fit.resumed_from_step is not None:
         out["resumed_from_step"] = fit.resumed_from_step
     for k in ("loss", "mlm_acc", "nsp_acc", "seq_per_s", "tokens_per_s", "mfu"):

@@ -111,6 +111,11 @@ def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"step-{step:08d}"
 
 
+def size_bytes(ckpt: Path) -> int:
+    """The bytes of a checkpoint's files."""
+    return sum(f.stat().st_size for f in Path(ckpt).iterdir() if f.is_file())
+
+
 def list_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints under ``root``, oldest first."""
     root = Path(root)

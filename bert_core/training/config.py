@@ -156,6 +156,7 @@ class FitResult:
         history: every logged record: ``{"step", "kind": "train"|"eval", **metrics}``.
         checkpoint: the final checkpoint directory (None without a checkpoint_dir).
         resumed_from_step: the step the run was resumed from (None for a fresh start).
+        checkpoint_s: seconds this process spent writing checkpoints (rank 0; 0 on the others).
     """
 
     step: int
@@ -167,6 +168,7 @@ class FitResult:
     history: list[dict[str, Any]]
     checkpoint: Path | None
     resumed_from_step: int | None
+    checkpoint_s: float = 0.0
 
 
 class TrainingInterrupted(KeyboardInterrupt):

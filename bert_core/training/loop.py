@@ -107,6 +107,7 @@ class Trainer:
         # run state (saved in checkpoints)
         self.step = 0
         self.elapsed_s = self.paused_s = 0.0  # paused: evaluations and checkpoints between steps
+        self.checkpoint_s = 0.0  # writing this process's checkpoints (rank 0), not saved in them
         self.history: list[dict[str, Any]] = []
         self.eval_metrics: dict[str, float] = {}
         self.train_metrics: dict[str, float] = {}
@@ -149,6 +150,7 @@ class Trainer:
                 history=self.history,
                 checkpoint=self._last_ckpt,
                 resumed_from_step=self._resumed_from,
+                checkpoint_s=self.checkpoint_s,
             )
         finally:
             self._cleanup(old_handlers)
@@ -460,6 +462,7 @@ class Trainer:
                 "stop_reason": getattr(self, "_stop_reason", None),
                 "schedule": dataclasses.asdict(self.schedule),
             }
+            t = time.perf_counter()
             path = ckpt.save_checkpoint(
                 self.checkpoint_dir,
                 step=self.step,
@@ -471,7 +474,8 @@ class Trainer:
                 data_states=data_states,
                 keep_last=self.config.keep_last,
             )
-            log.info("checkpoint written: %s", path)
+            self.checkpoint_s += (seconds := time.perf_counter() - t)
+            log.info("checkpoint written: %s (%.2f GB in %.1f s)", path, ckpt.size_bytes(path) / 1e9, seconds)
         self._last_ckpt, self._saved_at = ckpt.step_dir(self.checkpoint_dir, self.step), self.elapsed_s
         self.dist.barrier()
 
