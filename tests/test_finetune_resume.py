@@ -17,6 +17,7 @@ import torch
 from bert_core.finetune import run as run_module
 from bert_core.finetune.trials import TrialsInUseError, TrialStore, discard_trials, trials_fingerprint
 from bert_core.training import TrainingInterrupted
+from bert_core.training.window import CLOCK_METRICS
 
 # the tiny model, the data root and one thread, as the fine-tuning tests have them
 tiny_model, data_root, _one_thread, _params = base.tiny_model, base.data_root, base._one_thread, base._params
@@ -278,7 +279,7 @@ def test_kept_weights_damaged_on_disk_are_not_used_and_their_trial_trains_again(
 
 
 # ------------------------------------------------------------------ one trial, stopped and continued
-_TIMINGS = {"seq_per_s", "tokens_per_s", "step_time_s", "elapsed_s", "examples_per_second", "seconds"}
+_TIMINGS = CLOCK_METRICS | {"examples_per_second", "seconds"}  # and the trial's own timings
 
 
 def _untimed(logged):

@@ -142,12 +142,11 @@ def test_loss_curve_and_heldout_csv(trained, tmp_path):
     assert held[0].startswith("step,phase,mlm_acc,baseline_mlm_acc") and len(held) == 3
 
 
-_TIMINGS = {"seq_per_s", "tokens_per_s", "step_time_s", "elapsed_s", "mfu"}
-
-
 def _untimed(seen):
     """What ``on_metrics`` got, without the clock's figures (they differ between any two runs)."""
-    return [(s, {k: v for k, v in m.items() if k.rpartition("/")[2] not in _TIMINGS}) for s, m in seen]
+    from bert_core.training.window import CLOCK_METRICS
+
+    return [(s, {k: v for k, v in m.items() if k.rpartition("/")[2] not in CLOCK_METRICS}) for s, m in seen]
 
 
 def test_rerun_with_the_same_params_is_instant_and_identical(trained, data):

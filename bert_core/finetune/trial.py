@@ -275,7 +275,11 @@ def run_trial(
     dev = data.dev[main_split]
     name = f"{spec.name}-{init}-lr{learning_rate:g}-seed{seed}"  # as finetune_task names the trial
     kind = get_kind(spec)
-    model = set_unpad(kind.build_model(spec, source_dir, init=init, seed=seed), settings.unpad)
+
+    def fresh_model() -> nn.Module:
+        return set_unpad(kind.build_model(spec, source_dir, init=init, seed=seed), settings.unpad)
+
+    model = fresh_model()
     n_train = len(data.train.features)
     config = settings.train_config(
         n_train,
@@ -355,7 +359,7 @@ def run_trial(
             raise
         log.warning("%s: %s; the trial trains from its start", name, err)
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
-        model = set_unpad(kind.build_model(spec, source_dir, init=init, seed=seed), settings.unpad)
+        model = fresh_model()
         train_data = EpochLoader(loader, progress)
         fit = fit_trial()
     if "dev" not in last:  # resumed from a complete checkpoint: the stopped process ran the final evaluation

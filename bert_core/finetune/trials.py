@@ -146,15 +146,19 @@ class TrialStore:
                 "using these kept trials; wait for it to finish"
             ) from None
         for model in self.dir.glob("model-*"):  # weights saved just before a crash, without their record
-            if not (self.dir / f"{model.name.removeprefix('model-')}.json").is_file():
+            if not self._record(model.name.removeprefix("model-")).is_file():
                 shutil.rmtree(model, ignore_errors=True)
         for checkpoints in self.dir.glob("checkpoints-*"):  # a finished trial's, its record just written
-            if (self.dir / f"{checkpoints.name.removeprefix('checkpoints-')}.json").is_file():
+            if self._record(checkpoints.name.removeprefix("checkpoints-")).is_file():
                 shutil.rmtree(checkpoints, ignore_errors=True)
         return self
 
     def __exit__(self, *_: Any) -> None:
         self._lock.release()
+
+    def _record(self, name: str) -> Path:
+        """The record of the finished trial ``name``: its result and logged metrics."""
+        return self.dir / f"{name}.json"
 
     def model_dir(self, name: str) -> Path:
         return self.dir / f"model-{name}"
@@ -165,7 +169,7 @@ class TrialStore:
 
     def finished(self, name: str) -> KeptTrial | None:
         """The trial ``name`` when an earlier run finished it (``None`` when not, or its record is damaged)."""
-        path = self.dir / f"{name}.json"
+        path = self._record(name)
         if not path.is_file():
             return None
         try:
@@ -206,7 +210,7 @@ class TrialStore:
             target = self.model_dir(name)
             with atomic_path(target) as tmp:
                 model.save_pretrained(tmp)
-        write_json_atomic(self.dir / f"{name}.json", {"result": dataclasses.asdict(result), "logged": logged})
+        write_json_atomic(self._record(name), {"result": dataclasses.asdict(result), "logged": logged})
         shutil.rmtree(self.checkpoint_dir(name), ignore_errors=True)
         return target
 

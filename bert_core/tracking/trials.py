@@ -40,9 +40,10 @@ class _TrialRun:
         trial."""
         from mlflow import MlflowClient
 
+        client = MlflowClient()
         for key, value in tags.items():
             try:
-                MlflowClient().set_tag(self.run_id, key, value)
+                client.set_tag(self.run_id, key, value)
             except Exception as err:  # any client or server error
                 log.warning("trial run %s: tag %s not set: %s", self.run_id, key, err)
 

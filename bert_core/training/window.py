@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from bert_core.training.distributed import DistContext
     from bert_core.training.objective import Objective
 
+#: The figures of a logged row that come from the clock: they differ between any two runs of one training.
+CLOCK_METRICS = frozenset({"seq_per_s", "tokens_per_s", "step_time_s", "elapsed_s", "mfu"})
+
 
 def _plain(t: Tensor) -> list[Any]:
     return [str(t.dtype).removeprefix("torch."), t.tolist()]
