@@ -13,6 +13,7 @@ from prefect import flow
 
 from bert_core.pretrain_data.build import SPLITS, build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
+from bert_core.pretrain_data.partial import partial_dir
 from flows._cli import exit_command, run_stage
 from flows._stage import data_check_dir, headline, stage
 from flows.stages import get
@@ -35,7 +36,8 @@ def pretrain_data_flow(
         params_file: YAML file with a ``pretrain_data`` section.
         corpus_dir: Output of the corpus stage.
         vocab_dir: Output of the vocab stage.
-        out_dir: Output directory (replaced atomically, only when every critical check passes).
+        out_dir: Output directory (replaced atomically, only when every critical check passes). An
+            interrupted build keeps its finished tasks beside it, and the next run continues after them.
         workers: Worker processes; default ``pretrain_data.num_workers``. The output does not depend on it.
         metrics_path: DVC metrics file; default ``metrics/pretrain_data.json``.
     """
@@ -45,7 +47,12 @@ def pretrain_data_flow(
     checks = data_check_dir("pretrain_data", out_dir, STAGE.outs[0])  # one report per phase and split
     with stage("pretrain_data", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
         result = build_pretrain_data(
-            params, corpus_dir=corpus_dir, vocab_dir=vocab_dir, output_dir=s[out_dir], report_dir=checks
+            params,
+            corpus_dir=corpus_dir,
+            vocab_dir=vocab_dir,
+            output_dir=s[out_dir],
+            report_dir=checks,
+            work_dir=partial_dir(out_dir),  # beside the final output, to be found by the next run
         )
         details = result.as_metrics()
         s.done(

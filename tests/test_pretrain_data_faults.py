@@ -1,4 +1,4 @@
-"""Faults: a build killed mid-way leaves no finished-looking output and no orphan workers."""
+"""Faults: a build killed mid-way leaves no finished-looking output and no orphan workers, and its rerun\ncontinues after the finished tasks."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from bert_core.atomic import clean_stale_temps
 from bert_core.pretrain_data.build import build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
+from bert_core.pretrain_data.partial import partial_dir
 from bert_core.pretrain_data.storage import InstanceStore
 from bert_core.pretrain_data.testing import make_synthetic_inputs
 
@@ -21,10 +22,11 @@ pytestmark = pytest.mark.faults
 
 _CHILD = textwrap.dedent(
     """
-    import sys
+    import logging, sys
     from bert_core.pretrain_data.build import build_pretrain_data
     from bert_core.pretrain_data.params import PretrainDataParams
     if __name__ == "__main__":
+        logging.basicConfig(level=logging.INFO)
         p = PretrainDataParams(dupe_factor=5, num_workers=2, task_bytes=50_000, min_window_docs=16)
         build_pretrain_data(p, corpus_dir=sys.argv[1], vocab_dir=sys.argv[2], output_dir=sys.argv[3],
                             run_checks=False)
@@ -32,19 +34,20 @@ _CHILD = textwrap.dedent(
 )
 
 
-def test_sigkill_mid_build_leaves_no_output_and_no_workers(tmp_path):
+def test_sigkill_mid_build_leaves_no_output_no_workers_and_the_rerun_continues(tmp_path):
     corpus, vocab = make_synthetic_inputs(tmp_path / "in", n_train=3000, n_heldout=100)
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     out = tmp_path / "pretrain_data"
     proc = subprocess.Popen([sys.executable, str(script), str(corpus), str(vocab), str(out)])
     parent = psutil.Process(proc.pid)
+    work = partial_dir(out)
     deadline = time.time() + 120
     workers: list[psutil.Process] = []
-    while time.time() < deadline:  # wait until workers are writing shards
+    while time.time() < deadline:  # wait until two workers run and some tasks are kept
         workers = [c for c in parent.children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
-        written = list(tmp_path.glob(".pretrain_data.tmp-*/seq128/train/shard-*.tokens.bin"))
-        if len(workers) == 2 and written:
+        kept = list(work.glob("tasks/*.json"))
+        if len(workers) == 2 and len(kept) >= 2:
             break
         assert proc.poll() is None, "the build ended before it could be killed; make the corpus larger"
         time.sleep(0.05)
@@ -54,11 +57,20 @@ def test_sigkill_mid_build_leaves_no_output_and_no_workers(tmp_path):
     _, alive = psutil.wait_procs(workers, timeout=15)
     assert alive == [], "workers outlived the killed build"
     assert not out.exists()  # nothing at the final path
-    assert len(clean_stale_temps(tmp_path)) == 1  # only the temporary sibling, removed here
-    p = PretrainDataParams(
-        dupe_factor=1, num_workers=2, task_bytes=50_000, min_window_docs=16, phases=["seq128"]
+    kept = len(list(work.glob("tasks/*.json")))
+    assert kept >= 2 and clean_stale_temps(tmp_path) == []  # the finished tasks, and no other temporary
+    rerun = subprocess.run(
+        [sys.executable, str(script), str(corpus), str(vocab), str(out)], capture_output=True, text=True
     )
-    build_pretrain_data(p, corpus_dir=corpus, vocab_dir=vocab, output_dir=out, run_checks=False)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"continuing an unfinished build: {kept} of" in rerun.stderr
+    assert not work.exists()
+    whole = tmp_path / "uninterrupted"
+    p = PretrainDataParams(dupe_factor=5, num_workers=2, task_bytes=50_000, min_window_docs=16)
+    build_pretrain_data(p, corpus_dir=corpus, vocab_dir=vocab, output_dir=whole, run_checks=False)
+    assert [(f.relative_to(out), f.read_bytes()) for f in sorted(out.rglob("*")) if f.is_file()] == [
+        (f.relative_to(whole), f.read_bytes()) for f in sorted(whole.rglob("*")) if f.is_file()
+    ]
     assert len(InstanceStore(out / "seq128" / "train")) > 0
 
 

@@ -9,9 +9,9 @@ the module it loads, as the stages' code deps need):
 * :func:`~bert_core.pretrain_data.loader.check_vocab_size` — refuse a model/data vocabulary mismatch.
 
 Modules: :mod:`.instances` (pairs, truncation), :mod:`.masking` (MLM, whole-word, dynamic),
-:mod:`.storage` (on-disk format), :mod:`.worker` / :mod:`.build` (parallel streaming builder),
-:mod:`.loader`, :mod:`.checks` (Great Expectations), :mod:`.testing` (corpora for tests). The vocabulary is
-read with :mod:`bert_core.vocab.info`.
+:mod:`.storage` (on-disk format), :mod:`.plan` / :mod:`.worker` / :mod:`.build` (parallel streaming builder),
+:mod:`.partial` (finished tasks kept across a crash), :mod:`.loader`, :mod:`.checks` (Great Expectations),
+:mod:`.testing` (corpora for tests). The vocabulary is read with :mod:`bert_core.vocab.info`.
 
 Faithful to Google's ``create_pretraining_data.py`` (pair creation, per-document short target, put-back
 of unused sentences, front/back truncation of the longer segment, ``num_to_predict``, 80/10/10 (the

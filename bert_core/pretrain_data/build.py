@@ -1,11 +1,11 @@
 """The ``pretrain_data`` builder: corpus shards -> MLM + NSP instances, in parallel, streaming, bounded memory.
 
 Work is split into *tasks* of consecutive documents holding about ``task_bytes`` of text (a shard may hold
-several tasks, a task may span shards). Tasks are planned from the Parquet metadata alone, so the plan, every seed and therefore every
-output byte are the same whatever ``num_workers`` is. A worker (:mod:`.worker`) streams its task's
-documents and holds one window of about ``window_tokens`` tokens at a time, so peak memory is a function of
-``window_tokens`` and the number of workers, never of the corpus size (Google's generator keeps every
-instance of every pass in memory: 64-70 GB for its users).
+several tasks, a task may span shards; :mod:`.plan`). Tasks are planned from the Parquet metadata alone, so
+the plan, every seed and therefore every output byte are the same whatever ``num_workers`` is. A worker
+(:mod:`.worker`) streams its task's documents and holds one window of about ``window_tokens`` tokens at a
+time, so peak memory is a function of ``window_tokens`` and the number of workers, never of the corpus size
+(Google's generator keeps every instance of every pass in memory: 64-70 GB for its users).
 
 NSP balance over the whole output. Google's rule draws a document's target length once, so a whole book
 can draw a short target and yield thousands of single-sentence chunks, all forced to NotNext. The balancer
@@ -26,14 +26,15 @@ NotNext/IsNext choice of multi-sentence chunks moves. When forced NotNext alone 
 build says so (a warning and the ``nsp_*`` metrics); the data checks hold the output to that derived
 share (:mod:`.checks`).
 
-The whole output directory is written through :func:`bert_core.atomic.atomic_path` and validated by the
-data checks (:mod:`.checks`) *before* it is moved into place: a crash or a failed check leaves no output.
+Every task's shards go to a work directory beside the output, where each finished task is recorded as it
+ends, so that a build stopped by a crash or a signal continues after its finished tasks (:mod:`.partial`).
+The output is validated by the data checks (:mod:`.checks`) there and only then moved into place through
+:func:`bert_core.atomic.atomic_path`: a crash or a failed check leaves no output.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -41,14 +42,15 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bert_core.atomic import atomic_path
 from bert_core.pretrain_data.params import PretrainDataParams
+from bert_core.pretrain_data.partial import PartialBuild, build_identity, partial_dir
+from bert_core.pretrain_data.plan import plan_tasks
 from bert_core.pretrain_data.storage import FORMAT, FORMAT_VERSION
 from bert_core.pretrain_data.worker import BuildUnit, Job, run_task
 from bert_core.vocab.info import load_tokenizer, read_vocab
@@ -80,7 +82,6 @@ class BuildResult:
         }
 
 
-MIN_TASK_DOCS = 2  # NSP draws NotNext segments from another document of the same task
 NSP_MAX_ROUNDS = 4  # re-runs of compensating tasks per phase and split (one or two suffice in practice)
 
 
@@ -127,88 +128,6 @@ def plan_nsp_compensation(
     return picks
 
 
-def _row_bytes(pf, group: int) -> np.ndarray:
-    """Text bytes of each document in one row group (only the ``sentences`` column is decoded)."""
-    import pyarrow.compute as pc
-
-    col = pf.read_row_group(group, columns=["sentences"]).column(0).combine_chunks()
-    lens = pc.fill_null(pc.binary_length(pc.list_flatten(col)), 0).to_numpy(zero_copy_only=False)
-    parents = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
-    return np.bincount(parents, weights=lens, minlength=len(col)).astype(np.int64)
-
-
-def plan_tasks(corpus_dir: str | Path, split: str, task_bytes: int) -> list[BuildUnit]:
-    """Cut the split's documents (all ``part-*.parquet`` files in name order, read as one stream) into
-    tasks of consecutive documents holding about ``task_bytes`` bytes of text each.
-
-    A task closes after the document that brings it to ``task_bytes`` (so a task may span shards and a
-    shard may hold many tasks), provided it and the rest of the split keep at least two documents. The
-    plan depends on the corpus and the params only, never on the worker count; planning reads one row
-    group at a time and keeps only the cut points.
-
-    Raises:
-        FileNotFoundError: the split directory does not exist.
-        ValueError: no shard, no document, a single document (NSP needs two), or a shard without a
-            ``sentences`` list<string> column.
-    """
-    import pyarrow as pa
-
-    d = Path(corpus_dir) / split
-    if not d.is_dir():
-        raise FileNotFoundError(f"corpus split directory {d} not found; run the corpus stage first")
-    files = sorted(d.glob("part-*.parquet"))
-    if not files:
-        raise ValueError(f"empty corpus: {d} has no part-*.parquet shard; run the corpus stage first")
-    rows = []
-    from bert_core.corpus.shards import open_shard, shard_error
-
-    for f in files:
-        shard = open_shard(f)
-        schema = shard.schema_arrow
-        col = schema.field("sentences").type if "sentences" in schema.names else None
-        if col is None or not (pa.types.is_list(col) or pa.types.is_large_list(col)):
-            raise ValueError(
-                f"{f}: needs a 'sentences' column of type list<string> (one document per row); "
-                f"found columns {schema.names}"
-            )
-        rows.append(shard.metadata.num_rows)
-    total = sum(rows)
-    if total == 0:
-        raise ValueError(f"empty corpus: the {len(files)} shard(s) in {d} hold no document")
-    if total < 2:
-        raise ValueError(
-            f"the corpus split {d} holds a single document; next-sentence prediction takes NotNext "
-            f"segments from another document, so it needs at least two (four in the whole corpus). In "
-            "params/corpus.yaml: add documents, cut long ones into several (a text source's `doc_split: "
-            "blank_lines`), or raise corpus.heldout.fraction so that two go to the held-out split"
-        )
-    cuts, row, held, first = [0], 0, 0, 0
-    for f in files:
-        pf = open_shard(f)
-        for g in range(pf.metadata.num_row_groups):
-            try:
-                sizes = _row_bytes(pf, g).tolist()
-            except (pa.ArrowException, OSError) as err:
-                raise shard_error(f, err) from err
-            for size in sizes:
-                row += 1
-                held += size
-                if held >= task_bytes and row - first >= MIN_TASK_DOCS and total - row >= MIN_TASK_DOCS:
-                    cuts.append(row)
-                    held, first = 0, row
-    cuts.append(total)
-    starts = np.concatenate([[0], np.cumsum(rows)])
-    tasks = []
-    for k, (lo, hi) in enumerate(itertools.pairwise(cuts)):
-        segments = []
-        for i, f in enumerate(files):
-            a, b = max(lo, starts[i]), min(hi, starts[i + 1])
-            if b > a:
-                segments.append((str(f), int(a - starts[i]), int(b - starts[i])))
-        tasks.append(BuildUnit(split, k, tuple(segments), hi - lo))
-    return tasks
-
-
 def _init_worker(threads: int, parent: int) -> None:
     """Worker start-up: size the tokenizer's thread pool (before its first use) and die with the parent.
 
@@ -224,15 +143,26 @@ def _init_worker(threads: int, parent: int) -> None:
         os._exit(1)
 
 
-def _execute(jobs: list[Job], num_workers: int) -> list[dict[str, Any]]:
-    """Run the jobs; results in job order.
+def _execute(
+    jobs: list[Job], num_workers: int, on_result: Callable[[int, dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Run the jobs; results in job order, each also given to ``on_result(position, result)`` as it ends.
 
     Raises:
         RuntimeError: a worker process died (e.g. killed for memory) instead of hanging the build.
     """
+    results: list[dict[str, Any]] = [{} for _ in jobs]
+
+    def done(i: int, result: dict[str, Any]) -> None:
+        results[i] = result
+        if on_result is not None:
+            on_result(i, result)
+
     if num_workers == 1 or len(jobs) == 1:
-        return [run_task(j) for j in jobs]
-    from concurrent.futures import ProcessPoolExecutor
+        for i, job in enumerate(jobs):
+            done(i, run_task(job))
+        return results
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     workers = min(num_workers, len(jobs))
@@ -242,13 +172,20 @@ def _execute(jobs: list[Job], num_workers: int) -> list[dict[str, Any]]:
         with ProcessPoolExecutor(
             workers, mp_context=ctx, initializer=_init_worker, initargs=(threads, os.getpid())
         ) as ex:
-            return list(ex.map(run_task, jobs))
+            futures = {ex.submit(run_task, job): i for i, job in enumerate(jobs)}
+            try:
+                for future in as_completed(futures):
+                    done(futures[future], future.result())
+            except BaseException:
+                ex.shutdown(wait=False, cancel_futures=True)
+                raise
     except BrokenProcessPool as err:
         raise RuntimeError(
             f"a pretrain_data worker process died ({err}); it may have been killed for memory (lower "
             f"window_tokens or num_workers), or the calling script lacks an `if __name__ == '__main__':` "
             f"guard (worker processes are spawned and re-import the main module)"
         ) from err
+    return results
 
 
 def summarize(stats: dict[str, int], corpus: dict[str, int], max_seq_length: int) -> dict[str, Any]:
@@ -399,6 +336,7 @@ def build_pretrain_data(
     output_dir: str | Path,
     report_dir: str | Path | None = None,
     run_checks: bool = True,
+    work_dir: str | Path | None = None,
 ) -> BuildResult:
     """Build ``<output_dir>/<phase>/{train,heldout}/`` for every phase in ``params.phases``.
 
@@ -409,6 +347,8 @@ def build_pretrain_data(
         output_dir: Replaced atomically when the build and its checks succeed.
         report_dir: Where the checks' Data Docs HTML goes (one folder per phase/split); kept on failure.
         run_checks: Validate the output with the Great Expectations suites (:mod:`.checks`).
+        work_dir: Where the finished tasks wait, kept across a crash so that the same build continues after
+            them (:mod:`.partial`); default ``.<output_dir name>.partial`` beside ``output_dir``.
 
     Returns:
         The metrics and check reports.
@@ -423,16 +363,28 @@ def build_pretrain_data(
     load_tokenizer(vocab_dir, vocab)  # fail here, not in a worker, on a mismatched tokenizer.json
     plans = {split: plan_tasks(corpus_dir, split, params.task_bytes) for split in SPLITS}
     result = BuildResult(metrics={}, workers=params.num_workers)
-    with atomic_path(output_dir, is_dir=True) as tmp:
-        jobs = [
-            Job(task, str(tmp), str(vocab_dir), params.model_dump(mode="json"))
-            for split in SPLITS
-            for task in plans[split]
-        ]
-        log.info("pretrain_data: %d tasks on %d worker(s)", len(jobs), params.num_workers)
-        results = _execute(jobs, params.num_workers)
-        by_split = {split: [r for r in results if r["split"] == split] for split in SPLITS}
-        nsp = _balance_nsp(params, plans, by_split, str(tmp), str(vocab_dir))
+    work = Path(work_dir) if work_dir is not None else partial_dir(output_dir)
+    identity = build_identity(params, corpus_dir, vocab_dir, SPLITS)
+    jobs = [
+        Job(task, str(work), str(vocab_dir), params.model_dump(mode="json"))
+        for split in SPLITS
+        for task in plans[split]
+    ]
+    with PartialBuild(work, identity, len(jobs)) as partial:
+        results: list[dict[str, Any] | None] = [partial.finished(job) for job in jobs]
+        todo = [k for k, r in enumerate(results) if r is None]
+        if len(todo) < len(jobs):
+            partial.progress(kept=len(jobs) - len(todo))
+        log.info("pretrain_data: %d tasks on %d worker(s)", len(todo), params.num_workers)
+
+        def finished(i: int, r: dict[str, Any]) -> None:
+            partial.record(jobs[todo[i]], r)
+            results[todo[i]] = r
+            partial.progress(built=1)
+
+        _execute([jobs[k] for k in todo], params.num_workers, finished)
+        by_split = {split: [r for r in results if r is not None and r["split"] == split] for split in SPLITS}
+        nsp = _balance_nsp(params, plans, by_split, str(work), str(vocab_dir))
         for phase in params.phases:
             spec = params.phase_specs[phase]
             result.metrics[phase] = {}
@@ -442,7 +394,7 @@ def build_pretrain_data(
                 stats = _sum([r["phases"][phase]["stats"] for r in rs])
                 summary = summarize(stats, _sum([r["corpus"] for r in rs]), spec.max_seq_length)
                 summary |= nsp[phase][split]
-                d = tmp / phase / split
+                d = work / phase / split
                 static = params.masking == "static" or split == "heldout"
                 index = {
                     "format": FORMAT,
@@ -479,12 +431,15 @@ def build_pretrain_data(
                 for split in SPLITS:
                     rd = Path(report_dir) / f"{phase}-{split}" if report_dir is not None else None
                     report, sample = check_output(
-                        tmp / phase / split, sample_size=params.check_sample, seed=params.seed, report_dir=rd
+                        work / phase / split, sample_size=params.check_sample, seed=params.seed, report_dir=rd
                     )
                     result.reports.append(report)
                     result.metrics[phase][split]["check_sample"] = sample
             for report in result.reports:
                 report.raise_for_critical()
+        with atomic_path(output_dir, is_dir=True) as tmp:
+            for phase in params.phases:
+                os.replace(work / phase, tmp / phase)
     result.seconds = time.perf_counter() - t0
     for phase, m in result.metrics.items():
         t, held_out = m["train"], f"{m['heldout']['instances']:,}"

@@ -186,6 +186,7 @@ def test_sigkill_at_a_random_point_then_dvc_repro_completes_with_the_same_output
         )
     ckpts_at_kill = _checkpoints(clone)
     leftovers_at_kill = temp_leftovers(clone / "data") + temp_leftovers(clone / "models")
+    kept_at_kill = list(clone.glob("data/.pretrain_data.partial/tasks/*.json"))
 
     # `dvc repro` finishes the pipeline (up to the same stage as the reference).
     res = pipe.dvc("repro", *([until] if until else []), root=clone, timeout=1200)
@@ -209,6 +210,11 @@ def test_sigkill_at_a_random_point_then_dvc_repro_completes_with_the_same_output
             f"pretraining did not resume from step {last} after the {where}\n{output[-5000:]}"
         )
 
-    # Leftovers of the killed atomic writes are ignored by every reader and cleaned up by the rerun.
+    if kept_at_kill:  # a data build killed after some tasks continues after them
+        assert "continuing an unfinished build" in output, f"the build did not continue after the {where}"
+
+    # Leftovers of the killed atomic writes are ignored by every reader and cleaned up by the rerun, and
+    # the finished tasks a killed data build kept are gone once it completes.
     remaining = temp_leftovers(clone / "data") + temp_leftovers(clone / "models")
+    remaining += list(clone.glob("data/.*.partial"))
     assert not remaining, f"temporary outputs left behind ({leftovers_at_kill} at the kill): {remaining}"
