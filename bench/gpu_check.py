@@ -15,6 +15,8 @@ with ``--budget-s``:
   ``BertForPreTraining`` (SDPA) eager and compiled, interleaved (``bench/bench_unpadded.py``), on batches
   with real pretraining lengths (from the corpus sample of ``.gpu/data``; full length without it);
   ``--compare-variants`` picks others (``compiled+unpad``);
+- ``pretrain_ablate``: the loop at 128 with one change at a time against the recipe (:data:`ABLATIONS`;
+  ``--ablations`` picks some);
 - ``finetune``: SST-2-shaped fine-tuning, ours vs ``transformers.Trainer`` (``bench/gpu_finetune.py``);
 - ``smoke`` (only when asked for): ``bench/gpu_smoke.py``, the ``gpu-base`` recipe on capped data, ending
   with the load check in transformers.
@@ -64,7 +66,7 @@ CAPS = {
     "tests": 150,
     "pretrain_loop": 200,
     "pretrain_large": 180,
-    "pretrain_ablate": 300,
+    "pretrain_ablate": 420,
     "pretrain_compare_128": 240,
     "pretrain_compare_512": 240,
     "finetune": 100,
@@ -236,6 +238,8 @@ ABLATIONS = (  # the most telling first: a part cut off at its cap keeps the row
     ("CUDA graphs", 256, {}, {"compile_mode": "reduce-overhead"}),
     ("no dropout", 256, {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}, {}),
     ("micro batch 512", 512, {}, {}),
+    # Inductor picks each product's kernel by timing Triton and cuBLAS candidates (minutes of compilation)
+    ("max-autotune", 256, {}, {"compile_mode": "max-autotune-no-cudagraphs"}),
 )
 
 
@@ -245,7 +249,8 @@ def part_pretrain_ablate(args: argparse.Namespace) -> dict:
     preset, seq_len, scale = ("tiny", 64, 1 / 64) if args.tiny else ("base", 128, 1)
     kw = _loop_settings(args)
     rows = []
-    for variant, batch, overrides, train in ABLATIONS:
+    chosen = args.ablations.split(",") if args.ablations else [a[0] for a in ABLATIONS]
+    for variant, batch, overrides, train in [a for a in ABLATIONS if a[0] in chosen]:
         try:
             row = run(
                 preset=preset,
@@ -459,6 +464,7 @@ def _part_options(args: argparse.Namespace) -> list[str]:
     for flag, value in (
         ("--tests", args.tests),
         ("--compare-variants", args.compare_variants),
+        ("--ablations", args.ablations),
         ("--smoke-args", args.smoke_args),
     ):
         if value:
@@ -673,6 +679,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--compare-variants", default=None, help="pretrain_compare_*: a subset of bench_unpadded's variants"
+    )
+    ap.add_argument(
+        "--ablations",
+        default=None,
+        help=f"pretrain_ablate: comma-separated variants (default: all of {', '.join(a[0] for a in ABLATIONS)})",
     )
     ap.add_argument(
         "--smoke-args", default=None, help='smoke: more options for bench.gpu_smoke ("--steps 100")'

@@ -117,6 +117,7 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
         "CUDA graphs",
         "no dropout",
         "micro batch 512",
+        "max-autotune",
     ]
     assert all(r["seq_per_s"] > 0 and "matmul ms" in r and "host_gap_ms" in r for r in ablate)
     md = (out / "summary.md").read_text()
@@ -128,8 +129,17 @@ def test_gpu_check_dry_run_writes_its_summary(bare_env, tmp_path):
 def test_the_part_options_reach_the_parts_and_the_command_for_the_rest(bare_env, tmp_path):
     out = tmp_path / "check"
     one_test = "tests/test_model.py::test_cuda_matches_cpu"
-    args = ["-m", "bench.gpu_check", "--device", "cpu", "--tiny", "--parts", "tests,pretrain_compare_128"]
-    options = ["--tests", one_test, "--compare-variants", "eager,transformers", "--smoke-args", "--steps 100"]
+    parts = "tests,pretrain_compare_128,pretrain_ablate"
+    args = ["-m", "bench.gpu_check", "--device", "cpu", "--tiny", "--parts", parts]
+    options = [
+        "--tests",
+        one_test,
+        "--compare-variants",
+        "eager,transformers",
+        "--ablations",
+        "recipe,max-autotune",
+    ]
+    options += ["--smoke-args", "--steps 100"]
     proc = _run([*args, *options, "--out", str(out)], bare_env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     parts = json.loads((out / "summary.json").read_text())["parts"]
@@ -140,10 +150,12 @@ def test_the_part_options_reach_the_parts_and_the_command_for_the_rest(bare_env,
         "eager",
         "transformers",
     ]
+    assert [r["variant"] for r in parts["pretrain_ablate"]["result"]["rows"]] == ["recipe", "max-autotune"]
     proc = _run([*args, *options, "--budget-s", "0", "--out", str(out)], bare_env)
     assert proc.returncode == 1
     assert json.loads((out / "summary.json").read_text())["next"].endswith(
-        f"--tests={one_test} --compare-variants=eager,transformers '--smoke-args=--steps 100'"
+        f"--tests={one_test} --compare-variants=eager,transformers --ablations=recipe,max-autotune "
+        "'--smoke-args=--steps 100'"
     )
 
 
