@@ -215,11 +215,27 @@ def test_exact_duplicates_dropped(shared_data, tmp_path):
     assert ids == {"a:x.txt", "b:z.txt"}  # the first occurrence wins
 
 
-def test_global_byte_cap_is_deterministic(shared_data, tmp_path, caplog):
+def test_progress_counts_the_work_units(built, tmp_path, monkeypatch, caplog):
+    root = built[0]
+    monkeypatch.setenv("BERT_PROGRESS_INTERVAL_S", "0")
+    monkeypatch.setenv("BERT_PROGRESS_MIN_PERCENT", "0")
+    caplog.set_level(logging.INFO, "bert_core")
+    build_corpus(small_params(), tmp_path / "out", data_root=root, workers=2)
+    lines = [m for m in caplog.messages if m.startswith("corpus: work unit ")]
+    n = len(lines)
+    assert n >= 4 and lines[0].startswith(f"corpus: work unit 1/{n} (") and "ETA" in lines[0]
+    assert [m for m in caplog.messages if m.startswith(f"corpus: done, work unit {n}/{n} (100.0%)")]
+
+
+def test_global_byte_cap_is_deterministic(shared_data, tmp_path, caplog, monkeypatch):
     root = make_root(shared_data, tmp_path)
     params = small_params(cap={"max_bytes": 60_000})
     caplog.set_level(logging.INFO, "bert_core")
+    monkeypatch.setenv("BERT_PROGRESS_INTERVAL_S", "0")
     s1 = build_corpus(params, tmp_path / "o1", data_root=root, workers=1)
+    assert [
+        m for m in caplog.messages if m.startswith("corpus: done, ") and m.endswith("; the caps are reached")
+    ]
     line = f"corpus: {s1.documents:,} documents ({s1.documents_train:,} train, {s1.documents_heldout:,} held out)"
     summary = [m for m in caplog.messages if m.startswith(line)]  # the stage's summary reads as a sentence
     assert len(summary) == 1 and "; stopped at corpus.cap; " in summary[0] and "over_cap" in summary[0]

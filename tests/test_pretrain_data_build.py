@@ -15,8 +15,8 @@ from bert_core.checks import DataCheckError
 from bert_core.constants import REPO_ROOT as REPO
 from bert_core.params import ParamsError, load_params, parse_params
 from bert_core.pretrain_data.build import build_pretrain_data
-from bert_core.pretrain_data.plan import plan_tasks
 from bert_core.pretrain_data.params import PretrainDataParams
+from bert_core.pretrain_data.plan import plan_tasks
 from bert_core.pretrain_data.storage import InstanceStore
 from bert_core.pretrain_data.testing import make_synthetic_inputs, write_corpus
 

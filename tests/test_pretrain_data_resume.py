@@ -115,8 +115,13 @@ def test_a_build_stopped_mid_way_continues_after_its_finished_tasks(
     assert f"3 of {tasks} task(s) are built and kept" in caplog.text
     with monkeypatch.context() as m, caplog.at_level(logging.INFO, logger="bert_core.pretrain_data.build"):
         ran = stop_at(m, lambda job, ran: False)
+        m.setenv("BERT_PROGRESS_INTERVAL_S", "0")
+        m.setenv("BERT_PROGRESS_MIN_PERCENT", "0")
         run(corpus, out)
     assert f"continuing an unfinished build: 3 of {tasks} task(s) kept" in caplog.text
+    progress = [m for m in caplog.messages if m.startswith("pretrain_data: task ")]
+    assert progress[0].startswith(f"pretrain_data: task 4/{tasks} (") and len(progress) == tasks - 3
+    assert f"pretrain_data: done, task {tasks}/{tasks} (100.0%)" in caplog.text
     assert len([j for j in ran if not j.nsp_offset]) == tasks - 3
     assert files(out) == ref_files and not work.exists()
 

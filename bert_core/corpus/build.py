@@ -34,6 +34,7 @@ from bert_core.corpus.readers import CorpusError, SourceFile, UnitStats, plan_un
 from bert_core.corpus.segment import get_segmenter, segment_paragraphs
 from bert_core.corpus.shards import MANIFEST, SCHEMA, DocumentShardWriter
 from bert_core.corpus.stats import CorpusStats, UnitResult
+from bert_core.progress import Progress
 from bert_core.tracking.fingerprint import json_fingerprint
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,7 @@ def build_corpus(
     stats.data_root = "local" if data_root is not None else "hub"
     root_s = str(data_root) if data_root is not None else None
     log.info("corpus: %d work units from %d sources, %d workers", len(units), len(sources), workers)
+    progress = Progress("corpus", len(units), noun="work unit", unit="units", logger=log)
 
     with atomic_path(out_dir, is_dir=True) as tmp:
         work = tmp / "_work"
@@ -222,6 +224,7 @@ def build_corpus(
                 if unit.source_index in merger.src_done:
                     continue
                 merger.consume(unit, process_unit(unit, params, str(work), root_s))
+                progress.advance()
         else:
             with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
                 pending: deque[tuple[SourceFile, Future]] = deque()
@@ -247,6 +250,7 @@ def build_corpus(
                                 Path(result.path).unlink()
                         else:
                             merger.consume(unit, result)
+                        progress.advance()
                         submit_next()
                 except BaseException:
                     # Interrupted (Ctrl-C, SIGTERM) or failed: abandon the units in flight. Without this the
@@ -257,6 +261,7 @@ def build_corpus(
                 finally:
                     for _, fut in pending:
                         fut.cancel()
+        progress.finish("the caps are reached" if merger.done else "")
         train_shards, heldout_shards = merger.close()
         shutil.rmtree(work)
 

@@ -53,6 +53,7 @@ from bert_core.pretrain_data.partial import PartialBuild, build_identity, partia
 from bert_core.pretrain_data.plan import plan_tasks
 from bert_core.pretrain_data.storage import FORMAT, FORMAT_VERSION
 from bert_core.pretrain_data.worker import BuildUnit, Job, run_task
+from bert_core.progress import Progress
 from bert_core.vocab.info import load_tokenizer, read_vocab
 
 log = logging.getLogger(__name__)
@@ -373,16 +374,18 @@ def build_pretrain_data(
     with PartialBuild(work, identity, len(jobs)) as partial:
         results: list[dict[str, Any] | None] = [partial.finished(job) for job in jobs]
         todo = [k for k, r in enumerate(results) if r is None]
-        if len(todo) < len(jobs):
-            partial.progress(kept=len(jobs) - len(todo))
+        if kept := len(jobs) - len(todo):
+            log.info("pretrain_data: continuing an unfinished build: %d of %d task(s) kept", kept, len(jobs))
         log.info("pretrain_data: %d tasks on %d worker(s)", len(todo), params.num_workers)
+        progress = Progress("pretrain_data", len(jobs), noun="task", unit="tasks", initial=kept, logger=log)
 
         def finished(i: int, r: dict[str, Any]) -> None:
             partial.record(jobs[todo[i]], r)
             results[todo[i]] = r
-            partial.progress(built=1)
+            progress.advance()
 
         _execute([jobs[k] for k in todo], params.num_workers, finished)
+        progress.finish()
         by_split = {split: [r for r in results if r is not None and r["split"] == split] for split in SPLITS}
         nsp = _balance_nsp(params, plans, by_split, str(work), str(vocab_dir))
         for phase in params.phases:

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +39,6 @@ log = logging.getLogger("bert_core.pretrain_data.build")
 
 #: Errors of the inputs themselves: the same build fails the same way, so its finished tasks are not kept.
 REFUSED = (ValueError, DataCheckError)
-#: Seconds between two progress lines of a build.
-PROGRESS_INTERVAL_S = 30.0
 
 
 class BuildInUseError(RuntimeError):
@@ -78,15 +75,13 @@ def build_identity(
 class PartialBuild:
     """The work directory of one build (see the module docstring); a context manager holding its lock.
 
-    :meth:`finished` gives a task's recorded result when its files still match, :meth:`record` keeps a task
-    as it finishes, and :meth:`progress` logs how far the build is. Leaving the block removes the directory,
-    unless the build stopped on anything but :data:`REFUSED` after some task was kept.
+    :meth:`finished` gives a task's recorded result when its files still match, and :meth:`record` keeps a
+    task as it finishes. Leaving the block removes the directory, unless the build stopped on anything but
+    :data:`REFUSED` after some task was kept.
     """
 
     def __init__(self, directory: str | os.PathLike[str], identity: dict[str, Any], total: int) -> None:
         self.dir, self.identity, self.total = Path(directory), identity, total
-        self.kept = self.built = 0
-        self._started = self._logged = time.monotonic()
         self._lock: Any = None
 
     def __enter__(self) -> PartialBuild:
@@ -180,27 +175,3 @@ class PartialBuild:
             files[f.relative_to(self.dir).as_posix()] = {"size": f.stat().st_size, "xxh3": file_digest(f)}
         record = {"segments": [list(s) for s in job.task.segments], "result": result, "files": files}
         write_json_atomic(self._record_path(job), record)
-
-    def progress(self, *, kept: int = 0, built: int = 0) -> None:
-        """Count tasks kept from an earlier run or built now; log how far the build is at most every
-        :data:`PROGRESS_INTERVAL_S` (and when the last task is done)."""
-        self.kept += kept
-        self.built += built
-        done, now = self.kept + self.built, time.monotonic()
-        if kept and not built:
-            log.info(
-                "pretrain_data: continuing an unfinished build: %d of %d task(s) kept", self.kept, self.total
-            )
-            return
-        if done < self.total and now - self._logged < PROGRESS_INTERVAL_S:
-            return
-        self._logged = now
-        rate = self.built / max(now - self._started, 1e-9)
-        left = f", about {(self.total - done) / rate / 60:.1f} min left" if done < self.total and rate else ""
-        log.info(
-            "pretrain_data: %d of %d task(s) built (%.0f%%)%s",
-            done,
-            self.total,
-            100 * done / self.total,
-            left,
-        )
