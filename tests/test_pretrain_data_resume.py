@@ -213,3 +213,18 @@ def test_the_record_is_json_of_the_result_and_each_file(corpus, tmp_path, monkey
         p.relative_to(work).as_posix() for p in (work / "seq128" / "train").glob("shard-00000.*.bin")
     )
     assert json.loads((work / "identity.json").read_text())["params"] == params().data_params()
+
+
+def test_a_corpus_moved_elsewhere_keeps_the_finished_tasks(corpus, reference, tmp_path, monkeypatch, caplog):
+    import shutil
+
+    ref_files, tasks, _ = reference
+    out = tmp_path / "pretrain_data"
+    with monkeypatch.context() as m, pytest.raises(Stop):
+        stop_at(m, lambda job, ran: ran == 3)
+        run(corpus, out)
+    moved = shutil.copytree(corpus[0], tmp_path / "moved-corpus")
+    with caplog.at_level(logging.INFO, logger="bert_core.pretrain_data.build"):
+        run((moved, corpus[1]), out)
+    assert f"continuing an unfinished build: 3 of {tasks} task(s) kept" in caplog.text
+    assert files(out) == ref_files

@@ -442,7 +442,7 @@ def build_pretrain_data(
                 report.raise_for_critical()
         with atomic_path(output_dir, is_dir=True) as tmp:
             for phase in params.phases:
-                os.replace(work / phase, tmp / phase)
+                shutil.move(work / phase, tmp / phase)  # a rename; a copy when work_dir is on another disk
     result.seconds = time.perf_counter() - t0
     for phase, m in result.metrics.items():
         t, held_out = m["train"], f"{m['heldout']['instances']:,}"

@@ -152,7 +152,7 @@ class PartialBuild:
         """The task's recorded result, when it is recorded for these corpus rows and its files match."""
         try:
             record = json.loads(self._record_path(job).read_text(encoding="utf-8"))
-            if record["segments"] != [list(s) for s in job.task.segments]:
+            if record["segments"] != _rows(job):
                 return None
             files = self._files(job, record["result"]["phases"])
             found = {f.relative_to(self.dir).as_posix(): f for f in files}
@@ -173,5 +173,10 @@ class PartialBuild:
         files = {}
         for f in self._files(job, result["phases"]):
             files[f.relative_to(self.dir).as_posix()] = {"size": f.stat().st_size, "xxh3": file_digest(f)}
-        record = {"segments": [list(s) for s in job.task.segments], "result": result, "files": files}
+        record = {"segments": _rows(job), "result": result, "files": files}
         write_json_atomic(self._record_path(job), record)
+
+
+def _rows(job: Job) -> list[list[Any]]:
+    """The corpus rows of a job's task, by shard name (a checkout moved elsewhere keeps its tasks)."""
+    return [[Path(f).name, a, b] for f, a, b in job.task.segments]
