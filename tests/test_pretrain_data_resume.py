@@ -228,3 +228,14 @@ def test_a_corpus_moved_elsewhere_keeps_the_finished_tasks(corpus, reference, tm
         run((moved, corpus[1]), out)
     assert f"continuing an unfinished build: 3 of {tasks} task(s) kept" in caplog.text
     assert files(out) == ref_files
+
+
+def test_a_directory_that_is_not_a_work_directory_is_never_emptied(corpus, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="is not the work directory of a pretrain_data build"):
+        build_pretrain_data(
+            params(), corpus_dir=corpus[0], vocab_dir=corpus[1], output_dir=tmp_path / "out", work_dir=mine
+        )
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

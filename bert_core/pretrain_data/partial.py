@@ -87,6 +87,12 @@ class PartialBuild:
     def __enter__(self) -> PartialBuild:
         from filelock import FileLock, Timeout
 
+        ours = not self.dir.is_dir() or (self.dir / "identity.json").exists()
+        if not ours and (foreign := sorted(e.name for e in self.dir.iterdir() if e.name != ".lock")):
+            raise ValueError(
+                f"{self.dir} is not the work directory of a pretrain_data build (it holds {foreign[:3]} and "
+                "no identity.json), and a build empties its work directory: choose a new or empty one"
+            )
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = FileLock(self.dir / ".lock", blocking=False)
         try:
