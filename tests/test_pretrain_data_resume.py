@@ -7,34 +7,20 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from bert_core.pretrain_data import build
 from bert_core.pretrain_data.build import build_pretrain_data
-from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.partial import BuildInUseError, PartialBuild, partial_dir
 from bert_core.pretrain_data.testing import make_synthetic_inputs, write_corpus
-
-
-def params(**kw) -> PretrainDataParams:
-    base = dict(
-        phases=["seq128"],
-        dupe_factor=2,
-        num_workers=1,
-        window_tokens=5_000,
-        min_window_docs=16,
-        task_bytes=40_000,
-        check_sample=50_000,
-    )
-    return PretrainDataParams(**(base | kw))
+from tests.test_pretrain_data_nsp import long_sentence_doc, params
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """Ordinary documents after a "book" of over-long sentences (its task is all forced NotNext), so that
-    NSP balancing runs some tasks again after the first pass."""
+    """A "book" of over-long sentences first (its task is all forced NotNext), so that NSP balancing runs some
+    tasks again after the first pass."""
     root = tmp_path_factory.mktemp("resume-in")
     base, vocab = make_synthetic_inputs(root / "base", n_train=400, n_heldout=60)
     docs = [
@@ -42,14 +28,9 @@ def corpus(tmp_path_factory):
         for f in sorted((base / "train").glob("*.parquet"))
         for d in pq.read_table(f)["sentences"].to_pylist()
     ]
-    rng = np.random.default_rng(0)
-    book = [" ".join(f"w{i}" for i in rng.integers(0, 400, 140)) + " ." for _ in range(150)]
-    write_corpus(root / "corpus", "train", [book, *docs], docs_per_shard=150)
-    write_corpus(
-        root / "corpus",
-        "heldout",
-        pq.read_table(base / "heldout" / "part-00000.parquet")["sentences"].to_pylist(),
-    )
+    heldout = pq.read_table(base / "heldout" / "part-00000.parquet")["sentences"].to_pylist()
+    write_corpus(root / "corpus", "train", [long_sentence_doc(150, 0), *docs], docs_per_shard=150)
+    write_corpus(root / "corpus", "heldout", heldout)
     return root / "corpus", vocab
 
 
