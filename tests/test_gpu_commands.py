@@ -314,7 +314,9 @@ def test_a_part_cut_off_at_its_cap_keeps_the_rows_it_finished(tmp_path, monkeypa
     fake.chmod(0o755)
     monkeypatch.setattr(gpu_check.sys, "executable", str(fake))
     monkeypatch.setattr(gpu_check, "gpu_state", dict)
-    args = argparse.Namespace(device="cpu", tiny=True, tests=None, compare_variants=None, smoke_args=None)
+    args = argparse.Namespace(
+        device="cpu", tiny=True, tests=None, compare_variants=None, ablations=None, smoke_args=None
+    )
     entry = gpu_check.run_part("pretrain_ablate", args, tmp_path, cap=2)
     assert entry["status"] == "timeout after 2 s"
     assert entry["result"] == {
