@@ -691,6 +691,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part", choices=list(PARTS), help=argparse.SUPPRESS)
     ap.add_argument("--part-json", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.ablations and (unknown := set(args.ablations.split(",")) - {a[0] for a in ABLATIONS}):
+        ap.error(
+            f"--ablations: no variant {', '.join(sorted(unknown))}; from {', '.join(a[0] for a in ABLATIONS)}"
+        )
     if args.part:
         return child(args)
     parts = [p for p in args.parts.split(",") if p]

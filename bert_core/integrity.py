@@ -51,6 +51,23 @@ def file_digest(path: str | os.PathLike[str]) -> str:
         return hashlib.file_digest(fh, xxhash.xxh3_128).hexdigest()
 
 
+def file_entry(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A manifest entry of the file ``path``: its size and checksum."""
+    return {"size": Path(path).stat().st_size, HASH_NAME: file_digest(path)}
+
+
+def checked_entry(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``path``'s entry in its output's manifest, once the file is checked against it (:func:`check_file`:
+    a file checked before in this process is not read again); computed when no manifest lists it."""
+    path = Path(path).absolute()
+    found = find_manifest(path.parent)
+    entry = found[1]["files"].get(path.relative_to(found[0]).as_posix()) if found else None
+    if entry is None:
+        return file_entry(path)
+    check_file(path, entry)
+    return entry
+
+
 def _entries(directory: Path) -> dict[str, dict[str, Any]]:
     """Size and checksum of every regular file under ``directory`` (markers excluded, links not followed)."""
     files: dict[str, dict[str, Any]] = {}
@@ -63,7 +80,7 @@ def _entries(directory: Path) -> dict[str, dict[str, Any]]:
             ):  # markers, their temps
                 continue
             rel = path.relative_to(directory).as_posix()
-            files[rel] = {"size": path.stat().st_size, HASH_NAME: file_digest(path)}
+            files[rel] = file_entry(path)
     return files
 
 
@@ -113,7 +130,7 @@ def refresh(path: str | os.PathLike[str]) -> None:
     if path.is_dir() and not path.is_symlink():
         files |= {f"{rel}/{k}": v for k, v in _entries(path).items()}
     elif path.is_file() and not path.is_symlink():
-        files[rel] = {"size": path.stat().st_size, HASH_NAME: file_digest(path)}
+        files[rel] = file_entry(path)
     _write_marker(root, dict(sorted(files.items())))
 
 
@@ -155,7 +172,8 @@ def corrupt(path: str | os.PathLike[str], what: str) -> CorruptOutputError:
     return CorruptOutputError(f"{path} is damaged: {what}. {_what_to_do(Path(path))}")
 
 
-def _check_file(path: Path, entry: dict[str, Any]) -> None:
+def check_file(path: Path, entry: dict[str, Any]) -> None:
+    """Refuse ``path`` (:class:`CorruptOutputError`) unless its size and checksum are those of ``entry``."""
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -212,6 +230,6 @@ def verify_output(
         except ValueError:
             continue
         if rel in entries:
-            _check_file(path, entries[rel])
+            check_file(path, entries[rel])
             checked.append(path)
     return checked

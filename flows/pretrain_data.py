@@ -13,7 +13,6 @@ from prefect import flow
 
 from bert_core.pretrain_data.build import SPLITS, build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
-from bert_core.pretrain_data.partial import partial_dir
 from flows._cli import exit_command, run_stage
 from flows._stage import data_check_dir, headline, stage
 from flows.stages import get
@@ -47,12 +46,7 @@ def pretrain_data_flow(
     checks = data_check_dir("pretrain_data", out_dir, STAGE.outs[0])  # one report per phase and split
     with stage("pretrain_data", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
         result = build_pretrain_data(
-            params,
-            corpus_dir=corpus_dir,
-            vocab_dir=vocab_dir,
-            output_dir=s[out_dir],
-            report_dir=checks,
-            work_dir=partial_dir(out_dir),  # beside the final output, to be found by the next run
+            params, corpus_dir=corpus_dir, vocab_dir=vocab_dir, output_dir=s[out_dir], report_dir=checks
         )
         details = result.as_metrics()
         s.done(

@@ -220,3 +220,9 @@ def test_a_directory_that_is_not_a_work_directory_is_never_emptied(corpus, tmp_p
             params(), corpus_dir=corpus[0], vocab_dir=corpus[1], output_dir=tmp_path / "out", work_dir=mine
         )
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_a_stage_s_staged_output_keeps_its_tasks_beside_the_final_output(tmp_path):
+    staged = tmp_path / "data" / ".pretrain_data.tmp-host_123-abcd"
+    assert partial_dir(staged) == partial_dir(tmp_path / "data" / "pretrain_data")
+    assert partial_dir(staged) == tmp_path / "data" / ".pretrain_data.partial"

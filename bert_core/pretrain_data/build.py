@@ -349,7 +349,7 @@ def build_pretrain_data(
         report_dir: Where the checks' Data Docs HTML goes (one folder per phase/split); kept on failure.
         run_checks: Validate the output with the Great Expectations suites (:mod:`.checks`).
         work_dir: Where the finished tasks wait, kept across a crash so that the same build continues after
-            them (:mod:`.partial`); default ``.<output_dir name>.partial`` beside ``output_dir``.
+            them (:mod:`.partial`); default :func:`.partial.partial_dir` (``.<output name>.partial`` beside it).
 
     Returns:
         The metrics and check reports.
@@ -381,10 +381,10 @@ def build_pretrain_data(
 
         def finished(i: int, r: dict[str, Any]) -> None:
             partial.record(jobs[todo[i]], r)
-            results[todo[i]] = r
             progress.advance()
 
-        _execute([jobs[k] for k in todo], params.num_workers, finished)
+        for k, r in zip(todo, _execute([jobs[k] for k in todo], params.num_workers, finished), strict=True):
+            results[k] = r
         progress.finish()
         by_split = {split: [r for r in results if r is not None and r["split"] == split] for split in SPLITS}
         nsp = _balance_nsp(params, plans, by_split, str(work), str(vocab_dir))

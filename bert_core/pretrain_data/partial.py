@@ -28,9 +28,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bert_core.atomic import write_json_atomic
+from bert_core.atomic import staged_final, write_json_atomic
 from bert_core.checks import DataCheckError
-from bert_core.integrity import file_digest
+from bert_core.integrity import check_file, checked_entry, file_entry
 from bert_core.pretrain_data.params import PretrainDataParams
 from bert_core.pretrain_data.storage import FORMAT_VERSION
 from bert_core.pretrain_data.worker import Job
@@ -46,8 +46,11 @@ class BuildInUseError(RuntimeError):
 
 
 def partial_dir(output_dir: str | os.PathLike[str]) -> Path:
-    """The work directory of a build of ``output_dir``: its hidden sibling ``.<name>.partial``."""
+    """The work directory of a build of ``output_dir``: its hidden sibling ``.<name>.partial``; for a stage's
+    staged temporary (:func:`bert_core.atomic.staged_final`), the sibling of the output it stands for, so
+    that the next run finds it."""
     output_dir = Path(output_dir)
+    output_dir = staged_final(output_dir) or output_dir
     return output_dir.parent / f".{output_dir.name}.partial"
 
 
@@ -55,19 +58,17 @@ def build_identity(
     params: PretrainDataParams, corpus_dir: str | Path, vocab_dir: str | Path, splits: tuple[str, ...]
 ) -> dict[str, Any]:
     """What a build's bytes depend on: the format version, the params that decide them, the vocabulary files
-    and every corpus shard by name, size and XXH3-128 (about 5 GB/s: seconds for a large corpus)."""
+    and every corpus shard by name, size and XXH3-128 (from the corpus output's manifest, against which the
+    shards were checked as the build planned its tasks; computed, at about 5 GB/s, where there is none)."""
     vocab_files = [Path(vocab_dir) / n for n in ("vocab.txt", "tokenizer.json")]
     corpus = {
-        split: [
-            [f.name, f.stat().st_size, file_digest(f)]
-            for f in sorted((Path(corpus_dir) / split).glob("part-*.parquet"))
-        ]
+        split: [[f.name, checked_entry(f)] for f in sorted((Path(corpus_dir) / split).glob("part-*.parquet"))]
         for split in splits
     }
     return {
         "format_version": FORMAT_VERSION,
         "params": params.data_params(),
-        "vocab": {f.name: file_digest(f) for f in vocab_files if f.is_file()},
+        "vocab": {f.name: checked_entry(f) for f in vocab_files if f.is_file()},
         "corpus": corpus,
     }
 
@@ -131,13 +132,14 @@ class PartialBuild:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         try:
-            if exc is None or isinstance(exc, REFUSED) or not self._records():
+            kept = len(self._records()) if exc is not None and not isinstance(exc, REFUSED) else 0
+            if not kept:
                 shutil.rmtree(self.dir, ignore_errors=True)
             else:
                 log.warning(
                     "pretrain_data: %d of %d task(s) are built and kept in %s: the same command continues "
                     "after them (delete the directory to start afresh)",
-                    len(self._records()),
+                    kept,
                     self.total,
                     self.dir,
                 )
@@ -158,17 +160,15 @@ class PartialBuild:
         """The task's recorded result, when it is recorded for these corpus rows and its files match."""
         try:
             record = json.loads(self._record_path(job).read_text(encoding="utf-8"))
-            if record["segments"] != _rows(job):
+            if record["segments"] != job.task.rows():
                 return None
             files = self._files(job, record["result"]["phases"])
             found = {f.relative_to(self.dir).as_posix(): f for f in files}
             if set(found) != set(record["files"]):
                 return None
             for rel, entry in record["files"].items():
-                f = found[rel]
-                if f.stat().st_size != entry["size"] or file_digest(f) != entry["xxh3"]:
-                    return None
-        except (OSError, ValueError, KeyError, TypeError):
+                check_file(found[rel], entry)
+        except (OSError, ValueError, KeyError, TypeError):  # CorruptOutputError is a ValueError
             return None
         return record["result"]
 
@@ -176,13 +176,8 @@ class PartialBuild:
         """Keep a finished task: its record, with the size and checksum of each of its files. The files are
         not fsynced: shards a power cut lost or cut short no longer match the record, and the task is built
         again (an fsync per task cost 5% of a build)."""
-        files = {}
-        for f in self._files(job, result["phases"]):
-            files[f.relative_to(self.dir).as_posix()] = {"size": f.stat().st_size, "xxh3": file_digest(f)}
-        record = {"segments": _rows(job), "result": result, "files": files}
+        files = {
+            f.relative_to(self.dir).as_posix(): file_entry(f) for f in self._files(job, result["phases"])
+        }
+        record = {"segments": job.task.rows(), "result": result, "files": files}
         write_json_atomic(self._record_path(job), record)
-
-
-def _rows(job: Job) -> list[list[Any]]:
-    """The corpus rows of a job's task, by shard name (a checkout moved elsewhere keeps its tasks)."""
-    return [[Path(f).name, a, b] for f, a, b in job.task.segments]

@@ -54,6 +54,10 @@ class BuildUnit:
     def describe(self) -> str:
         return ", ".join(f"{Path(f).name}[{a}:{b}]" for f, a, b in self.segments)
 
+    def rows(self) -> list[list[Any]]:
+        """The task's corpus rows as ``[shard name, first_row, end_row]`` (recorded in the index)."""
+        return [[Path(f).name, a, b] for f, a, b in self.segments]
+
 
 def read_segment(path: str, start: int, end: int) -> Iterator[Any]:
     """The ``sentences`` column of rows ``[start, end)`` of a Parquet file, in batches (only the row groups
@@ -334,6 +338,6 @@ def run_task(job: Job) -> dict[str, Any]:
             s = stats[phase]
             s["pred_random"] = s["predictions"] - s["pred_mask"] - s["pred_keep"]
             entry = writers[phase].close()
-            entry["corpus_rows"] = [[Path(f).name, a, b] for f, a, b in task.segments]
+            entry["corpus_rows"] = task.rows()
             out[phase] = {"shard": entry, "stats": s, "nsp_offset": nsp[phase].offset}
         return {"task": task.index, "split": split, "phases": out, "corpus": corpus}
