@@ -226,3 +226,18 @@ def test_a_stage_s_staged_output_keeps_its_tasks_beside_the_final_output(tmp_pat
     staged = tmp_path / "data" / ".pretrain_data.tmp-host_123-abcd"
     assert partial_dir(staged) == partial_dir(tmp_path / "data" / "pretrain_data")
     assert partial_dir(staged) == tmp_path / "data" / ".pretrain_data.partial"
+
+
+def test_a_build_stopped_after_its_first_pass_runs_no_task_again(
+    corpus, reference, tmp_path, monkeypatch, caplog
+):
+    ref_files, tasks, _ = reference
+    out = tmp_path / "pretrain_data"
+    with monkeypatch.context() as m, pytest.raises(Stop):
+        m.setattr(build, "_balance_nsp", lambda *a: (_ for _ in ()).throw(Stop()))  # before any rewrite
+        run(corpus, out, num_workers=2)
+    assert len(list((partial_dir(out) / "tasks").glob("*.json"))) == tasks
+    with caplog.at_level(logging.INFO, logger="bert_core.pretrain_data.build"):
+        run(corpus, out, num_workers=2)
+    assert "pretrain_data: 0 tasks on 2 worker(s)" in caplog.text
+    assert files(out) == ref_files

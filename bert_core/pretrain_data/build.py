@@ -159,7 +159,7 @@ def _execute(
         if on_result is not None:
             on_result(i, result)
 
-    if num_workers == 1 or len(jobs) == 1:
+    if num_workers == 1 or len(jobs) <= 1:  # none: every task was kept by an earlier run
         for i, job in enumerate(jobs):
             done(i, run_task(job))
         return results
