@@ -91,11 +91,25 @@ def run_inputs(
         ProfileError: an unknown profile, a malformed ``-S`` argument, a key that does not exist, a value
             its stage would refuse, or a starting checkpoint DVC cannot track (each names the file and key).
     """
-    chosen = profiles.load(profile, root) if profile else None
-    given = parse_set_args(sets)
-    overrides = profiles.resolve(chosen, lambda current: merge(form_overrides(fields, current), given), root)
+    chosen, overrides = resolve_overrides(profile, fields, sets, root)
     overrides = track_model_source(overrides, root, log)
     return RunInputs(overrides, list(targets or (chosen.targets if chosen else [])))
+
+
+def resolve_overrides(
+    profile: str | None, fields: dict[str, Any], sets: list[str], root: Path
+) -> tuple[profiles.Profile | None, Overrides]:
+    """The profile and the overrides it, the form fields and ``sets`` make, each file checked as its stage
+    checks it; no side effect (the command line checks its arguments with it before Prefect starts).
+
+    Raises:
+        ProfileError: as :func:`run_inputs`, but for the starting checkpoint.
+    """
+    chosen = profiles.load(profile, root) if profile else None
+    given = parse_set_args(sets)
+    return chosen, profiles.resolve(
+        chosen, lambda current: merge(form_overrides(fields, current), given), root
+    )
 
 
 def dvc_command(

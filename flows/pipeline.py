@@ -32,7 +32,7 @@ from pydantic import Field
 from bert_core.constants import REPO_ROOT
 from flows import _dvc, _fanout, profiles
 from flows._driver import PipelineFailed, StageReport, drive, fan_out, summary_markdown
-from flows._inputs import FORM_KEYS, dvc_command, run_inputs, stage_env
+from flows._inputs import FORM_KEYS, dvc_command, resolve_overrides, run_inputs, stage_env
 from flows._stage import markdown_artifact
 from flows.overrides import ProfileError
 
@@ -274,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         try:
+            # a value its stage would refuse fails here, in a second, before a Prefect server starts
+            resolve_overrides(args.profile, dict.fromkeys(FORM_KEYS), args.sets, REPO_ROOT)
             with prefect_api():
                 result = pipeline_flow(
                     profile=args.profile,

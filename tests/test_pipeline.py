@@ -445,3 +445,22 @@ def test_a_profile_with_targets_runs_only_those_from_a_local_checkpoint(harness,
     assert set(result["stages"]) == {"finetune@sst2", "evaluate"}
     source = yaml.safe_load((repo / "params" / "finetune.yaml").read_text())["finetune"]["model"]["source"]
     assert source == "models/released/m"
+
+
+def test_the_command_refuses_a_bad_override_before_prefect_starts(repo, monkeypatch, capsys):
+    """A value its stage would refuse, given on the command line: one line and exit 1, in a second, with no
+    Prefect server started (none would have been needed) and the params files unchanged."""
+    from flows import _prefect_api
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a Prefect API was settled for a run whose arguments are refused")
+
+    monkeypatch.setattr(pipeline, "REPO_ROOT", repo)
+    monkeypatch.setattr(_prefect_api, "prefect_api", no_server)
+    before = (repo / "params" / "finetune.yaml").read_text()
+    assert pipeline.main(["-S", "params/finetune.yaml:finetune.defaults.epochs=0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: params/finetune.yaml") and "epochs" in err and len(err.splitlines()) == 1
+    assert pipeline.main(["--profile", "tiny", "-S", "params/finetune.yaml:finetune.nope=1"]) == 1
+    assert "no key 'finetune.nope'" in capsys.readouterr().err
+    assert (repo / "params" / "finetune.yaml").read_text() == before
