@@ -123,7 +123,7 @@ test-browser: venv
 # ---- Faults and bad input (tests/faults + every test marked `faults`) ----------------------------------
 .PHONY: test-faults
 test-faults: venv
-	$(PY) -m pytest -q -m faults
+	$(PY) -m pytest -q -m "faults and not slow"
 
 # ---- Scaling suite: corpus -> vocab -> pretrain_data on ~4/20/40/80 MB of the real corpus, caps lifted --
 .PHONY: test-scale
