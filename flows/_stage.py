@@ -96,32 +96,6 @@ def _prefect_tags() -> dict[str, str]:
     return {}
 
 
-@contextlib.contextmanager
-def stage_run(
-    stage: str,
-    params: Any,
-    *,
-    experiment: str = PIPELINE_EXPERIMENT,
-    run_name: str | None = None,
-    tags: dict[str, Any] | None = None,
-    nested: bool = False,
-) -> Iterator[StageRun]:
-    """:func:`bert_core.tracking.stage_run` with the Prefect flow-run id among the run's tags, and the
-    library's INFO lines shown (:func:`library_logs`)."""
-    with (
-        library_logs(),
-        tracking.stage_run(
-            stage,
-            params,
-            experiment=experiment,
-            run_name=run_name,
-            tags={**_prefect_tags(), **(tags or {})},
-            nested=nested,
-        ) as run,
-    ):
-        yield run
-
-
 def metrics_file(stage: str, path: str | os.PathLike[str] | None = None) -> Path:
     """The stage's DVC metrics file: ``path``, or the stage table's (``metrics/<stage>.json``) in the repository."""
     return Path(path) if path else REPO_ROOT / get(stage).metrics[0]  # an empty form field: the default
@@ -317,7 +291,12 @@ def stage(
     check_writable(*outs, final_metrics, final_details)  # fail fast, before any work, naming the out
     if checks_dir is not None:
         shutil.rmtree(checks_dir, ignore_errors=True)  # a failed check's message points at its report
-    with stage_run(name, params, experiment=experiment, run_name=run_name, tags=tags) as run:
+    with (
+        library_logs(),
+        tracking.stage_run(
+            name, params, experiment=experiment, run_name=run_name, tags={**_prefect_tags(), **(tags or {})}
+        ) as run,
+    ):
         body: StageBody | None = None
         try:
             with atomic_outputs([*outs, final_metrics, final_details], dirs=dirs) as staged:

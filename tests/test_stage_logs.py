@@ -71,11 +71,12 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.logging.handlers import APILogHandler
 from prefect.testing.utilities import prefect_test_harness
-from flows._stage import stage_run
+from bert_core.tracking import stage_run
+from flows._stage import library_logs
 
 @flow(name="logs-demo")
 def demo() -> None:
-    with stage_run("logs-demo", {"a": 1}):
+    with library_logs(), stage_run("logs-demo", {"a": 1}):  # as every stage flow opens its run
         logging.getLogger("bert_core.finetune.run").info("sst2 train: step 5/10 (50.0%), ETA 3s")
 
 async def read(run_id) -> list[str]:
@@ -106,7 +107,7 @@ def _python(script: str, env: dict[str, str], timeout: int, **kw) -> subprocess.
 
 @pytest.mark.slow
 def test_a_stage_run_under_prefect_sends_bert_core_info_lines_to_its_logs(tmp_path):
-    """A flow that opens stage_run (as every stage flow does) and logs on a bert_core logger: the line is
+    """A flow that opens its MLflow run as every stage flow does (flows._stage.stage) and logs on a bert_core logger: the line is
     on the console (Prefect's console handler) and in the flow run's logs on the Prefect server. In a
     process of its own: a test process's logging is whatever the modules it collected configured."""
     env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
