@@ -123,21 +123,22 @@ def test_the_library_stage_run_never_imports_prefect(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_the_flows_stage_run_tags_the_prefect_flow_run(monkeypatch):
+def test_the_stage_runner_tags_the_prefect_flow_run(monkeypatch, tmp_path):
     import mlflow
     from prefect.runtime import flow_run
 
-    from flows._stage import stage_run
+    from flows._stage import stage
+
+    def run_id(**tags) -> str:
+        with stage("unit", None, metrics_path=tmp_path / "m.json", tags=tags) as s:
+            s.done({})
+        return s.run.run_id
 
     monkeypatch.setattr(flow_run, "id", "flow-run-123", raising=False)
-    with stage_run("unit", None, tags={"extra": "1"}) as run:
-        pass
-    tags = mlflow.get_run(run.run_id).data.tags
+    tags = mlflow.get_run(run_id(extra="1")).data.tags
     assert tags["prefect_flow_run_id"] == "flow-run-123" and tags["extra"] == "1" and tags["stage"] == "unit"
     monkeypatch.setattr(flow_run, "id", None)
-    with stage_run("unit", None) as run:
-        pass
-    assert "prefect_flow_run_id" not in mlflow.get_run(run.run_id).data.tags
+    assert "prefect_flow_run_id" not in mlflow.get_run(run_id()).data.tags
 
 
 @pytest.mark.parametrize("stage", sorted(POLICIES))
