@@ -26,7 +26,14 @@ from typing import Any
 from tabulate import tabulate
 
 from bert_core import tracking
-from bert_core.atomic import OutputSet, atomic_outputs, check_writable, write_json_atomic, write_text_atomic
+from bert_core.atomic import (
+    TEMP_MARKER,
+    OutputSet,
+    atomic_outputs,
+    check_writable,
+    write_json_atomic,
+    write_text_atomic,
+)
 from bert_core.constants import REPO_ROOT, repo_relative
 from bert_core.params import flatten
 from bert_core.tracking import PIPELINE_EXPERIMENT, StageRun
@@ -271,6 +278,26 @@ def _withdraw(registrations: list[tracking.Registration]) -> None:
 
 
 @contextlib.contextmanager
+def _fresh(checks_dir: Path | None) -> Iterator[None]:
+    """The run's data-check folder starts empty (a failed check's message points at its report); the
+    previous run's reports, kept aside, come back when the run fails before writing any."""
+    if checks_dir is None or not checks_dir.exists():
+        yield
+        return
+    old = checks_dir.with_name(f".{checks_dir.name}{TEMP_MARKER}old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(checks_dir, old)
+    try:
+        yield
+    except BaseException:
+        if not checks_dir.exists():
+            os.replace(old, checks_dir)
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def stage(
     name: str,
     params: Any,
@@ -282,16 +309,21 @@ def stage(
     run_name: str | None = None,
     tags: dict[str, Any] | None = None,
 ) -> Iterator[StageBody]:
-    """One stage run: every out checked writable before any work, ``checks_dir`` emptied, one MLflow run
-    (``params`` its params), the ``outs`` (``dirs`` created empty) staged and committed with the metrics and
-    details files, all or none; a registration made in the block withdrawn when the commit fails; the
-    data-check folder logged even on failure."""
+    """One stage run: every out checked writable before any work (``dirs``: the outs that are directories,
+    created empty), ``checks_dir`` emptied, one MLflow run (``params`` its params), the ``outs`` staged and
+    committed with the metrics and details files, all or none; a registration made in the block withdrawn
+    when the commit fails; the data-check folder logged even on failure."""
     final_metrics = metrics_file(name, metrics_path)
     final_details = details_file(final_metrics)
-    check_writable(*outs, final_metrics, final_details)  # fail fast, before any work, naming the out
-    if checks_dir is not None:
-        shutil.rmtree(checks_dir, ignore_errors=True)  # a failed check's message points at its report
+    if final_metrics.suffix != ".json":  # a slip of the hand never replaces a params file or a user's notes
+        raise ValueError(
+            f"metrics file {final_metrics}: a stage writes JSON there; give a path ending in .json"
+        )
+    for out in outs:  # fail fast, before any work, naming the out
+        check_writable(out, is_dir=Path(out) in {Path(d) for d in dirs} or None)
+    check_writable(final_metrics, final_details, is_dir=False)
     with (
+        _fresh(checks_dir),
         library_logs(),
         tracking.stage_run(
             name, params, experiment=experiment, run_name=run_name, tags={**_prefect_tags(), **(tags or {})}

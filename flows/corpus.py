@@ -39,7 +39,7 @@ def corpus_flow(
     params: CorpusParams = STAGE.load_params(params_file)
     root = data_root()
     checks = data_check_dir("corpus", out_dir, STAGE.outs[0])
-    with stage("corpus", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
+    with stage("corpus", params, out_dir, metrics_path=metrics_path, dirs=(out_dir,), checks_dir=checks) as s:
         stats = build_corpus(
             params, s[out_dir], data_root=root, workers=workers, report_dir=checks / "corpus"
         )

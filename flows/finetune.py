@@ -120,7 +120,7 @@ def finetune_flow(
     o = _outs(spec.name, out_dir, model_out, metrics_path, plots_dir)
     tags = {"task": spec.name, "init": params.model.init, "pretrained_source": source}
     run = dict(experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}", tags=tags)
-    run |= dict(metrics_path=o.metrics, dirs=(o.results,), checks_dir=o.checks)
+    run |= dict(metrics_path=o.metrics, dirs=(o.results, o.model), checks_dir=o.checks)
     with (
         stage("finetune", params.run_params(spec.name), o.results, o.model, *o.curves, **run) as s,
         tempfile.TemporaryDirectory(prefix="finetune-source-") as download,

@@ -51,12 +51,11 @@ def pretrain_flow_fn(
     card = pretrained_card(params)
     init = find_init_checkpoint(vocab_dir)  # vocab.from_checkpoint: continued pretraining
     tags = {"preset": "checkpoint", "init_from": init.source} if init else {"preset": params.model.preset}
+    run = dict(metrics_path=metrics_path, dirs=(out_dir,), tags=tags)
     # The model, the curves and the metrics file are committed together or not at all (the checkpoints
     # live in checkpoint_root, outside them: an interrupted run resumes from there).
     try:
-        with stage(
-            "pretrain", params, out_dir, loss_plot, heldout_plot, metrics_path=metrics_path, tags=tags
-        ) as s:
+        with stage("pretrain", params, out_dir, loss_plot, heldout_plot, **run) as s:
             sink = mlflow_sink(s.run.run_id, spill_path=Path(checkpoint_root) / "unsent-metrics.jsonl")
             try:
                 result = pretrain(

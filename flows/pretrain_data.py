@@ -44,7 +44,9 @@ def pretrain_data_flow(
     if workers is not None:
         params = params.model_copy(update={"num_workers": max(1, int(workers))})
     checks = data_check_dir("pretrain_data", out_dir, STAGE.outs[0])  # one report per phase and split
-    with stage("pretrain_data", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
+    with stage(
+        "pretrain_data", params, out_dir, metrics_path=metrics_path, dirs=(out_dir,), checks_dir=checks
+    ) as s:
         result = build_pretrain_data(
             params, corpus_dir=corpus_dir, vocab_dir=vocab_dir, output_dir=s[out_dir], report_dir=checks
         )

@@ -66,7 +66,7 @@ def vocab_flow(
 
     params: VocabParams = STAGE.load_params(params_file)
     checks = data_check_dir("vocab", out_dir, STAGE.outs[0])
-    with stage("vocab", params, out_dir, metrics_path=metrics_path, checks_dir=checks) as s:
+    with stage("vocab", params, out_dir, metrics_path=metrics_path, dirs=(out_dir,), checks_dir=checks) as s:
         log_corpus_data(corpus_dir)  # the Dataset column and lineage in the MLflow UI
         if params.from_checkpoint is not None:
             from bert_core.released import resolve_checkpoint

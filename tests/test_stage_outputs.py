@@ -73,3 +73,50 @@ def test_all_outs_are_committed_together(tmp_path, caplog):
     # the log names the outputs where they now are, not where they were staged
     details = metrics.parent / "details" / "corpus.json"
     assert f"corpus: outputs in place: {out}, {metrics}, {details}" in caplog.messages
+
+
+def test_a_file_where_a_directory_out_goes_is_refused_before_any_work(tmp_path):
+    """Without the up-front check, a stage trained to the end (hours of pretraining) and only its commit
+    found the file."""
+    from bert_core.owned import ForeignOutputError
+
+    out, metrics = tmp_path / "model", tmp_path / "metrics.json"
+    out.write_text("a user's file")
+    worked = []
+    with (
+        pytest.raises(ForeignOutputError, match="is an existing file, and a directory goes there"),
+        stage("corpus", {}, out, metrics_path=metrics, dirs=(out,)),
+    ):
+        worked.append(True)
+    assert not worked and out.read_text() == "a user's file" and not metrics.exists()
+
+
+@pytest.mark.parametrize("name", ["notes.md", "vocab.yaml"])
+def test_a_metrics_path_that_is_not_json_is_refused_and_the_file_there_kept(tmp_path, name):
+    out, metrics = tmp_path / "corpus", tmp_path / name
+    metrics.write_text("a user's file")
+    with pytest.raises(ValueError, match=rf"metrics file .*{name}: .*ending in \.json"):
+        with stage("corpus", {}, out, metrics_path=metrics, dirs=(out,)):
+            raise AssertionError("the block ran")
+    assert metrics.read_text() == "a user's file" and not (tmp_path / "details").exists()
+
+
+def test_the_previous_data_check_reports_stay_until_a_run_writes_new_ones(tmp_path):
+    out, metrics, checks = tmp_path / "corpus", tmp_path / "m.json", tmp_path / "reports" / "corpus"
+    checks.mkdir(parents=True)
+    (checks / "old.html").write_text("old")
+    # a run that fails before writing a report (a missing input, an unreachable server): the old ones stay
+    with pytest.raises(FileNotFoundError), stage("corpus", {}, out, metrics_path=metrics, checks_dir=checks):
+        raise FileNotFoundError("no corpus")
+    assert _names(checks.parent) == ["corpus", "corpus/old.html"]
+    # a run whose data check fails: its own report, the one its message points at
+    with pytest.raises(ValueError), stage("corpus", {}, out, metrics_path=metrics, checks_dir=checks):
+        (checks / "new.html").parent.mkdir(parents=True)
+        (checks / "new.html").write_text("new")
+        raise ValueError("check failed")
+    assert _names(checks.parent) == ["corpus", "corpus/new.html"]
+    # a run that succeeds: none of an earlier run's reports
+    with stage("corpus", {}, out, metrics_path=metrics, checks_dir=checks) as s:
+        _build(s[out])
+        s.done({})
+    assert _names(checks.parent) == []

@@ -116,3 +116,33 @@ def test_a_relative_form_path_cannot_leave_the_repository():
         in_repo("../../x.jsonl", "output_path")
     assert in_repo("data/x.jsonl") == REPO_ROOT / "data" / "x.jsonl"
     assert str(in_repo("/abs/x.jsonl")) == "/abs/x.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("stage", "option"),
+    [
+        ("corpus", "--out"),
+        ("vocab", "--out"),
+        ("pretrain_data", "--out"),
+        ("pretrain", "--out"),
+        ("finetune", "--model-out"),
+    ],
+)
+def test_a_file_where_a_stage_writes_a_directory_is_refused_before_any_work(
+    stage, option, tmp_path, prefect_api
+):
+    """Refused when the stage starts, not after it trained to the end (and, for pretraining, registered a
+    model it then withdrew)."""
+    target = tmp_path / "notes.txt"
+    target.write_text("a user's file")
+    args = ["sst2", "--model-source", str(tmp_path)] if stage == "finetune" else []
+    cmd = [PY, "-m", f"flows.{stage}", *args, option, str(target), "--metrics", str(tmp_path / "m.json")]
+    res = run_cmd(
+        cmd, cwd=REPO_ROOT, env=stage_env(prefect_api, f"sqlite:///{tmp_path}/mlflow.db"), timeout=300
+    )
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert (
+        f"ForeignOutputError: output {target} is an existing file, and a directory goes there" in res.stderr
+    )
+    assert target.read_text() == "a user's file"
+    assert {p.name for p in tmp_path.iterdir()} <= {"notes.txt", "mlflow.db"}  # no metrics, no reports
