@@ -95,9 +95,11 @@ def test_a_file_where_a_directory_out_goes_is_refused_before_any_work(tmp_path):
 def test_a_metrics_path_that_is_not_json_is_refused_and_the_file_there_kept(tmp_path, name):
     out, metrics = tmp_path / "corpus", tmp_path / name
     metrics.write_text("a user's file")
-    with pytest.raises(ValueError, match=rf"metrics file .*{name}: .*ending in \.json"):
-        with stage("corpus", {}, out, metrics_path=metrics, dirs=(out,)):
-            raise AssertionError("the block ran")
+    with (
+        pytest.raises(ValueError, match=rf"metrics file .*{name}: .*ending in \.json"),
+        stage("corpus", {}, out, metrics_path=metrics, dirs=(out,)),
+    ):
+        raise AssertionError("the block ran")
     assert metrics.read_text() == "a user's file" and not (tmp_path / "details").exists()
 
 
