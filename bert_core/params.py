@@ -86,7 +86,9 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a YAML mapping; errors name the file (and line for syntax errors and repeated keys)."""
     path = Path(path)
     if not path.is_file():
-        raise ParamsError(f"{path}: params file not found")
+        raise ParamsError(
+            f"{path}: {'a directory, not a params file' if path.is_dir() else 'params file not found'}"
+        )
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -109,10 +111,14 @@ def parse_yaml(text: str, path: str | os.PathLike[str]) -> dict[str, Any]:
                 f"{path}:{err.problem_mark.line + 1}: {err.problem}; DVC refuses such a file too, keep one"
             ) from None
         raise ParamsError(f"{path}: not valid YAML: {err}") from None
-    except yaml.YAMLError as err:
+    except yaml.YAMLError as err:  # one line: PyYAML's own message quotes the text and draws a caret
         mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise ParamsError(f"{path}{line}: not valid YAML: {err}") from None
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+        if context and start is not None:
+            context += f" (from {start.line + 1}:{start.column + 1})"
+        problem = ": ".join(filter(None, (context, getattr(err, "problem", None))))
+        raise ParamsError(f"{path}{where}: not valid YAML: {problem or err}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -93,7 +93,7 @@ def parse_set_args(specs: list[str] | tuple[str, ...]) -> Overrides:
         file, colon, override = spec.partition(":")
         if not (colon and file and "=" not in file and ("=" in override or override.startswith("~"))):
             raise ProfileError(
-                f"'{spec}': expected FILE:KEY=VALUE, e.g. params/finetune.yaml:finetune.seeds=[1,2]"
+                f"'{spec}': expected FILE:KEY=VALUE, e.g. params/finetune.yaml:finetune.defaults.seeds=[1,2]"
             )
         parsed = _parse(override, spec)
         key = parsed.key_or_group

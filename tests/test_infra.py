@@ -99,9 +99,15 @@ def test_params_errors_name_file_key_and_value(tmp_path):
     msg = str(err.value)
     assert str(f) in msg and "'train.lr' = -1" in msg and "greater than 0" in msg
     assert "unknown key 'train.stepz'" in msg
-    f.write_text("train: [1, 2\n")
-    with pytest.raises(ParamsError, match=r"p.yaml:\d+: not valid YAML"):
+    f.write_text("train: [1, 2\n")  # one line, where the problem and its context are (not PyYAML's picture)
+    with pytest.raises(ParamsError) as err:
         load_params(f, "train", _P)
+    assert str(err.value).endswith(
+        "p.yaml:2:1: not valid YAML: while parsing a flow sequence (from 1:8): expected ',' or ']', but got "
+        "'<stream end>'"
+    )
+    with pytest.raises(ParamsError, match="a directory, not a params file"):
+        load_params(f.parent, "train", _P)
     f.write_text("other: {}\n")
     with pytest.raises(ParamsError, match="missing top-level section 'train'"):
         load_params(f, "train", _P)
@@ -144,7 +150,7 @@ def test_checks_report_and_critical_failure(tmp_path):
 def test_stage_run_logs_to_mlflow(tmp_path):
     import mlflow
 
-    from flows._stage import stage, stage_run
+    from flows._stage import stage
 
     with stage("unit", _P(), metrics_path=tmp_path / "m.json", tags={"extra": "1"}) as s:
         s.done({"a": 1, "nested": {"b": 2.5}, "text": "x"})
@@ -154,9 +160,9 @@ def test_stage_run_logs_to_mlflow(tmp_path):
     assert got.data.params["lr"] == "0.0001"
     assert got.data.tags["stage"] == "unit" and got.data.tags["extra"] == "1"
     assert json.loads((tmp_path / "m.json").read_text())["nested"]["b"] == 2.5
-    with pytest.raises(ValueError), stage_run("unit", None) as failed:
+    with pytest.raises(ValueError), stage("unit", None, metrics_path=tmp_path / "m.json") as failed:
         raise ValueError("boom")
-    assert mlflow.get_run(failed.run_id).info.status == "FAILED"
+    assert mlflow.get_run(failed.run.run_id).info.status == "FAILED"
 
 
 def test_a_path_is_named_relative_to_the_repository_only_when_inside_it(tmp_path, monkeypatch):

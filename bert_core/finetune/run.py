@@ -362,7 +362,7 @@ def _write_outputs(
     summary["notes"] = data.notes
     write_json_atomic(tmp_out / "summary.json", summary)
     tmp_model = staged[model_out]
-    shutil.copytree(best_dir, tmp_model)
+    shutil.copytree(best_dir, tmp_model, dirs_exist_ok=True)  # the stage stages the directory empty
     tokenizer.save_pretrained(str(tmp_model))
     # The serving task JSON beside the weights: the directory then serves as its registered version does.
     write_json_atomic(tmp_model / "task.json", serving_task(spec, settings, null_threshold=threshold))

@@ -201,7 +201,7 @@ def test_params_file_that_is_not_utf8_or_not_yaml(tmp_path, env):
 
     bad.write_text("corpus:\n  seed: 1\n   cap: [1,\n")
     res = run_stage("corpus", stage_args("corpus", bad), tmp_path / "work", env)
-    assert_failed_cleanly(res, "corpus", tmp_path / "work", f"{bad}:3: not valid YAML")
+    assert_failed_cleanly(res, "corpus", tmp_path / "work", f"{bad}:3:7: not valid YAML: mapping values")
 
 
 def test_params_file_with_a_repeated_key_or_an_empty_section(tmp_path, env):

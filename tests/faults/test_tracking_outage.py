@@ -140,13 +140,13 @@ def upgrade_then_die(engine):  # SIGKILL half-way through MLflow's schema migrat
     real_upgrade(engine)
 
 db_utils._upgrade_db = upgrade_then_die
-from flows._stage import stage_run
+from bert_core.tracking import stage_run
 with stage_run("corpus", {"a": 1}):
     pass
 """
 
 STAGE_RUN = """
-from flows._stage import stage_run
+from bert_core.tracking import stage_run
 with stage_run("corpus", {"a": 1}) as run:
     run.log_metrics({"documents": 3})
 print("logged", run.run_id)
