@@ -269,13 +269,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: give 1 (one stage at a time) or more")
+    if args.name and not args.experiment:
+        parser.error(f"--name {args.name}: an experiment's name; add --experiment (plain dvc repro has none)")
     from flows._cli import run_command
     from flows._prefect_api import PrefectApiUnreachable, prefect_api
 
     def body() -> int:
         try:
-            # a value its stage would refuse fails here, in a second, before a Prefect server starts
+            # what the flow would refuse fails here, in a second, before a Prefect server starts
             resolve_overrides(args.profile, dict.fromkeys(FORM_KEYS), args.sets, REPO_ROOT)
+            stage_env("", args.data_root, REPO_ROOT)  # a data root that is not a directory
+            if args.name:
+                _experiment_name(args.name, None, "")  # not a git ref name
             with prefect_api():
                 result = pipeline_flow(
                     profile=args.profile,

@@ -463,4 +463,17 @@ def test_the_command_refuses_a_bad_override_before_prefect_starts(repo, monkeypa
     assert err.startswith("error: params/finetune.yaml") and "epochs" in err and len(err.splitlines()) == 1
     assert pipeline.main(["--profile", "tiny", "-S", "params/finetune.yaml:finetune.nope=1"]) == 1
     assert "no key 'finetune.nope'" in capsys.readouterr().err
+    assert pipeline.main(["--data-root", str(repo / "nowhere")]) == 1
+    assert "nowhere is not a directory" in capsys.readouterr().err
+    assert pipeline.main(["--experiment", "--name", "bad name!"]) == 1
+    assert "experiment_name='bad name!'" in capsys.readouterr().err
     assert (repo / "params" / "finetune.yaml").read_text() == before
+
+
+def test_an_experiment_name_without_an_experiment_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        pipeline.main(["--name", "myexp", "vocab"])
+    assert (
+        exit_.value.code == 2
+        and "--name myexp: an experiment's name; add --experiment" in capsys.readouterr().err
+    )
