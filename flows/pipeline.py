@@ -246,9 +246,20 @@ def _report(
             if failed
             else f"DVC failed before running a stage{f' ({refused})' if refused else ''}"
         )
-        raise PipelineFailed(
-            f"{where} (dvc exit code {returncode}). Last DVC output:\n" + "\n".join(tail[-15:])
-        )
+        raise PipelineFailed(f"{where} (dvc exit code {returncode}). {last_words(tail)}")
+
+
+#: The one line a stage command ends with when it fails (:func:`flows._cli.run_command`).
+_STAGE_SAID = re.compile(r"^\S+ stage (failed|interrupted)\b")
+
+
+def last_words(tail: list[str]) -> str:
+    """What DVC's last lines say about the failure: the stage's own ``<stage> stage failed ...`` line and
+    DVC's ``ERROR`` line when the stage said one (not its traceback), else DVC's last 15 lines."""
+    said = [line for line in tail if _STAGE_SAID.match(line)]
+    if not said:
+        return "Last DVC output:\n" + "\n".join(tail[-15:])
+    return "\n".join([said[-1], *[line for line in tail if line.startswith("ERROR:")][-1:]])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -477,3 +477,15 @@ def test_an_experiment_name_without_an_experiment_is_refused(capsys):
         exit_.value.code == 2
         and "--name myexp: an experiment's name; add --experiment" in capsys.readouterr().err
     )
+
+
+def test_a_failed_stage_is_reported_by_its_own_line_not_its_traceback():
+    tail = [
+        "Traceback (most recent call last):",
+        '  File "flows/_stage.py", line 294, in stage',
+        "TrackingUnavailable: the MLflow tracking server at http://127.0.0.1:9 does not answer",
+        "corpus stage failed: TrackingUnavailable: the MLflow tracking server at http://127.0.0.1:9 does not answer",
+        "ERROR: failed to reproduce 'corpus': failed to run: exec python -m flows.corpus, exited with 1",
+    ]
+    assert pipeline.last_words(tail) == "\n".join(tail[-2:])
+    assert pipeline.last_words(tail[:3]) == "Last DVC output:\n" + "\n".join(tail[:3])  # no stage line: as is
