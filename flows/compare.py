@@ -21,7 +21,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bert_core.tracking import FINETUNE_EXPERIMENT, tracking_uri
+from bert_core.tracking import FINETUNE_EXPERIMENT, TrackingUnavailable, check_tracking_server, tracking_uri
 
 DEFAULT_METRICS = ("dev*",)
 _LATEST_RE = re.compile(r"^latest(?:~(\d+))?$")
@@ -43,6 +43,7 @@ class Side:
 def _client() -> Any:
     from mlflow.tracking import MlflowClient
 
+    check_tracking_server(tracking_uri())  # an unreachable server: seconds, not MLflow's minutes of retries
     return MlflowClient(tracking_uri=tracking_uri())
 
 
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         print(compare(args.a, args.b, tuple(args.metric or DEFAULT_METRICS), args.format))
-    except CompareError as err:
+    except (CompareError, TrackingUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -251,3 +251,20 @@ def test_locked_on_a_tracking_server_is_an_ordinary_failure(monkeypatch, sleeps)
     with pytest.raises(Exception, match="database is locked"):  # the server's store: its message, retried
         retry_tracking(locked, budget_s=1.5)()
     assert sleeps == [0.5, 1.0]
+
+
+def test_reading_commands_fail_fast_too(monkeypatch, sleeps, capsys):
+    """Comparing runs and loading a registered model: the same check first, instead of MLflow's own
+    retries (four minutes against a port where nothing listens)."""
+    from bert_core.serving import trusted
+    from flows import compare
+
+    uri = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert compare.main(["latest~1", "latest"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the MLflow tracking server {uri} (MLFLOW_TRACKING_URI) does not answer")
+    with pytest.raises(
+        trusted.ModelLoadError, match=rf"^the MLflow tracking server {uri} .* does not answer"
+    ):
+        trusted.load_model("models:/bert-sst2@champion")

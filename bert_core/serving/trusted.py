@@ -127,6 +127,7 @@ def fetch_model(model_uri: str, scratch: str | Path) -> Path:
     Raises:
         UntrustedModelError: see :func:`check_model_dir`.
         bert_core.serving.local.ModelDirectoryError: a local directory that is no model.
+        bert_core.tracking.TrackingUnavailable: an http(s) tracking server that does not answer.
         Exception: what MLflow raises when the URI does not resolve (unknown name, version or alias).
     """
     from bert_core.serving.local import is_local_model, mlflow_model_dir
@@ -137,6 +138,9 @@ def fetch_model(model_uri: str, scratch: str | Path) -> Path:
     else:
         import mlflow
 
+        from bert_core.tracking import check_tracking_server, tracking_uri
+
+        check_tracking_server(tracking_uri())  # unreachable: seconds, not MLflow's minutes of retries
         path = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(scratch)))
         check_model_dir(path, name=model_uri)
     return path
@@ -158,7 +162,7 @@ def load_model(model_uri: str) -> Any:
     import mlflow
 
     from bert_core.serving.local import ModelDirectoryError, is_local_model, is_uri
-    from bert_core.tracking.run import tracking_uri
+    from bert_core.tracking.run import TrackingUnavailable, tracking_uri
 
     local = is_local_model(model_uri)
     if not local and not is_uri(model_uri):  # a path: MLflow would try it as an artifact URI, saying so
@@ -180,7 +184,7 @@ def load_model(model_uri: str) -> Any:
         shutil.rmtree(scratch, ignore_errors=True)
         if isinstance(err, UntrustedModelError) or not isinstance(err, Exception):
             raise
-        if isinstance(err, ModelDirectoryError):
+        if isinstance(err, ModelDirectoryError | TrackingUnavailable):  # their message says what to do
             raise ModelLoadError(str(err)) from None
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
         if local:
