@@ -43,7 +43,9 @@ class Side:
 def _client() -> Any:
     from mlflow.tracking import MlflowClient
 
-    check_tracking_server(tracking_uri())  # an unreachable server: seconds, not MLflow's minutes of retries
+    check_tracking_server(
+        tracking_uri(), reading=True
+    )  # an unreachable server: seconds, not MLflow's minutes of retries
     return MlflowClient(tracking_uri=tracking_uri())
 
 

@@ -306,7 +306,10 @@ def test_wrong_number_of_predictions_is_an_error(tmp_path):
 
 
 def test_unknown_model_and_missing_input_are_clear_errors(tmp_path):
+    import mlflow
+
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    mlflow.MlflowClient().search_experiments()  # the store exists (a missing one is refused as a typo)
     with pytest.raises(
         BatchPredictionError, match=r"cannot load model 'models:/nope@champion' .*Check the name"
     ):

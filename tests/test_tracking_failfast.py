@@ -268,3 +268,14 @@ def test_reading_commands_fail_fast_too(monkeypatch, sleeps, capsys):
         trusted.ModelLoadError, match=rf"^the MLflow tracking server {uri} .* does not answer"
     ):
         trusted.load_model("models:/bert-sst2@champion")
+
+
+def test_a_reading_command_never_creates_a_store_at_a_mistyped_path(monkeypatch, tmp_path, capsys):
+    from flows import compare
+
+    store = tmp_path / "typo" / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    assert compare.main(["latest~1", "latest"]) == 2
+    assert f"no MLflow tracking store at {store}: nothing has been tracked there" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()
+    check_tracking_server(f"sqlite:///{store}")  # a stage creates its store

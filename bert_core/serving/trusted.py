@@ -140,7 +140,9 @@ def fetch_model(model_uri: str, scratch: str | Path) -> Path:
 
         from bert_core.tracking import check_tracking_server, tracking_uri
 
-        check_tracking_server(tracking_uri())  # unreachable: seconds, not MLflow's minutes of retries
+        check_tracking_server(
+            tracking_uri(), reading=True
+        )  # unreachable: seconds, not MLflow's minutes of retries
         path = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(scratch)))
         check_model_dir(path, name=model_uri)
     return path

@@ -141,6 +141,7 @@ def _reason(err: BaseException, timeout_s: float, secret: str | None) -> str:
 def check_tracking_server(
     uri: str,
     *,
+    reading: bool = False,
     attempts: int = PREFLIGHT_ATTEMPTS,
     timeout_s: float = PREFLIGHT_TIMEOUT_S,
     pause_s: float = PREFLIGHT_PAUSE_S,
@@ -151,8 +152,20 @@ def check_tracking_server(
     itself would send) per attempt, ``timeout_s`` each, no MLflow-level retries: a server that refuses
     connections fails in about ``attempts * pause_s`` seconds, one that accepts and never answers in
     about ``attempts * (timeout_s + pause_s)``. Any answer below 500 counts as reachable, except 401/403
-    (credentials), which fails at once.
+    (credentials), which fails at once. ``reading``: a command that only reads the store; a SQLite file
+    that does not exist is then refused (MLflow would create an empty store there, and its folders).
     """
+    store = sqlite_store_path(uri)
+    if reading and store is not None and not store.is_file():
+        given = os.environ.get("MLFLOW_TRACKING_URI")
+        raise TrackingUnavailable(
+            f"no MLflow tracking store at {store}: nothing has been tracked there. "
+            + (
+                f"Fix MLFLOW_TRACKING_URI={given}, or unset it to read the pipeline's ({default_store_uri()})"
+                if given
+                else "Run the pipeline first, or set MLFLOW_TRACKING_URI to the store it wrote"
+            )
+        )
     if urllib.parse.urlsplit(uri).scheme.lower() not in ("http", "https"):
         return
     from mlflow.utils.credentials import get_default_host_creds
