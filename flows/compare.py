@@ -21,7 +21,13 @@ from typing import Any
 
 from tabulate import tabulate
 
-from bert_core.tracking import FINETUNE_EXPERIMENT, TrackingUnavailable, check_tracking_server, tracking_uri
+from bert_core.tracking import (
+    FINETUNE_EXPERIMENT,
+    TrackingUnavailable,
+    check_tracking_server,
+    require_store,
+    tracking_uri,
+)
 
 DEFAULT_METRICS = ("dev*",)
 _LATEST_RE = re.compile(r"^latest(?:~(\d+))?$")
@@ -43,10 +49,10 @@ class Side:
 def _client() -> Any:
     from mlflow.tracking import MlflowClient
 
-    check_tracking_server(
-        tracking_uri(), reading=True
-    )  # an unreachable server: seconds, not MLflow's minutes of retries
-    return MlflowClient(tracking_uri=tracking_uri())
+    uri = tracking_uri()
+    require_store(uri)  # a reader never creates a store at a mistyped path
+    check_tracking_server(uri)  # an unreachable server: seconds, not MLflow's minutes of retries
+    return MlflowClient(tracking_uri=uri)
 
 
 def finetune_runs(client: Any, experiment: str = FINETUNE_EXPERIMENT) -> tuple[str | None, list[Any]]:

@@ -3,11 +3,12 @@
 Public API (import from here):
 
 - :func:`stage_run`, :class:`StageRun`, :func:`retry_tracking`, :func:`tracking_uri`,
-  :func:`ensure_tracking_store`, :func:`git_commit`, :func:`pipeline_run_id`, :func:`numeric_metrics`,
+  :func:`git_commit`, :func:`pipeline_run_id`, :func:`numeric_metrics`,
   :data:`PIPELINE_EXPERIMENT`, :data:`FINETUNE_EXPERIMENT` (``run``): one MLflow run per stage run.
-  :func:`check_tracking_server`, :class:`TrackingUnavailable`, :class:`TrackingStoreRemoved`,
-  :func:`bound_http_retries` (``run``): failing fast on a tracking server that does not answer and on a
-  SQLite store removed mid-run; :class:`TrackingStoreBusy` (``busy``): on one another process keeps locked.
+  :func:`check_tracking_server`, :class:`TrackingUnavailable`, :func:`bound_http_retries` (``run``):
+  failing fast on a tracking server that does not answer; :func:`ensure_tracking_store`,
+  :class:`TrackingStoreRemoved`, :func:`require_store` (``store``): a SQLite store created whole, removed
+  mid-run, missing for a reader; :class:`TrackingStoreBusy` (``busy``): one another process keeps locked.
 - :class:`RetryingSink`, :func:`mlflow_sink`, :func:`fan_out`, ``MetricsCallback`` (``sink``): the
   training loop's buffered, retrying metric sink.
 - :func:`register`, :class:`Registration` (``registry``): the one registration path of every stage.
@@ -24,11 +25,9 @@ from bert_core.tracking.run import (
     FINETUNE_EXPERIMENT,
     PIPELINE_EXPERIMENT,
     StageRun,
-    TrackingStoreRemoved,
     TrackingUnavailable,
     bound_http_retries,
     check_tracking_server,
-    ensure_tracking_store,
     git_commit,
     numeric_metrics,
     pipeline_run_id,
@@ -38,6 +37,7 @@ from bert_core.tracking.run import (
 )
 from bert_core.tracking.sink import MetricRecord, MetricsCallback, RetryingSink, fan_out, mlflow_sink
 from bert_core.tracking.source import ResolvedSource, resolve_model_source
+from bert_core.tracking.store import TrackingStoreRemoved, ensure_tracking_store, require_store
 from bert_core.tracking.trials import MlflowTrialTracker
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "pipeline_run_id",
     "register",
     "registered_version",
+    "require_store",
     "resolve_model_source",
     "retry_tracking",
     "stage_run",

@@ -27,16 +27,12 @@ import functools
 import logging
 import math
 import os
-import threading
 import time
 import urllib.parse
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bert_core.atomic import writer_gone
-from bert_core.constants import REPO_ROOT
 from bert_core.params import flatten
 from bert_core.tracking.busy import (
     STORE_BUSY_ATTEMPTS,
@@ -45,6 +41,17 @@ from bert_core.tracking.busy import (
     store_locked,
 )
 from bert_core.tracking.provenance import git_commit, pipeline_run_id
+from bert_core.tracking.store import (
+    TrackingStoreRemoved,
+    TrackingUnavailable,
+    check_store_present,
+    default_store_uri,
+    ensure_tracking_store,
+    forget_store_connections,
+    sqlite_store_path,
+    tracking_uri,
+    watch_store,
+)
 
 #: The experiment of the pipeline's stage runs (corpus, vocab, pretrain_data, pretrain, evaluate).
 PIPELINE_EXPERIMENT = "bert-pipeline"
@@ -71,27 +78,9 @@ PREFLIGHT_TIMEOUT_S = 5.0
 PREFLIGHT_PAUSE_S = 1.0
 
 
-class TrackingUnavailable(RuntimeError):
-    """The tracking server of ``MLFLOW_TRACKING_URI`` does not answer (or refuses this client)."""
-
-
-class TrackingStoreRemoved(RuntimeError):
-    """The SQLite tracking store was deleted or replaced while a stage was using it."""
-
-
 def _sleep(seconds: float) -> None:
     """``time.sleep`` (one place for tests to record the pauses of this module)."""
     time.sleep(seconds)
-
-
-def default_store_uri() -> str:
-    """The repository's own SQLite store (used when ``MLFLOW_TRACKING_URI`` is not set)."""
-    return f"sqlite:///{REPO_ROOT / 'mlflow.db'}"
-
-
-def tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` or the repository's SQLite store (absolute, so the cwd does not matter)."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or default_store_uri()
 
 
 def bound_http_retries() -> None:
@@ -141,7 +130,6 @@ def _reason(err: BaseException, timeout_s: float, secret: str | None) -> str:
 def check_tracking_server(
     uri: str,
     *,
-    reading: bool = False,
     attempts: int = PREFLIGHT_ATTEMPTS,
     timeout_s: float = PREFLIGHT_TIMEOUT_S,
     pause_s: float = PREFLIGHT_PAUSE_S,
@@ -152,20 +140,8 @@ def check_tracking_server(
     itself would send) per attempt, ``timeout_s`` each, no MLflow-level retries: a server that refuses
     connections fails in about ``attempts * pause_s`` seconds, one that accepts and never answers in
     about ``attempts * (timeout_s + pause_s)``. Any answer below 500 counts as reachable, except 401/403
-    (credentials), which fails at once. ``reading``: a command that only reads the store; a SQLite file
-    that does not exist is then refused (MLflow would create an empty store there, and its folders).
+    (credentials), which fails at once.
     """
-    store = sqlite_store_path(uri)
-    if reading and store is not None and not store.is_file():
-        given = os.environ.get("MLFLOW_TRACKING_URI")
-        raise TrackingUnavailable(
-            f"no MLflow tracking store at {store}: nothing has been tracked there. "
-            + (
-                f"Fix MLFLOW_TRACKING_URI={given}, or unset it to read the pipeline's ({default_store_uri()})"
-                if given
-                else "Run the pipeline first, or set MLFLOW_TRACKING_URI to the store it wrote"
-            )
-        )
     if urllib.parse.urlsplit(uri).scheme.lower() not in ("http", "https"):
         return
     from mlflow.utils.credentials import get_default_host_creds
@@ -213,109 +189,6 @@ def check_tracking_server(
     )
 
 
-def sqlite_store_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI, else None."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
-
-
-#: The identity (device, inode) of each SQLite store a stage run opened in this process.
-_watched_stores: dict[Path, tuple[int, int]] = {}
-_watched_lock = threading.Lock()
-
-
-def watch_store(uri: str) -> None:
-    """Remember the identity of a SQLite store so that its removal mid-run is recognised."""
-    path = sqlite_store_path(uri)
-    if path is None:
-        return
-    try:
-        st = path.stat()
-    except OSError:
-        return
-    with _watched_lock:
-        _watched_stores[path] = (st.st_dev, st.st_ino)
-
-
-def forget_store_connections(path: Path) -> None:
-    """Close MLflow's pooled connections to a SQLite store, so the next use opens the file at ``path`` again.
-
-    SQLite connections keep a removed file's inode open ("attempt to write a readonly database"); MLflow
-    caches one engine per URI for the life of the process. Best effort: these are MLflow internals.
-    """
-    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as RegistryStore
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as TrackingStore
-
-    for store_cls in (TrackingStore, RegistryStore):
-        for uri, engine in list(getattr(store_cls, "_engine_map", {}).items()):
-            if sqlite_store_path(uri) == path:
-                with contextlib.suppress(Exception):
-                    engine.dispose()
-    with _watched_lock:
-        _watched_stores.pop(path, None)
-
-
-def check_store_present(uri: str | None = None) -> None:
-    """Raise :class:`TrackingStoreRemoved` if the watched SQLite store of ``uri`` is gone or replaced."""
-    path = sqlite_store_path(uri or tracking_uri())
-    if path is None:
-        return
-    with _watched_lock:
-        identity = _watched_stores.get(path)
-    if identity is None:
-        return
-    try:
-        st = path.stat()
-        if (st.st_dev, st.st_ino) == identity:
-            return
-        what = "replaced by another file"
-    except FileNotFoundError:
-        what = "removed"
-    except OSError:
-        return
-    raise TrackingStoreRemoved(
-        f"the MLflow store {path} was {what} while the stage ran; this run's tracking records are lost. "
-        "Restore the file from a backup (or let the next run create a new store) and re-run the stage"
-    )
-
-
-def ensure_tracking_store(uri: str) -> None:
-    """Create a new SQLite tracking store whole or not at all (other stores: nothing to do).
-
-    MLflow creates its schema table by table, then migrates it; a stage killed during that first
-    initialisation would leave a half-created database on which every later run fails ("table ... already
-    exists"). The schema is built in a temporary file and linked into place only when complete; when
-    another process got there first, its store is kept.
-    """
-    if not uri.startswith("sqlite:///"):
-        return
-    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed while creating it
-        pid = stale.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and writer_gone(int(pid), stale):
-            stale.unlink(missing_ok=True)
-    if path.exists():
-        return
-    from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        store = SqlAlchemyStore(f"sqlite:///{tmp}", DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH)
-        store.engine.dispose()
-        try:
-            os.link(tmp, path)  # fails if another process created the store meanwhile: keep theirs
-        except FileExistsError:
-            pass
-        except OSError:  # a filesystem without hard links
-            if not path.exists():
-                os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def retry_tracking(
     fn: Callable[..., T], *, attempts: int = 6, first_delay: float = 0.5, budget_s: float | None = None
 ) -> Callable[..., T]:
@@ -332,14 +205,15 @@ def retry_tracking(
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
         budget = RETRY_BUDGET_S if budget_s is None else budget_s
-        check_store_present()  # a stat(): name a removed store before MLflow logs its SQLAlchemy traceback
+        # a stat(): name a removed store before MLflow logs its SQLAlchemy traceback
+        check_store_present(tracking_uri())
         started = time.monotonic()
         delay, locked = first_delay, 0
         for attempt in range(1, attempts + 1):
             try:
                 return fn(*args, **kwargs)
             except Exception as err:  # any transport error is worth a retry here
-                check_store_present()  # a deleted store is deterministic: name it, never retry
+                check_store_present(tracking_uri())  # a deleted store is deterministic: name it, never retry
                 if store_locked(err) and (store := sqlite_store_path(tracking_uri())) is not None:
                     locked += 1
                     if locked >= STORE_BUSY_ATTEMPTS or attempt == attempts:
