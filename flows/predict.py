@@ -73,7 +73,10 @@ def _prefect_settings(no_prefect: bool) -> contextlib.AbstractContextManager[Any
     """Settings to run as a Prefect flow run, or ``None`` to run directly (no server to report to)."""
     if no_prefect:
         return None
-    if os.environ.get("PREFECT_API_URL"):
+    if url := os.environ.get("PREFECT_API_URL"):
+        from flows._prefect_api import check_api
+
+        check_api(url, advice="Start that server, fix or unset PREFECT_API_URL, or run with --no-prefect.")
         return contextlib.nullcontext()
     from flows._served import served_api_url
 

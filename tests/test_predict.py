@@ -456,6 +456,21 @@ def test_command_line_main_in_process(tmp_path, classifier, monkeypatch, caplog)
     assert any("rows 2/2 (100.0%)" in r.getMessage() for r in caplog.records)
 
 
+def test_an_unreachable_prefect_api_is_named_with_the_way_around_it(monkeypatch):
+    import socket
+
+    from flows._prefect_api import PrefectApiUnreachable
+
+    with socket.socket() as sock:  # a loopback port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{port}/api")
+    monkeypatch.setattr("flows._prefect_api.time.sleep", lambda s: None)
+    with pytest.raises(PrefectApiUnreachable, match=r"does not answer .*or run with --no-prefect"):
+        predict._prefect_settings(no_prefect=False)
+    assert predict._prefect_settings(no_prefect=True) is None
+
+
 def test_predict_is_served_with_a_run_form():
     from prefect.utilities.callables import parameter_schema
 
