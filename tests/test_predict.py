@@ -148,6 +148,16 @@ def test_classifier_keeps_ids_and_order_across_chunks(tmp_path, classifier, capl
     assert leftovers(dst.parent) == []
 
 
+def test_an_input_without_rows_writes_an_empty_output_and_says_so(tmp_path, classifier, caplog):
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n  \n", encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="bert_core"):
+        result = predict_file(classifier, src, tmp_path / "out.jsonl")
+    assert (result.rows, result.blank_lines) == (0, 2) and (tmp_path / "out.jsonl").read_text() == ""
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [f"{src} holds no row (2 blank line(s)): the output will be empty"]
+
+
 def test_qa_model_with_its_own_schema(tmp_path):
     uri = register(tmp_path, "toy-qa", QA_CODE, _qa_signature())
     rows = [{"id": f"q{i}", "question": "who" + "?" * i, "context": f"Name{i} wrote it."} for i in range(7)]

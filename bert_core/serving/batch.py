@@ -253,6 +253,8 @@ def predict_file(
             blanks,
             time.monotonic() - t_check,
         )
+        if total == 0:
+            log.warning("%s holds no row (%d blank line(s)): the output will be empty", src, blanks)
         identity = run_identity(src, model_uri, model, batch_size, id_field, read.hexdigest())
         done = partial.resume(identity, total, restart=restart)
         what = f"{src.name} -> {dst.name}"
