@@ -54,6 +54,26 @@ def configure_logging(level: int = logging.INFO) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def _without_traceback(record: logging.LogRecord) -> bool:
+    """Drop the traceback from a console record of an error the project raises on purpose (a class of
+    ``bert_core`` or ``flows``: refused input, a missing store ...), whose message says all; a bug's stays."""
+    err = record.exc_info[1] if record.exc_info else None
+    if err is not None and type(err).__module__.startswith(("bert_core.", "flows.")):
+        record.exc_info, record.exc_text = None, None
+    return True
+
+
+def quiet_refusals() -> None:
+    """Prefect's console lines name a refused input without the traceback Prefect logs for every flow
+    failure (the one-line ``... failed: <Type>: <message>`` follows); the Prefect UI's log keeps it (its
+    handler formats the record first)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler) and _without_traceback not in handler.filters:
+            handler.addFilter(_without_traceback)
+
+
 #: The longest "stage failed" reason printed (characters); the full message stays in the Prefect log.
 MAX_REASON_CHARS = 2000
 
@@ -351,6 +371,7 @@ def run_stage(
         else:
             from flows._prefect_api import prefect_api
 
+            quiet_refusals()
             with prefect_api(announce=False):
                 (flow() if other_ranks is not None else flow)(**kwargs)
         return None

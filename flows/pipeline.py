@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--jobs {args.jobs}: give 1 (one stage at a time) or more")
     if args.name and not args.experiment:
         parser.error(f"--name {args.name}: an experiment's name; add --experiment (plain dvc repro has none)")
-    from flows._cli import run_command
+    from flows._cli import quiet_refusals, run_command
     from flows._prefect_api import PrefectApiUnreachable, prefect_api
 
     def body() -> int:
@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             stage_env("", args.data_root, REPO_ROOT)  # a data root that is not a directory
             if args.name:
                 _experiment_name(args.name, None, "")  # not a git ref name
+            quiet_refusals()
             with prefect_api():
                 result = pipeline_flow(
                     profile=args.profile,

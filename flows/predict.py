@@ -17,7 +17,7 @@ from prefect import flow
 from pydantic import Field
 
 from bert_core.serving.batch import DEFAULT_BATCH_SIZE, DEFAULT_ID_FIELD, predict_file
-from flows._cli import run_command
+from flows._cli import quiet_refusals, run_command
 from flows._stage import in_repo, library_logs
 
 
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
             result = predict_flow.fn(**kwargs)
         else:
+            quiet_refusals()
             with settings:
                 result = predict_flow(**kwargs)
         rows, seconds, output = result["rows"], result["seconds"], result["output"]

@@ -38,3 +38,25 @@ def test_every_stage_command_and_the_pipeline_exit_through_exit_command():
         source = (REPO_ROOT / (module.replace(".", "/") + ".py")).read_text()
         main_block = source.split('if __name__ == "__main__":', 1)[1]
         assert "exit_command(main())" in main_block, module
+
+
+def test_the_console_shows_a_refusal_without_its_traceback_and_a_bug_with_it():
+    """Prefect logs every flow failure with its traceback; on the console that hid the one line that says
+    what to fix. The project's own errors lose it there (their message is the point); a bug keeps it."""
+    import logging
+    import sys
+
+    from bert_core.params import ParamsError
+    from flows._cli import _without_traceback
+
+    def record(err: BaseException) -> logging.LogRecord:
+        try:
+            raise err
+        except BaseException:
+            info = sys.exc_info()
+        return logging.LogRecord("prefect.flow_runs", logging.ERROR, "f", 1, "Encountered %r", (err,), info)
+
+    refused, bug = record(ParamsError("p.yaml: params file not found")), record(KeyError("x"))
+    assert _without_traceback(refused) and _without_traceback(bug)
+    assert refused.exc_info is None and "Traceback" not in logging.Formatter().format(refused)
+    assert "Traceback" in logging.Formatter().format(bug)
