@@ -194,3 +194,41 @@ def test_the_relay_drops_dvcs_empty_lines(tmp_path, monkeypatch):
     feed.close("ran")
     _driver.follow_stage.fn("vocab", feed, str(tmp_path), ())
     assert logged == [(logging.INFO, "Running stage 'vocab':"), (logging.INFO, "bert_core.x - done")]
+
+
+_REFUSAL_LOGS = """
+import asyncio
+import flows  # the stage's environment defaults
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.logging.handlers import APILogHandler
+from prefect.testing.utilities import prefect_test_harness
+from bert_core.params import ParamsError
+from flows._cli import quiet_refusals
+
+@flow(name="refusal-demo")
+def demo() -> None:
+    raise ParamsError("p.yaml: params file not found")
+
+async def read(run_id) -> list[str]:
+    async with get_client() as client:
+        flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))
+        return [entry.message for entry in await client.read_logs(log_filter=flt)]
+
+with prefect_test_harness(server_startup_timeout=120):
+    quiet_refusals()
+    state = demo(return_state=True)
+    APILogHandler().flush()
+    print("UI_TRACEBACK", any("Traceback" in m for m in asyncio.run(read(state.state_details.flow_run_id))))
+"""
+
+
+@pytest.mark.slow
+def test_a_refusal_has_its_traceback_in_the_prefect_ui_only(tmp_path):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)}
+    proc = _python(_REFUSAL_LOGS, env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "UI_TRACEBACK True" in proc.stdout
+    assert "Encountered exception during execution: ParamsError" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
