@@ -345,13 +345,15 @@ def run_stage(
     doc: str | None = None,
     other_ranks: Callable[..., Any] | None = None,
     processes: Callable[[Any], int] | None = None,
+    check: Callable[..., Any] | None = None,
     log_to_stderr: bool = False,
 ) -> int:
     """Parse ``argv``, validate the stage's params, call ``flow(**options)`` under the settled Prefect API;
     return the exit code. ``doc``'s first paragraph is the ``--help`` text. Under ``torchrun``, ranks other
     than 0 run ``other_ranks`` instead (no Prefect, no tracking), and ``flow`` is then a zero-argument
     function that builds the flow, so that they never import Prefect. Outside ``torchrun``, where
-    ``processes(params)`` is more than 1, the command starts itself that many times (:func:`run_ranks`)."""
+    ``processes(params)`` is more than 1, the command starts itself that many times (:func:`run_ranks`).
+    ``check(params, **options)`` refuses what the flow would refuse first, before Prefect starts."""
     stage, where = get(name), [""]
 
     def body() -> int | None:
@@ -364,6 +366,8 @@ def run_stage(
         stop_with_launcher()
         where[0] = f" ({', '.join(instance)})" if instance else ""
         params = stage.load_params(kwargs["params_file"])  # fail fast on bad params, before Prefect starts
+        if check is not None:
+            check(params, **kwargs)
         if processes is not None and not is_rank() and (n := processes(params)) > 1:
             return run_ranks(n, stage.flow_module, sys.argv[1:] if argv is None else argv)
         if not _uses_prefect() and other_ranks is not None:

@@ -155,8 +155,14 @@ def finetune_flow(
     return s.details
 
 
+def _check(params: FinetuneParams, task: str, model_source: str | None = None, **_: object) -> None:
+    """The command line's refusals before Prefect starts: an unknown task, a start not built yet."""
+    get_task(task)
+    check_source_built(model_source or params.model.source)
+
+
 #: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).
-main = partial(run_stage, "finetune", finetune_flow, doc=__doc__)
+main = partial(run_stage, "finetune", finetune_flow, doc=__doc__, check=_check)
 
 
 if __name__ == "__main__":

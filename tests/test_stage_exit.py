@@ -60,3 +60,17 @@ def test_the_console_shows_a_refusal_without_its_traceback_and_a_bug_with_it():
     assert _without_traceback(refused) and _without_traceback(bug)
     assert refused.exc_info is None and "Traceback" not in logging.Formatter().format(refused)
     assert "Traceback" in logging.Formatter().format(bug)
+
+
+def test_an_unknown_task_is_refused_before_prefect_starts(monkeypatch, capsys):
+    from flows import _prefect_api, finetune
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a Prefect API was settled for a refused task")
+
+    monkeypatch.setattr(_prefect_api, "prefect_api", no_server)
+    assert finetune.main(["sentiment"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "finetune stage failed (sentiment): KeyError: unknown task 'sentiment'; valid tasks:"
+    )
