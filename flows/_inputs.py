@@ -145,6 +145,23 @@ def _current_api_url() -> str | None:
     return None
 
 
+def data_root_dir(data_root: str, root: Path) -> Path | None:
+    """The local data root a run form or ``--data-root`` names (``None``: ``hub``, the Hugging Face Hub).
+
+    Raises:
+        ValueError: it is not a directory.
+    """
+    if data_root.strip().lower() == "hub":
+        return None
+    path = (root / Path(data_root).expanduser()).resolve()
+    if not path.is_dir():
+        raise ValueError(
+            f"data_root={data_root!r}: {path} is not a directory. Give a data root laid out like "
+            "shared/data, 'hub' for the Hugging Face Hub, or leave it empty to keep BERT_DATA_ROOT."
+        )
+    return path
+
+
 def stage_env(run_id: str, data_root: str | None, root: Path) -> dict[str, str]:
     """Environment of the DVC process and the stage commands it runs."""
     env = dict(os.environ)
@@ -157,15 +174,9 @@ def stage_env(run_id: str, data_root: str | None, root: Path) -> dict[str, str]:
     if api := _current_api_url():
         env["PREFECT_API_URL"] = api
     if data_root is not None:
-        if data_root.strip().lower() == "hub":
+        if (path := data_root_dir(data_root, root)) is None:
             env.pop("BERT_DATA_ROOT", None)
         else:
-            path = (root / Path(data_root).expanduser()).resolve()
-            if not path.is_dir():
-                raise ValueError(
-                    f"data_root={data_root!r}: {path} is not a directory. Give a data root laid out like "
-                    "shared/data, 'hub' for the Hugging Face Hub, or leave it empty to keep BERT_DATA_ROOT."
-                )
             env["BERT_DATA_ROOT"] = str(path)
     elif env.get("BERT_DATA_ROOT"):
         env["BERT_DATA_ROOT"] = str((root / env["BERT_DATA_ROOT"]).resolve())

@@ -319,8 +319,9 @@ def stage(
         raise ValueError(
             f"metrics file {final_metrics}: a stage writes JSON there; give a path ending in .json"
         )
+    dir_outs = {Path(d) for d in dirs}
     for out in outs:  # fail fast, before any work, naming the out
-        check_writable(out, is_dir=Path(out) in {Path(d) for d in dirs} or None)
+        check_writable(out, is_dir=Path(out) in dir_outs or None)
     check_writable(final_metrics, final_details, is_dir=False)
     with (
         _fresh(checks_dir),

@@ -25,7 +25,6 @@ from bert_core.tracking import (
     FINETUNE_EXPERIMENT,
     TrackingUnavailable,
     check_tracking_server,
-    require_store,
     tracking_uri,
 )
 
@@ -50,8 +49,8 @@ def _client() -> Any:
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri()
-    require_store(uri)  # a reader never creates a store at a mistyped path
-    check_tracking_server(uri)  # an unreachable server: seconds, not MLflow's minutes of retries
+    # seconds, not MLflow's minutes of retries; and no empty store made at a mistyped path
+    check_tracking_server(uri, reading=True)
     return MlflowClient(tracking_uri=uri)
 
 

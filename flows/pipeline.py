@@ -32,7 +32,7 @@ from pydantic import Field
 from bert_core.constants import REPO_ROOT
 from flows import _dvc, _fanout, profiles
 from flows._driver import PipelineFailed, StageReport, drive, fan_out, summary_markdown
-from flows._inputs import FORM_KEYS, dvc_command, resolve_overrides, run_inputs, stage_env
+from flows._inputs import FORM_KEYS, data_root_dir, dvc_command, resolve_overrides, run_inputs, stage_env
 from flows._stage import markdown_artifact
 from flows.overrides import ProfileError
 
@@ -287,9 +287,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         try:
-            # what the flow would refuse fails here, in a second, before a Prefect server starts
+            # what the flow would refuse fails here, in a second, before a Prefect server starts (the flow
+            # resolves the overrides again, under the workspace lock: the params files may change meanwhile)
             resolve_overrides(args.profile, dict.fromkeys(FORM_KEYS), args.sets, REPO_ROOT)
-            stage_env("", args.data_root, REPO_ROOT)  # a data root that is not a directory
+            if args.data_root is not None:
+                data_root_dir(args.data_root, REPO_ROOT)  # not a directory
             if args.name:
                 _experiment_name(args.name, None, "")  # not a git ref name
             quiet_refusals()

@@ -138,10 +138,10 @@ def fetch_model(model_uri: str, scratch: str | Path) -> Path:
     else:
         import mlflow
 
-        from bert_core.tracking import check_tracking_server, require_store, tracking_uri
+        from bert_core.tracking import check_tracking_server, tracking_uri
 
-        require_store(tracking_uri())  # a reader never creates a store at a mistyped path
-        check_tracking_server(tracking_uri())  # unreachable: seconds, not MLflow's minutes of retries
+        # seconds, not MLflow's minutes of retries; and no empty store made at a mistyped path
+        check_tracking_server(tracking_uri(), reading=True)
         path = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(scratch)))
         check_model_dir(path, name=model_uri)
     return path

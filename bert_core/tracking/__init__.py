@@ -6,9 +6,9 @@ Public API (import from here):
   :func:`git_commit`, :func:`pipeline_run_id`, :func:`numeric_metrics`,
   :data:`PIPELINE_EXPERIMENT`, :data:`FINETUNE_EXPERIMENT` (``run``): one MLflow run per stage run.
   :func:`check_tracking_server`, :class:`TrackingUnavailable`, :func:`bound_http_retries` (``run``):
-  failing fast on a tracking server that does not answer; :func:`ensure_tracking_store`,
-  :class:`TrackingStoreRemoved`, :func:`require_store` (``store``): a SQLite store created whole, removed
-  mid-run, missing for a reader; :class:`TrackingStoreBusy` (``busy``): one another process keeps locked.
+  failing fast on a tracking server that does not answer (or, for a reader, a missing SQLite store);
+  :func:`ensure_tracking_store`, :class:`TrackingStoreRemoved` (``store``): a SQLite store created whole,
+  removed mid-run; :class:`TrackingStoreBusy` (``busy``): one another process keeps locked.
 - :class:`RetryingSink`, :func:`mlflow_sink`, :func:`fan_out`, ``MetricsCallback`` (``sink``): the
   training loop's buffered, retrying metric sink.
 - :func:`register`, :class:`Registration` (``registry``): the one registration path of every stage.
@@ -37,7 +37,7 @@ from bert_core.tracking.run import (
 )
 from bert_core.tracking.sink import MetricRecord, MetricsCallback, RetryingSink, fan_out, mlflow_sink
 from bert_core.tracking.source import ResolvedSource, resolve_model_source
-from bert_core.tracking.store import TrackingStoreRemoved, ensure_tracking_store, require_store
+from bert_core.tracking.store import TrackingStoreRemoved, ensure_tracking_store
 from bert_core.tracking.trials import MlflowTrialTracker
 
 __all__ = [
@@ -65,7 +65,6 @@ __all__ = [
     "pipeline_run_id",
     "register",
     "registered_version",
-    "require_store",
     "resolve_model_source",
     "retry_tracking",
     "stage_run",

@@ -48,6 +48,7 @@ from bert_core.tracking.store import (
     default_store_uri,
     ensure_tracking_store,
     forget_store_connections,
+    require_store,
     sqlite_store_path,
     tracking_uri,
     watch_store,
@@ -130,6 +131,7 @@ def _reason(err: BaseException, timeout_s: float, secret: str | None) -> str:
 def check_tracking_server(
     uri: str,
     *,
+    reading: bool = False,
     attempts: int = PREFLIGHT_ATTEMPTS,
     timeout_s: float = PREFLIGHT_TIMEOUT_S,
     pause_s: float = PREFLIGHT_PAUSE_S,
@@ -140,8 +142,11 @@ def check_tracking_server(
     itself would send) per attempt, ``timeout_s`` each, no MLflow-level retries: a server that refuses
     connections fails in about ``attempts * pause_s`` seconds, one that accepts and never answers in
     about ``attempts * (timeout_s + pause_s)``. Any answer below 500 counts as reachable, except 401/403
-    (credentials), which fails at once.
+    (credentials), which fails at once. ``reading``: a command that only reads the store; a SQLite store
+    must then exist (:func:`~bert_core.tracking.store.require_store`).
     """
+    if reading:
+        require_store(uri)
     if urllib.parse.urlsplit(uri).scheme.lower() not in ("http", "https"):
         return
     from mlflow.utils.credentials import get_default_host_creds
