@@ -304,6 +304,7 @@ def stage(
     *outs: str | os.PathLike[str],
     metrics_path: str | os.PathLike[str] | None = None,
     dirs: tuple[str | os.PathLike[str], ...] = (),
+    plots: tuple[str | os.PathLike[str], ...] = (),
     checks_dir: Path | None = None,
     experiment: str = PIPELINE_EXPERIMENT,
     run_name: str | None = None,
@@ -311,18 +312,23 @@ def stage(
 ) -> Iterator[StageBody]:
     """One stage run: every out checked writable before any work (``dirs``: the outs that are directories,
     created empty), ``checks_dir`` emptied, one MLflow run (``params`` its params), the ``outs`` staged and
-    committed with the metrics and details files, all or none; a registration made in the block withdrawn
-    when the commit fails; the data-check folder logged even on failure."""
+    committed with the ``plots`` (CSV), the metrics and details files, all or none; a registration made in
+    the block withdrawn when the commit fails; the data-check folder logged even on failure."""
     final_metrics = metrics_file(name, metrics_path)
     final_details = details_file(final_metrics)
-    if final_metrics.suffix != ".json":  # a slip of the hand never replaces a params file or a user's notes
-        raise ValueError(
-            f"metrics file {final_metrics}: a stage writes JSON there; give a path ending in .json"
-        )
+    # a slip of the hand never replaces a params file or a user's notes with a stage's JSON or CSV
+    for path, suffix, what in [
+        (final_metrics, ".json", "metrics file"),
+        *((p, ".csv", "plot") for p in plots),
+    ]:
+        if Path(path).suffix != suffix:
+            raise ValueError(
+                f"{what} {path}: a stage writes {suffix[1:].upper()} there; give a path ending in {suffix}"
+            )
     dir_outs = {Path(d) for d in dirs}
     for out in outs:  # fail fast, before any work, naming the out
         check_writable(out, is_dir=Path(out) in dir_outs or None)
-    check_writable(final_metrics, final_details, is_dir=False)
+    check_writable(*plots, final_metrics, final_details, is_dir=False)
     with (
         _fresh(checks_dir),
         library_logs(),
@@ -332,7 +338,7 @@ def stage(
     ):
         body: StageBody | None = None
         try:
-            with atomic_outputs([*outs, final_metrics, final_details], dirs=dirs) as staged:
+            with atomic_outputs([*outs, *plots, final_metrics, final_details], dirs=dirs) as staged:
                 body = StageBody(run, staged, checks_dir)
                 yield body
                 body.write_metrics(name, staged[final_metrics], staged[final_details])

@@ -55,7 +55,7 @@ def pretrain_flow_fn(
     # The model, the curves and the metrics file are committed together or not at all (the checkpoints
     # live in checkpoint_root, outside them: an interrupted run resumes from there).
     try:
-        with stage("pretrain", params, out_dir, loss_plot, heldout_plot, **run) as s:
+        with stage("pretrain", params, out_dir, plots=(loss_plot, heldout_plot), **run) as s:
             sink = mlflow_sink(s.run.run_id, spill_path=Path(checkpoint_root) / "unsent-metrics.jsonl")
             try:
                 result = pretrain(

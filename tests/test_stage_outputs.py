@@ -103,6 +103,24 @@ def test_a_metrics_path_that_is_not_json_is_refused_and_the_file_there_kept(tmp_
     assert metrics.read_text() == "a user's file" and not (tmp_path / "details").exists()
 
 
+def test_a_plot_path_that_is_not_csv_is_refused_and_the_file_there_kept(tmp_path):
+    out, notes = tmp_path / "model", tmp_path / "notes.md"
+    notes.write_text("a user's file")
+    with (
+        pytest.raises(ValueError, match=r"plot .*notes\.md: .*ending in \.csv"),
+        stage("pretrain", {}, out, metrics_path=tmp_path / "m.json", dirs=(out,), plots=(notes,)),
+    ):
+        raise AssertionError("the block ran")
+    assert notes.read_text() == "a user's file"
+    # a CSV plot is committed with the other outs
+    plot = tmp_path / "plots" / "loss.csv"
+    with stage("pretrain", {}, out, metrics_path=tmp_path / "m.json", dirs=(out,), plots=(plot,)) as s:
+        _build(s[out])
+        s[plot].write_text("step,loss\n")
+        s.done({})
+    assert plot.read_text() == "step,loss\n"
+
+
 def test_the_previous_data_check_reports_stay_until_a_run_writes_new_ones(tmp_path):
     out, metrics, checks = tmp_path / "corpus", tmp_path / "m.json", tmp_path / "reports" / "corpus"
     checks.mkdir(parents=True)
