@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
-from flows.stages import Stage, get
+from flows.stages import STAGES, Stage, get
 
 
 def build_parser(stage: Stage, description: str | None = None) -> argparse.ArgumentParser:
@@ -337,6 +337,18 @@ def stop_with_launcher() -> None:
         threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
+def check_inputs(stage: Stage, options: dict[str, Any]) -> None:
+    """Refuse, before Prefect starts, an input that is an earlier stage's output and is not there (``--corpus``
+    before the corpus stage ran, or mistyped), naming the stage that writes it."""
+    for option in stage.options:
+        if option.default in stage.data_deps and not os.path.exists(path := options[option.dest]):
+            producer = next(s.name for s in STAGES if option.default in s.outs)
+            raise FileNotFoundError(
+                f"{option.flag} {path} does not exist: it is the {producer} stage's output; run `dvc repro "
+                f"{producer}` first, or give {option.flag} the path of one"
+            )
+
+
 def run_stage(
     name: str,
     flow: Callable[..., Any],
@@ -366,6 +378,7 @@ def run_stage(
         stop_with_launcher()
         where[0] = f" ({', '.join(instance)})" if instance else ""
         params = stage.load_params(kwargs["params_file"])  # fail fast on bad params, before Prefect starts
+        check_inputs(stage, kwargs)
         if check is not None:
             check(params, **kwargs)
         if processes is not None and not is_rank() and (n := processes(params)) > 1:

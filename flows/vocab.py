@@ -45,7 +45,12 @@ def reference_vocab(params: VocabParams) -> Path | None:
         return path
     if params.reference_hub is None:
         return None
+    from bert_core.released import hub_reachable
+
+    reachable, why = hub_reachable()  # offline or no network: skipped in seconds, not after the retries
     try:
+        if not reachable:
+            raise ConnectionError(why)
         return Path(_download_reference(params.reference_hub))
     except Exception as err:
         log.warning(

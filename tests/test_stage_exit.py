@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from bert_core.constants import REPO_ROOT
 from flows.stages import STAGES
 
@@ -73,4 +75,32 @@ def test_an_unknown_task_is_refused_before_prefect_starts(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith(
         "finetune stage failed (sentiment): KeyError: unknown task 'sentiment'; valid tasks:"
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "flag", "producer"),
+    [
+        ("vocab", ["--corpus", "nowhere/corpus"], "--corpus nowhere/corpus", "corpus"),
+        ("pretrain_data", [], "--corpus data/corpus", "corpus"),  # run before its upstream stage
+        ("pretrain", ["--data", "nowhere"], "--data nowhere", "pretrain_data"),
+    ],
+)
+def test_a_missing_input_is_refused_before_prefect_starts(
+    monkeypatch, capsys, tmp_path, module, argv, flag, producer
+):
+    import importlib
+
+    from flows import _prefect_api
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a Prefect API was settled for a missing input")
+
+    monkeypatch.setattr(_prefect_api, "prefect_api", no_server)
+    monkeypatch.chdir(tmp_path)
+    main = importlib.import_module(f"flows.{module}").main
+    assert main(["--params", str(REPO_ROOT / "params" / f"{module}.yaml"), *argv]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"{module} stage failed: FileNotFoundError: {flag} does not exist: it is the {producer} stage's "
+        f"output; run `dvc repro {producer}` first, or give {flag.split()[0]} the path of one"
     )

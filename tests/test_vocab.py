@@ -349,3 +349,23 @@ def test_default_profile_vocab_is_reproducible(shared_data, tmp_path):
     params = load_params(REPO_ROOT / "params" / "vocab.yaml", "vocab", VocabParams)
     outs = _train_in_processes(tmp_path / "corpus", tmp_path, params, _ENVS)
     _assert_identical(outs)
+
+
+def test_the_reference_vocab_is_skipped_at_once_when_the_hub_is_out_of_reach(monkeypatch):
+    """Offline (or no network), the released vocab to compare with is skipped in seconds with a warning,
+    not after the download task's retries (42 s)."""
+    from flows import vocab as vocab_flow
+
+    def download(repo_id):
+        raise AssertionError("a download was tried while offline")
+
+    monkeypatch.delenv("BERT_DATA_ROOT", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    warned: list[str] = []
+    monkeypatch.setattr(vocab_flow, "_download_reference", download)
+    monkeypatch.setattr(vocab_flow.log, "warning", lambda msg, *args: warned.append(msg % args))
+    assert vocab_flow.reference_vocab(VocabParams(vocab_size=1000)) is None
+    assert warned == [
+        "could not fetch google-bert/bert-base-uncased/vocab.txt (HF_HUB_OFFLINE is set); comparison "
+        "metrics skipped"
+    ]
