@@ -104,3 +104,16 @@ def test_a_missing_input_is_refused_before_prefect_starts(
         f"{module} stage failed: FileNotFoundError: {flag} does not exist: it is the {producer} stage's "
         f"output; run `dvc repro {producer}` first, or give {flag.split()[0]} the path of one"
     )
+
+
+@pytest.mark.parametrize("stage", ["corpus", "pretrain_data"])
+def test_a_worker_count_below_one_is_refused_by_the_parser(stage, capsys):
+    from flows._cli import build_parser
+    from flows.stages import get
+
+    parser = build_parser(get(stage))
+    assert parser.parse_args(["--workers", "3"]).workers == 3
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--workers", "0"])
+    assert exit_.value.code == 2
+    assert "argument --workers: invalid positive_int value: '0'" in capsys.readouterr().err

@@ -22,6 +22,13 @@ def details_file(metrics_path: str | os.PathLike[str]) -> Path:
     return path.parent / "details" / path.name
 
 
+def positive_int(text: str) -> int:
+    """An option's whole number of 1 or more (``--workers 0`` is refused with the usage line, at once)."""
+    if (value := int(text)) < 1:
+        raise ValueError(text)
+    return value
+
+
 @dataclass(frozen=True)
 class Option:
     """One command-line option of a stage flow, mapped to a parameter of the flow function."""
@@ -133,7 +140,7 @@ STAGES: tuple[Stage, ...] = (
         flow="flows.corpus:corpus_flow",
         options=(
             Option("--out", "out_dir", "data/corpus"),
-            Option("--workers", "workers", None, int),
+            Option("--workers", "workers", None, positive_int),
         ),
         outs=("data/corpus",),
         headline=(
@@ -186,7 +193,7 @@ STAGES: tuple[Stage, ...] = (
             Option("--corpus", "corpus_dir", "data/corpus"),
             Option("--vocab", "vocab_dir", "data/vocab"),
             Option("--out", "out_dir", "data/pretrain_data"),
-            Option("--workers", "workers", None, int),
+            Option("--workers", "workers", None, positive_int),
         ),
         outs=("data/pretrain_data",),
         headline=(
