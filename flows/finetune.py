@@ -122,7 +122,7 @@ def finetune_flow(
     run = dict(experiment=FINETUNE_EXPERIMENT, run_name=f"finetune-{spec.name}", tags=tags)
     run |= dict(metrics_path=o.metrics, dirs=(o.results, o.model), checks_dir=o.checks)
     with (
-        stage("finetune", params.run_params(spec.name), o.results, o.model, *o.curves, **run) as s,
+        stage("finetune", params.run_params(spec.name), o.results, o.model, plots=o.curves, **run) as s,
         tempfile.TemporaryDirectory(prefix="finetune-source-") as download,
     ):
         resolved = resolve_checkpoint(source, download)

@@ -135,7 +135,13 @@ def test_a_file_where_a_stage_writes_a_directory_is_refused_before_any_work(
     model it then withdrew)."""
     target = tmp_path / "notes.txt"
     target.write_text("a user's file")
-    args = ["sst2", "--model-source", str(tmp_path)] if stage == "finetune" else []
+    inputs = {  # present, so that the stage gets as far as its outputs
+        "vocab": ["--corpus"],
+        "pretrain_data": ["--corpus", "--vocab"],
+        "pretrain": ["--data", "--vocab"],
+        "finetune": ["sst2", "--model-source"],
+    }.get(stage, [])
+    args = [a for flag in inputs for a in ((flag, str(tmp_path)) if flag.startswith("-") else (flag,))]
     cmd = [PY, "-m", f"flows.{stage}", *args, option, str(target), "--metrics", str(tmp_path / "m.json")]
     res = run_cmd(
         cmd, cwd=REPO_ROOT, env=stage_env(prefect_api, f"sqlite:///{tmp_path}/mlflow.db"), timeout=300
