@@ -13,6 +13,7 @@ from prefect import flow
 
 from bert_core.constants import DVC_LOCK
 from bert_core.evaluate.params import EvaluateParams
+from bert_core.evaluate.summary import summary_paths
 from bert_core.finetune.params import FinetuneParams
 from bert_core.params import load_params
 from flows._cli import exit_command, run_stage
@@ -41,8 +42,7 @@ def evaluate_flow(
     from bert_core.evaluate.report import score_keys
 
     params: EvaluateParams = STAGE.load_params(params_file)
-    finetune = load_params(finetune_params_file, "finetune", FinetuneParams)
-    tasks = sorted(finetune.tasks) or None
+    tasks = _tasks(finetune_params_file)
     metrics = metrics_file("evaluate", metrics_path)
     report_dir = in_repo(params.report_dir, "evaluate.report_dir")
     outs = [report_dir / "evaluate.md", report_dir / "evaluate.html", report_dir / "evaluate"]
@@ -66,8 +66,17 @@ def evaluate_flow(
     return s.details
 
 
+def _tasks(finetune_params_file: str) -> list[str] | None:
+    return sorted(load_params(finetune_params_file, "finetune", FinetuneParams).tasks) or None
+
+
+def _check(params: EvaluateParams, finetune_params_file: str, **_: object) -> None:
+    """The command line's refusal before Prefect starts: a fine-tuning summary not there yet."""
+    summary_paths(in_repo(params.results_dir, "evaluate.results_dir"), _tasks(finetune_params_file))
+
+
 #: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).
-main = partial(run_stage, "evaluate", evaluate_flow, doc=__doc__)
+main = partial(run_stage, "evaluate", evaluate_flow, doc=__doc__, check=_check)
 
 
 if __name__ == "__main__":

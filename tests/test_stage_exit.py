@@ -117,3 +117,21 @@ def test_a_worker_count_below_one_is_refused_by_the_parser(stage, capsys):
         parser.parse_args(["--workers", "0"])
     assert exit_.value.code == 2
     assert "argument --workers: invalid positive_int value: '0'" in capsys.readouterr().err
+
+
+def test_evaluate_before_fine_tuning_is_refused_before_prefect_starts(monkeypatch, capsys, tmp_path):
+    from flows import _prefect_api, evaluate
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a Prefect API was settled with no fine-tuning results")
+
+    monkeypatch.setattr(_prefect_api, "prefect_api", no_server)
+    params = tmp_path / "evaluate.yaml"
+    params.write_text(f"evaluate:\n  results_dir: {tmp_path / 'results'}\n")
+    (tmp_path / "results" / "sst2").mkdir(parents=True)  # a task's folder, its summary not written
+    assert evaluate.main(["--params", str(params)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        f"evaluate stage failed: FileNotFoundError: no summary.json under {tmp_path}/results"
+    )
+    assert "run 'dvc repro finetune@" in err

@@ -103,6 +103,31 @@ class EvaluationSummary:
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 
+def summary_paths(results_dir: str | Path, tasks: list[str] | None = None) -> dict[str, Path]:
+    """The ``<task>/summary.json`` files under ``results_dir`` by task name, sorted: ``tasks``' (each must
+    have one) or every one found; ``FileNotFoundError`` naming the finetune stages to run when one is
+    missing or there are none."""
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        raise FileNotFoundError(
+            f"{results_dir} does not exist: run the finetune stages first (dvc repro finetune)"
+        )
+    if tasks is not None:
+        missing = [t for t in tasks if not (results_dir / t / SUMMARY_NAME).is_file()]
+        if missing:
+            stages = ", ".join(f"'dvc repro finetune@{t}'" for t in missing)
+            raise FileNotFoundError(
+                f"no {SUMMARY_NAME} under {results_dir} for configured task(s) {missing} (finetune.tasks): "
+                f"run {stages}"
+            )
+        names = sorted(tasks)
+    else:
+        names = sorted(p.parent.name for p in results_dir.glob(f"*/{SUMMARY_NAME}"))
+    if not names:
+        raise FileNotFoundError(f"{results_dir} holds no */{SUMMARY_NAME}: run the finetune stages first")
+    return {name: results_dir / name / SUMMARY_NAME for name in names}
+
+
 def load_results(
     results_dir: str | Path, tasks: list[str] | None = None, *, lock_path: str | Path | None = None
 ) -> dict[str, FinetuneResult]:
@@ -122,28 +147,9 @@ def load_results(
         SummaryCheckError: (a ``ValueError``) summaries that cannot be read or do not belong where they
             lie, each named with the stage to re-run.
     """
-    results_dir = Path(results_dir)
-    if not results_dir.is_dir():
-        raise FileNotFoundError(
-            f"{results_dir} does not exist: run the finetune stages first (dvc repro finetune)"
-        )
-    if tasks is not None:
-        missing = [t for t in tasks if not (results_dir / t / SUMMARY_NAME).is_file()]
-        if missing:
-            stages = ", ".join(f"'dvc repro finetune@{t}'" for t in missing)
-            raise FileNotFoundError(
-                f"no {SUMMARY_NAME} under {results_dir} for configured task(s) {missing} (finetune.tasks): "
-                f"run {stages}"
-            )
-        names = sorted(tasks)
-    else:
-        names = sorted(p.parent.name for p in results_dir.glob(f"*/{SUMMARY_NAME}"))
-    if not names:
-        raise FileNotFoundError(f"{results_dir} holds no */{SUMMARY_NAME}: run the finetune stages first")
     problems: list[str] = []
     checked: dict[str, tuple[Path, FinetuneResult]] = {}
-    for name in names:
-        path = results_dir / name / SUMMARY_NAME
+    for name, path in summary_paths(results_dir, tasks).items():
         try:
             result = FinetuneResult.load(path)
         except ValueError as err:

@@ -88,8 +88,12 @@ def test_a_report_dir_on_a_users_folder_is_refused_before_any_work(tmp_path, pre
     (user / "evaluate" / "thesis.tex").write_text("years of work")
     data = yaml.safe_load((REPO_ROOT / "params" / "evaluate.yaml").read_text())
     data["evaluate"]["report_dir"] = str(user)
+    data["evaluate"]["results_dir"] = str(tmp_path / "results")  # a summary there: it gets as far as its outs
+    (tmp_path / "results" / "sst2").mkdir(parents=True)
+    (tmp_path / "results" / "sst2" / "summary.json").write_text("{}")
     params = tmp_path / "evaluate.yaml"
     params.write_text(yaml.safe_dump(data))
+    (tmp_path / "finetune.yaml").write_text("finetune: {}\n")  # no task list: every summary found
     cmd = [
         PY,
         "-m",
@@ -99,7 +103,7 @@ def test_a_report_dir_on_a_users_folder_is_refused_before_any_work(tmp_path, pre
         "--metrics",
         str(tmp_path / "m.json"),
         "--finetune-params",
-        str(REPO_ROOT / "params" / "finetune.yaml"),
+        str(tmp_path / "finetune.yaml"),
     ]
     env = stage_env(prefect_api, f"sqlite:///{tmp_path}/mlflow.db")
     res = run_cmd(cmd, cwd=tmp_path, env=env, timeout=300)
