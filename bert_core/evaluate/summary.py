@@ -104,9 +104,9 @@ class EvaluationSummary:
 
 
 def summary_paths(results_dir: str | Path, tasks: list[str] | None = None) -> dict[str, Path]:
-    """The ``<task>/summary.json`` files under ``results_dir`` by task name, sorted: ``tasks``' (each must
-    have one) or every one found; ``FileNotFoundError`` naming the finetune stages to run when one is
-    missing or there are none."""
+    """The ``<task>/summary.json`` under ``results_dir`` of each of ``tasks`` (``None``: of every task found),
+    by task name, sorted; ``FileNotFoundError`` naming the finetune stages to run when one is missing or
+    there are none."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(
