@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         "(models/finetuned/sst2, models/pretrained)",
     )
     parser.add_argument("--input", required=True, help="JSON Lines input, one object per line")
-    parser.add_argument("--output", required=True, help="JSON Lines output (written atomically)")
+    parser.add_argument(
+        "--output", required=True, help="JSON Lines output, .jsonl or .ndjson (written atomically)"
+    )
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows per model call")
     parser.add_argument("--id-field", default=DEFAULT_ID_FIELD, help="input field copied to each output row")
     parser.add_argument(

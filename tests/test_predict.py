@@ -333,6 +333,17 @@ def test_unknown_model_and_missing_input_are_clear_errors(tmp_path):
     assert not (tmp_path / "out.jsonl").exists()
 
 
+@pytest.mark.parametrize("name", ["notes.md", "finetune.yaml", "predictions"])
+def test_an_output_path_that_is_not_json_lines_is_refused_and_the_file_there_kept(tmp_path, name):
+    src, dst = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}]), tmp_path / name
+    dst.write_text("a user's file")
+    with pytest.raises(
+        BatchPredictionError, match=rf"{name}: the predictions are JSON Lines; .*\.jsonl or \.ndjson"
+    ):
+        predict_file("models:/nope@champion", src, dst)  # refused before the model is looked up
+    assert dst.read_text() == "a user's file"
+
+
 # ------------------------------------------------------------------------------------------ streaming
 
 

@@ -188,6 +188,10 @@ def _predict_error(
     )
 
 
+#: The suffixes of a batch prediction's output (JSON Lines): a path with another is refused.
+OUTPUT_SUFFIXES = (".jsonl", ".ndjson")
+
+
 def predict_file(
     model_uri: str,
     input_path: str | os.PathLike[str],
@@ -231,6 +235,10 @@ def predict_file(
     if src.resolve() == dst.resolve():
         raise BatchPredictionError(f"{dst}: the output would replace the input; choose another output path")
     check_writable(dst, is_dir=False)  # before any work: never replace a directory or a device
+    if dst.suffix.lower() not in OUTPUT_SUFFIXES:  # nor, by a slip of the hand, a user's notes or params
+        raise BatchPredictionError(
+            f"{dst}: the predictions are JSON Lines; give an output path ending in {' or '.join(OUTPUT_SUFFIXES)}"
+        )
     t0 = time.monotonic()
     with PartialOutput(dst, save_interval_s=save_interval_s) as partial:  # a second run on dst fails here
         if model is None:
