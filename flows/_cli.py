@@ -285,8 +285,10 @@ def run_ranks(processes: int, module: str, argv: list[str], *, grace_s: float = 
     stopped_by: int | None = None
     failed: int | None = None  # the first failed rank's status
     failed_at = 0.0
-    while None in (codes := [r.poll() for r in ranks]):
-        try:
+    while True:
+        try:  # the polls too: a signal that lands in one is passed on like any other
+            if None not in (codes := [r.poll() for r in ranks]):
+                break
             if failed is None and stopped_by is None and (bad := [c for c in codes if c]):
                 failed, failed_at = _status(bad[0]), time.monotonic()
                 _signal_all(ranks, signal.SIGTERM)

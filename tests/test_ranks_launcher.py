@@ -84,3 +84,24 @@ def test_ranks_stop_themselves_once_when_their_launcher_is_killed(out):
     _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=20)
     assert not alive, f"ranks left running: {alive}"
     assert [r["signals"] for r in _ranks(out, 2)] == [[signal.SIGTERM], [signal.SIGTERM]]
+
+
+def test_a_signal_that_lands_while_the_launcher_polls_its_ranks_is_passed_on(out):
+    """The launcher spends most of its time asleep, but a signal can land in its poll of the ranks: it is
+    passed on all the same, not taken for the launcher's own end (leaving the ranks running unsignalled)."""
+    code = f"""
+import os, signal, subprocess, sys
+from pathlib import Path
+from flows._cli import run_command, run_ranks
+out, real, sent = Path({str(out)!r}), subprocess.Popen.poll, []
+def poll(self):
+    if not sent and all((out / f"rank-{{r}}.json").exists() for r in range(2)):
+        sent.append(signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs inside this poll
+    return real(self)
+subprocess.Popen.poll = poll
+sys.exit(run_command(lambda: run_ranks(2, "ranks_fake", [str(out), "wait"]), "x", after_stop=""))
+"""
+    launcher = subprocess.run([sys.executable, "-c", code], start_new_session=True, timeout=60)
+    assert launcher.returncode == 128 + signal.SIGINT
+    assert [r["signals"] for r in _ranks(out, 2)] == [[signal.SIGINT], [signal.SIGINT]]
