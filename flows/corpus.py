@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import Annotated
 
 from prefect import flow
+from pydantic import Field
 
 from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.sources import data_root
@@ -25,7 +27,7 @@ STAGE = get("corpus")
 def corpus_flow(
     params_file: str = STAGE.default("params_file"),
     out_dir: str = STAGE.default("out_dir"),
-    workers: int | None = None,
+    workers: Annotated[int, Field(ge=1)] | None = None,
     metrics_path: str | None = None,
 ) -> dict:
     """Build the document corpus; return its metrics.

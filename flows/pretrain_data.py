@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import Annotated
 
 from prefect import flow
+from pydantic import Field
 
 from bert_core.pretrain_data.build import SPLITS, build_pretrain_data
 from bert_core.pretrain_data.params import PretrainDataParams
@@ -26,7 +28,7 @@ def pretrain_data_flow(
     corpus_dir: str = STAGE.default("corpus_dir"),
     vocab_dir: str = STAGE.default("vocab_dir"),
     out_dir: str = STAGE.default("out_dir"),
-    workers: int | None = None,
+    workers: Annotated[int, Field(ge=1)] | None = None,
     metrics_path: str | None = None,
 ) -> dict:
     """Build the pretraining instances; return the stage's metrics.
@@ -42,7 +44,7 @@ def pretrain_data_flow(
     """
     params: PretrainDataParams = STAGE.load_params(params_file)
     if workers is not None:
-        params = params.model_copy(update={"num_workers": max(1, int(workers))})
+        params = params.model_copy(update={"num_workers": workers})
     checks = data_check_dir("pretrain_data", out_dir, STAGE.outs[0])  # one report per phase and split
     with stage(
         "pretrain_data", params, out_dir, metrics_path=metrics_path, dirs=(out_dir,), checks_dir=checks

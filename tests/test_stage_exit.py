@@ -119,6 +119,22 @@ def test_a_worker_count_below_one_is_refused_by_the_parser(stage, capsys):
     assert "argument --workers: invalid positive_int value: '0'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("stage", ["corpus", "pretrain_data"])
+def test_a_worker_count_below_one_is_refused_by_the_run_form(stage):
+    """A run from the Prefect UI gets the command line's rule: the form's field has a minimum of 1, and a
+    run given 0 fails its parameter validation before the flow starts (no silent change to 1)."""
+    import importlib
+
+    from prefect.exceptions import ParameterTypeError
+
+    flow = getattr(importlib.import_module(f"flows.{stage}"), f"{stage}_flow")
+    field = flow.parameters.model_dump()["properties"]["workers"]
+    assert {"minimum": 1, "type": "integer"} in field["anyOf"]
+    assert flow.validate_parameters({"workers": 2})["workers"] == 2
+    with pytest.raises(ParameterTypeError, match="workers: Input should be greater than or equal to 1"):
+        flow.validate_parameters({"workers": 0})
+
+
 def test_evaluate_before_fine_tuning_is_refused_before_prefect_starts(monkeypatch, capsys, tmp_path):
     from flows import _prefect_api, evaluate
 
