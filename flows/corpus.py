@@ -14,6 +14,7 @@ from prefect import flow
 from pydantic import Field
 
 from bert_core.corpus import CorpusParams, build_corpus
+from bert_core.corpus.readers import plan_units
 from bert_core.sources import data_root
 from bert_core.tracking.ui import log_corpus_sources
 from flows._cli import exit_command, run_stage
@@ -57,8 +58,14 @@ def corpus_flow(
     return s.details
 
 
+def _check(params: CorpusParams, **_: object) -> None:
+    """The command line's refusal before Prefect starts: a source path that matches no file."""
+    root = data_root()
+    plan_units(params.active_sources(root), root)
+
+
 #: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).
-main = partial(run_stage, "corpus", corpus_flow, doc=__doc__)
+main = partial(run_stage, "corpus", corpus_flow, doc=__doc__, check=_check)
 
 
 if __name__ == "__main__":

@@ -151,3 +151,25 @@ def test_evaluate_before_fine_tuning_is_refused_before_prefect_starts(monkeypatc
         f"evaluate stage failed: FileNotFoundError: no summary.json under {tmp_path}/results"
     )
     assert "run 'dvc repro finetune@" in err
+
+
+def test_a_corpus_source_that_matches_no_file_is_refused_before_prefect_starts(monkeypatch, capsys, tmp_path):
+    from flows import _prefect_api, corpus
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a Prefect API was settled for a source that matches nothing")
+
+    monkeypatch.setattr(_prefect_api, "prefect_api", no_server)
+    (tmp_path / "corpus" / "gutenberg").mkdir(parents=True)  # the first source is there, the second mistyped
+    (tmp_path / "corpus" / "gutenberg" / "a.txt").write_text("One sentence. Another one.\n", encoding="utf-8")
+    params = tmp_path / "corpus.yaml"
+    text = (REPO_ROOT / "params" / "corpus.yaml").read_text(encoding="utf-8")
+    params.write_text(text.replace("corpus/wikipedia/*.jsonl", "corpus/wikipedia/*.jsnl"), encoding="utf-8")
+    monkeypatch.setenv("BERT_DATA_ROOT", str(tmp_path))
+    assert corpus.main(["--params", str(params), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        "corpus stage failed: SourceNotFoundError: source 'wikipedia' (jsonl): path 'corpus/wikipedia/*.jsnl' "
+        f"under data root {tmp_path} matches no files"
+    )
+    assert not (tmp_path / "out").exists()

@@ -205,7 +205,7 @@ def build_corpus(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     out_dir = Path(out_dir)
-    sources = params.local_sources if data_root is not None else params.sources
+    sources = params.active_sources(data_root)
     units = plan_units(sources, data_root)
     stats = CorpusStats(workers=workers, params_hash=params_hash(params, data_root))
     stats.data_root = "local" if data_root is not None else "hub"

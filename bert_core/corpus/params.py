@@ -193,6 +193,10 @@ class CorpusParams(StrictModel):
             raise ValueError(f"source names must be unique; repeated: {dupes}")
         return v
 
+    def active_sources(self, data_root: object | None) -> tuple[SourceSpec, ...]:
+        """The sources a build reads: ``local_sources`` under a local data root, else the Hub ``sources``."""
+        return self.local_sources if data_root is not None else self.sources
+
     def output_hash_payload(self) -> dict:
         """The params that determine the output (everything except ``workers``)."""
         return self.model_dump(mode="json", exclude={"workers"})

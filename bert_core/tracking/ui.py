@@ -282,7 +282,7 @@ def log_corpus_sources(params: Any, stats: Any, data_root: str | os.PathLike[str
     The digest covers the source's spec and what was taken from it (documents, bytes), so a changed file
     set or cap shows as a new dataset version in the UI.
     """
-    sources = params.local_sources if data_root is not None else params.sources
+    sources = params.active_sources(data_root)
     for src in sources:
         taken = (getattr(stats, "per_source", None) or {}).get(src.name, {})
         if src.kind == "hf":
