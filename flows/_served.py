@@ -1,12 +1,16 @@
-"""Which Prefect server serves this repository: the ``flows.serve`` lock file and the health check."""
+"""Which Prefect server serves this repository (the ``flows.serve`` lock file, the health check), and how a
+command stops a server it started."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import signal
 import socket
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 from filelock import FileLock, Timeout
@@ -36,6 +40,19 @@ def is_healthy(url: str, timeout: float = 2.0) -> bool:
         return httpx.get(f"{url}/health", timeout=timeout).status_code == 200
     except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError):
         return False
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 20.0, signum: int = signal.SIGTERM) -> None:
+    """Stop a server this command started: ``signum``, then SIGKILL after ``grace_s`` or at a second signal
+    (a Ctrl-C while it stops)."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signum)
+    try:
+        proc.wait(timeout=grace_s)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from typing import Any
 from flows import TELEMETRY_OFF, stages
 from flows._cli import RECEIVED, Interrupted, configure_logging, raise_interrupted, run_command
 from flows._prefect_api import set_parent_death_signal
-from flows._served import ServeError, is_healthy, prefect_home, serve_lock
+from flows._served import ServeError, is_healthy, prefect_home, serve_lock, stop_process
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
@@ -85,17 +85,6 @@ def start_server(env: dict[str, str], log_path: Path, *, timeout_s: float = 180.
         time.sleep(0.5)
     stop_process(proc)
     raise ServeError(f"the Prefect server did not answer within {timeout_s:.0f}s; see {log_path}")
-
-
-def stop_process(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def stage_flows(table: Iterable[stages.Stage] = stages.STAGES) -> list[Any]:

@@ -17,7 +17,7 @@ import time
 from typing import NamedTuple
 
 from flows._cli import run_command, signal_of
-from flows._served import is_healthy
+from flows._served import is_healthy, stop_process
 
 #: How long the UI server may take to answer ``/health`` (seconds; its first start migrates the store).
 START_TIMEOUT_S = 180.0
@@ -71,17 +71,6 @@ def _lines(url: str, store: str) -> list[str]:
         return [f"MLflow UI: {url} (could not list the experiments: {type(err).__name__}: {err})"]
 
 
-def _stop(proc: subprocess.Popen[bytes], signum: int) -> None:
-    """Send the UI server ``signum``; kill it if it is still up after a grace period or at a second signal."""
-    if proc.poll() is None:
-        proc.send_signal(signum)
-    try:
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
-        proc.kill()
-        proc.wait()
-
-
 def main(argv: list[str] | None = None) -> int:
     from bert_core.tracking.run import tracking_uri
 
@@ -113,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(listed[0]), flush=True)
             return proc.wait()
         except BaseException as err:  # a signal (Interrupted) or the start timeout: the server goes too
-            _stop(proc, signal_of(err) or signal.SIGTERM)
+            stop_process(proc, STOP_TIMEOUT_S, signal_of(err) or signal.SIGTERM)
             raise
 
     return run_command(body, "ui", after_stop="; the MLflow UI server was stopped")

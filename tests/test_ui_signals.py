@@ -128,14 +128,15 @@ def test_a_ui_server_that_exits_by_itself_gives_its_exit_status(tmp_path):
     assert out == "" and "interrupted" not in err
 
 
-def test_a_ui_server_that_ignores_the_signal_is_killed_after_the_grace_period(monkeypatch):
-    monkeypatch.setattr(ui, "STOP_TIMEOUT_S", 0.5)
+def test_a_ui_server_that_ignores_the_signal_is_killed_after_the_grace_period():
+    from flows._served import stop_process
+
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", stubborn], stdout=subprocess.PIPE)
     try:
         proc.stdout.readline()  # its handler is in place
         started = time.monotonic()
-        ui._stop(proc, signal.SIGTERM)
+        stop_process(proc, 0.5, signal.SIGTERM)
         assert proc.returncode == -signal.SIGKILL
         assert time.monotonic() - started < 10
     finally:
