@@ -155,7 +155,9 @@ def test_flows_run_the_stages_and_record_them(shared_data, tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_stage_command_fails_with_non_zero_exit_and_no_output(tmp_path):
-    """`python -m flows.corpus` (as DVC runs it, with Prefect) on a missing source: exit 1, nothing written."""
+    """`python -m flows.corpus` (as DVC runs it, with Prefect) on a source with no usable document: exit 1,
+    nothing written, the MLflow run FAILED. (A source that matches no file is refused before Prefect starts:
+    tests/test_stage_exit.py.)"""
     import os
     import subprocess
     import sys
@@ -165,9 +167,11 @@ def test_stage_command_fails_with_non_zero_exit_and_no_output(tmp_path):
     params = {
         "corpus": {
             "sources": [{"name": "hub", "kind": "hf", "path": "Salesforce/wikitext"}],
-            "local_sources": [{"name": "books", "kind": "text", "path": "corpus/missing/*.txt"}],
+            "local_sources": [{"name": "books", "kind": "text", "path": "corpus/books/*.txt"}],
         }
     }
+    (tmp_path / "corpus" / "books").mkdir(parents=True)
+    (tmp_path / "corpus" / "books" / "a.txt").write_text("Too short to keep.\n")  # under clean.min_doc_chars
     (tmp_path / "corpus.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "BERT_DATA_ROOT": str(tmp_path)}
     proc = subprocess.run(
@@ -189,7 +193,7 @@ def test_stage_command_fails_with_non_zero_exit_and_no_output(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "corpus stage failed: SourceNotFoundError: source 'books' (text)" in proc.stderr
+    assert "corpus stage failed: EmptyCorpusError: no documents left after reading 1 records" in proc.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "corpus.json").exists()
     runs = mlflow.search_runs(experiment_names=["bert-pipeline"])
     assert list(runs["status"]) == ["FAILED"] and list(runs["tags.stage"]) == ["corpus"]
