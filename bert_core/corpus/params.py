@@ -7,6 +7,7 @@ Two source lists are declared side by side so the Hub default and its local equi
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Literal
 
@@ -193,7 +194,7 @@ class CorpusParams(StrictModel):
             raise ValueError(f"source names must be unique; repeated: {dupes}")
         return v
 
-    def active_sources(self, data_root: object | None) -> tuple[SourceSpec, ...]:
+    def active_sources(self, data_root: str | os.PathLike[str] | None) -> tuple[SourceSpec, ...]:
         """The sources a build reads: ``local_sources`` under a local data root, else the Hub ``sources``."""
         return self.local_sources if data_root is not None else self.sources
 
