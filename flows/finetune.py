@@ -155,8 +155,10 @@ def finetune_flow(
 
 
 def _check(params: FinetuneParams, task: str, model_source: str | None = None, **_: object) -> None:
-    """The command line's refusals before Prefect starts: an unknown task, a start not built yet."""
-    get_task(task)
+    """The command line's refusals before Prefect starts: an unknown task, its data missing from the data
+    root, a start not built yet."""
+    spec = get_task(task)
+    params.for_task(spec.name).data_source(spec).check_files()
     check_source_built(model_source or params.model.source)
 
 

@@ -101,6 +101,31 @@ def test_missing_train_file_suggests_the_dev_split(dev_root):
         source.load("train")
 
 
+def test_check_files_refuses_what_load_would_without_reading_a_row(dev_root, tmp_path, monkeypatch):
+    """The command line's pre-check gives load's own message for a missing train or dev file, and passes the
+    files a dev split, own files or the Hub stand in for."""
+    squad = get_task("squad_v1")
+    official = resolve_task_source(squad, data_root=dev_root)
+    with pytest.raises(TaskDataError) as checked:
+        official.check_files()
+    with pytest.raises(TaskDataError) as loaded:
+        official.load("train")
+    assert str(checked.value) == str(loaded.value)  # with the dev-split suggestion
+    resolve_task_source(squad, dev_split=True, data_root=dev_root).check_files()
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"version": "1.1", "data": []}')
+    resolve_task_source(squad, train_file=mine, data_root=dev_root).check_files()
+
+    root = tmp_path / "root"
+    (root / "glue" / "MNLI").mkdir(parents=True)
+    for name in ("train.tsv", "dev_matched.tsv"):  # the second dev split missing; test files are optional
+        (root / "glue" / "MNLI" / name).write_text("")
+    with pytest.raises(TaskDataError, match=r"^mnli/dev_mismatched: .*dev_mismatched\.tsv does not exist"):
+        resolve_task_source(get_task("mnli"), data_root=root).check_files()
+    monkeypatch.delenv("BERT_DATA_ROOT", raising=False)
+    resolve_task_source(get_task("mnli")).check_files()  # the Hub: nothing to check on disk
+
+
 def test_dev_split_needs_the_official_dev_file(dev_root, tmp_path):
     root = tmp_path / "root"
     (root / "squad").mkdir(parents=True)

@@ -173,3 +173,23 @@ def test_a_corpus_source_that_matches_no_file_is_refused_before_prefect_starts(m
         f"under data root {tmp_path} matches no files"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_task_whose_data_is_missing_is_refused_before_prefect_starts(monkeypatch, capsys, tmp_path):
+    from flows import _prefect_api, finetune
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a Prefect API was settled for a task whose data is missing")
+
+    monkeypatch.setattr(_prefect_api, "prefect_api", no_server)
+    (tmp_path / "glue" / "RTE").mkdir(parents=True)
+    (tmp_path / "glue" / "RTE" / "dev.tsv").write_text("")  # the train file is missing
+    monkeypatch.setenv("BERT_DATA_ROOT", str(tmp_path))
+    argv = ["rte", "--params", str(REPO_ROOT / "params" / "finetune.yaml"), "--model-source", str(tmp_path)]
+    assert finetune.main([*argv, "--out", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"finetune stage failed (rte): TaskDataError: rte/train: {tmp_path}/glue/RTE/train.tsv does not exist. "
+        "Put the official file there (layout of shared/data: glue/RTE/train.tsv under the data root), or unset "
+        "BERT_DATA_ROOT to load rte from the Hugging Face Hub."
+    )
+    assert not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@ sections: changing one task's settings re-runs only that task.
 from __future__ import annotations
 
 import math
+import os
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
@@ -19,6 +20,8 @@ from pydantic import ConfigDict, Field, create_model, field_validator, model_val
 from bert_core.params import StrictModel, mlflow_alias, mlflow_model_name
 
 if TYPE_CHECKING:
+    from bert_core.tasks import TaskSpec
+    from bert_core.tasks.datasource import TaskSource
     from bert_core.training.config import TrainConfig
 
 PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
@@ -101,6 +104,19 @@ class TaskSettings(StrictModel):
         if len(set(v)) != len(v):
             raise ValueError(f"seeds must be distinct, got {v}")
         return v
+
+    def data_source(self, spec: TaskSpec, data_root: str | os.PathLike[str] | None = None) -> TaskSource:
+        """Where ``spec``'s rows come from, as ``dev_split`` / ``train_file`` / ``dev_file`` say (refused
+        early, naming the key, when that is wrong)."""
+        from bert_core.tasks.datasource import resolve_task_source
+
+        return resolve_task_source(
+            spec,
+            dev_split=self.dev_split,
+            train_file=self.train_file,
+            dev_file=self.dev_file,
+            data_root=data_root,
+        )
 
     def steps_per_epoch(self, n_train: int) -> int:
         """Optimizer steps per epoch over ``n_train`` training features."""

@@ -185,16 +185,9 @@ def load_task_data(
     split, malformed rows or a failed critical data check raise.
     """
     from bert_core.tasks import TaskDataError
-    from bert_core.tasks.datasource import resolve_task_source
 
     kind = get_kind(spec)
-    source = resolve_task_source(
-        spec,
-        dev_split=settings.dev_split,
-        train_file=settings.train_file,
-        dev_file=settings.dev_file,
-        data_root=data_root,
-    )
+    source = settings.data_source(spec, data_root)
     loaded: dict[str, Any] = {}
 
     def load(split: str, limit: int | None) -> SplitData:

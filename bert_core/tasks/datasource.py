@@ -28,7 +28,7 @@ from typing import Any
 
 from bert_core.constants import REPO_ROOT
 from bert_core.tasks.base import TaskDataError, TaskRows, resolve_data_root
-from bert_core.tasks.loader import load_task_split, read_local
+from bert_core.tasks.loader import load_task_split, local_split_file, read_local
 from bert_core.tasks.registry import TaskSpec
 
 
@@ -73,13 +73,38 @@ class TaskSource:
         try:
             return load_task_split(spec, split, data_root=self.data_root, limit=limit)
         except TaskDataError as err:
-            if split == "train" and spec.dev_split is not None and self.data_root is not None:
-                raise TaskDataError(
-                    f"{err} For a data-limited run without it, set {self.key}.dev_split: true (train on "
-                    f"articles 1-{spec.dev_split.train_articles} of {spec.local_files[spec.main_dev_split]}, "
-                    f"evaluate on the last {spec.dev_split.eval_articles}; not official dev scores)."
-                ) from None
-            raise
+            raise self._missing(split, err) from None
+
+    def check_files(self) -> None:
+        """Refuse, without reading a row, what :meth:`load` would refuse first: a local file of the train or a
+        dev split that is not there (the command line checks this before Prefect starts).
+
+        Raises:
+            TaskDataError: as :meth:`load` raises it, naming the file and the fix.
+        """
+        own = {"train": self.train_file, self.spec.main_dev_split: self.dev_file}
+        for split in ("train", *self.spec.dev_splits):
+            if (
+                self.data_root is None
+                or own.get(split) is not None
+                or (self.origin, split) == ("dev_split", "train")
+            ):
+                continue  # the Hub, or a file resolve_task_source checked
+            try:
+                local_split_file(self.spec, split, self.data_root)
+            except TaskDataError as err:
+                raise self._missing(split, err) from None
+
+    def _missing(self, split: str, err: TaskDataError) -> TaskDataError:
+        """``err`` of a missing split; SQuAD's train file: with the data-limited alternative."""
+        spec = self.spec
+        if split == "train" and spec.dev_split is not None and self.data_root is not None:
+            return TaskDataError(
+                f"{err} For a data-limited run without it, set {self.key}.dev_split: true (train on "
+                f"articles 1-{spec.dev_split.train_articles} of {spec.local_files[spec.main_dev_split]}, "
+                f"evaluate on the last {spec.dev_split.eval_articles}; not official dev scores)."
+            )
+        return err
 
     def _dev_split_rows(self, split: str, limit: int | None) -> TaskRows:
         from bert_core.tasks.squad import read_squad_articles, squad_rows

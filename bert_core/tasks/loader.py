@@ -85,6 +85,12 @@ def load_task_split(
     if root is None:
         return reader.hub(spec, split, limit)
 
+    return read_local(spec, split, local_split_file(spec, split, root), limit)
+
+
+def local_split_file(spec: TaskSpec, split: str, root: Path) -> Path:
+    """The official file of ``split`` under the data root ``root`` (CoNLL-2003: its IOB2 copy when that is
+    the one there); :class:`TaskDataError` saying where to put it when there is none."""
     relative = spec.local_files[split]
     if (
         spec.name == "conll2003"
@@ -92,8 +98,7 @@ def load_task_split(
         and (root / CONLL_IOB2_FILES[split]).is_file()
     ):
         relative = CONLL_IOB2_FILES[split]
-    path = require_file(root, relative, spec.name, split)
-    return read_local(spec, split, path, limit)
+    return require_file(root, relative, spec.name, split)
 
 
 def read_local(spec: TaskSpec, split: str, path: Path, limit: int | None = None) -> TaskRows:
