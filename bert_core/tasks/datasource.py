@@ -82,14 +82,12 @@ class TaskSource:
         Raises:
             TaskDataError: as :meth:`load` raises it, naming the file and the fix.
         """
+        if self.data_root is None:  # the Hub: nothing on disk
+            return
         own = {"train": self.train_file, self.spec.main_dev_split: self.dev_file}
         for split in ("train", *self.spec.dev_splits):
-            if (
-                self.data_root is None
-                or own.get(split) is not None
-                or (self.origin, split) == ("dev_split", "train")
-            ):
-                continue  # the Hub, or a file resolve_task_source checked
+            if own.get(split) is not None or (self.origin, split) == ("dev_split", "train"):
+                continue  # a file resolve_task_source checked
             try:
                 local_split_file(self.spec, split, self.data_root)
             except TaskDataError as err:
