@@ -3,8 +3,12 @@
 Pipeline (streaming; the corpus is never held in memory):
 
 1. :func:`~bert_core.corpus.readers.plan_units` resolves the sources to ordered work units (files).
-2. Worker processes clean and segment one unit each and write it to a temporary Parquet file
-   (:func:`process_unit`); at most ``2 * workers`` units are in flight.
+2. Worker processes clean and segment one unit each and write it to a Parquet file in the build's work
+   directory, ``.<output>.partial/`` beside the output (:func:`process_unit`); at most ``2 * workers`` units
+   are in flight. Each finished unit is recorded there (:class:`~bert_core.kept_work.KeptWork`): after a
+   crash or a stop, the same build takes the units whose input files (path, size, modification time) and
+   Parquet file (size, XXH3-128) still match their record and reads only the others. The units stay until
+   the output is in place, so a build needs about twice the output's disk space while it runs.
 3. The parent merges unit results *in unit order* (:mod:`bert_core.corpus.merge`): exact de-duplication (64-bit hash of the cleaned
    text, first occurrence wins), per-source and global caps, the seeded held-out split, shard writing.
    The output is therefore identical for any worker count.
@@ -14,19 +18,22 @@ Pipeline (streaming; the corpus is never held in memory):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
+import os
 import shutil
 import time
 import unicodedata
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
 
 from bert_core.atomic import atomic_path
+from bert_core.checks import DataCheckError
 from bert_core.corpus.clean import normalize_text, paragraphs, strip_gutenberg
 from bert_core.corpus.merge import Merger, corpus_checks, h64
 from bert_core.corpus.params import CorpusParams, SourceSpec
@@ -34,6 +41,7 @@ from bert_core.corpus.readers import CorpusError, SourceFile, UnitStats, plan_un
 from bert_core.corpus.segment import get_segmenter, segment_paragraphs
 from bert_core.corpus.shards import MANIFEST, SCHEMA, DocumentShardWriter
 from bert_core.corpus.stats import CorpusStats, UnitResult
+from bert_core.kept_work import KeptWork, code_fingerprint, partial_dir
 from bert_core.progress import Progress
 from bert_core.tracking.fingerprint import json_fingerprint
 
@@ -169,6 +177,47 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _unit_input(unit: SourceFile) -> dict[str, object]:
+    """What a unit reads, as its record keeps it: its file's path, size and modification time (a Hub
+    dataset: its name in the plan; the source's settings are in the build's params)."""
+    if unit.path is None:
+        return {"source": unit.source.name, "rel": unit.rel}
+    st = os.stat(unit.path)
+    return {"source": unit.source.name, "path": unit.path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+class KeptUnits(KeptWork):
+    """The corpus build's work directory: one record per finished work unit under ``units/``."""
+
+    def __init__(self, out_dir: Path, identity: dict[str, object], total: int) -> None:
+        super().__init__(
+            partial_dir(out_dir),
+            identity,
+            total,
+            build="corpus",
+            piece="work unit",
+            records="units",
+            refused=(ValueError, EmptyCorpusError, DataCheckError),
+        )
+
+    def finished(self, unit: SourceFile) -> UnitResult | None:  # type: ignore[override]
+        """The unit's result as an earlier build recorded it, when its input and file still match."""
+        path = self.dir / f"unit-{unit.index:06d}.parquet"
+        record = super().finished(path.stem, lambda r: [path] if r["has_file"] else [])
+        if record is None or record["input"] != _unit_input(unit):
+            for stale in (path, self.dir / f"u{unit.index:06d}"):  # a killed worker's, if any
+                shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+            return None
+        stats = UnitStats(**{**record["stats"], "dropped": Counter(record["stats"]["dropped"])})
+        return UnitResult(unit.index, str(path) if record["has_file"] else None, record["documents"], stats)
+
+    def record(self, unit: SourceFile, result: UnitResult) -> None:  # type: ignore[override]
+        files = [Path(result.path)] if result.path else []
+        stats = {f.name: getattr(result.stats, f.name) for f in dataclasses.fields(result.stats)}
+        fields = {"input": _unit_input(unit), "has_file": bool(files), "documents": result.documents}
+        super().record(f"unit-{unit.index:06d}", files, **fields, stats=stats)
+
+
 def build_corpus(
     params: CorpusParams,
     out_dir: str | Path,
@@ -195,6 +244,7 @@ def build_corpus(
         CorpusError: unreadable input, or a bad record with ``on_bad_record='error'``.
         EmptyCorpusError: nothing survived filtering, or the held-out split came out empty.
         bert_core.checks.DataCheckError: a critical data check failed.
+        bert_core.kept_work.BuildInUseError: another build is writing the same output.
     """
     import pandas as pd
 
@@ -213,21 +263,37 @@ def build_corpus(
     log.info("corpus: %d work units from %d sources, %d workers", len(units), len(sources), workers)
     progress = Progress("corpus", len(units), noun="work unit", unit="units", logger=log)
 
-    with atomic_path(out_dir, is_dir=True) as tmp:
-        work = tmp / "_work"
-        work.mkdir()
-        merger = Merger(params, sources, tmp, stats)
+    identity = {
+        "format": FORMAT,
+        "params_hash": stats.params_hash,
+        "code": code_fingerprint(Path(__file__).parent),
+    }
+    with atomic_path(out_dir, is_dir=True) as tmp, KeptUnits(out_dir, identity, len(units)) as kept:
+        work, merger = str(kept.dir), Merger(params, sources, tmp, stats)
+        earlier = {unit.index: result for unit in units if (result := kept.finished(unit)) is not None}
+        if earlier:
+            log.info(
+                "corpus: continuing an unfinished build: %d of %d work unit(s) kept", len(earlier), len(units)
+            )
+
+        def take(unit: SourceFile, result: UnitResult, recorded: bool) -> None:
+            if not recorded:
+                kept.record(unit, result)
+            if unit.source_index not in merger.src_done:
+                merger.consume(unit, result)
+            progress.advance()
+
         if workers == 1:
             for unit in units:
                 if merger.done:
                     break
                 if unit.source_index in merger.src_done:
                     continue
-                merger.consume(unit, process_unit(unit, params, str(work), root_s))
-                progress.advance()
+                result = earlier.get(unit.index)
+                take(unit, result or process_unit(unit, params, work, root_s), result is not None)
         else:
             with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-                pending: deque[tuple[SourceFile, Future]] = deque()
+                pending: deque[tuple[SourceFile, Future, bool]] = deque()
                 todo = iter(units)
 
                 def submit_next() -> None:
@@ -236,21 +302,21 @@ def build_corpus(
                             return
                         if unit.source_index in merger.src_done:
                             continue
-                        pending.append((unit, pool.submit(process_unit, unit, params, str(work), root_s)))
+                        if (result := earlier.get(unit.index)) is not None:
+                            pending.append((unit, done := Future(), True))
+                            done.set_result(result)
+                        else:
+                            pending.append(
+                                (unit, pool.submit(process_unit, unit, params, work, root_s), False)
+                            )
                         return
 
                 try:
                     for _ in range(2 * workers):
                         submit_next()
                     while pending and not merger.done:
-                        unit, fut = pending.popleft()
-                        result = fut.result()
-                        if unit.source_index in merger.src_done:
-                            if result.path:
-                                Path(result.path).unlink()
-                        else:
-                            merger.consume(unit, result)
-                        progress.advance()
+                        unit, fut, recorded = pending.popleft()
+                        take(unit, fut.result(), recorded)
                         submit_next()
                 except BaseException:
                     # Interrupted (Ctrl-C, SIGTERM) or failed: abandon the units in flight. Without this the
@@ -259,11 +325,10 @@ def build_corpus(
                     stop_workers(pool)
                     raise
                 finally:
-                    for _, fut in pending:
+                    for _, fut, _ in pending:
                         fut.cancel()
         progress.finish("the caps are reached" if merger.done else "")
         train_shards, heldout_shards = merger.close()
-        shutil.rmtree(work)
 
         if stats.documents == 0:
             capped = (

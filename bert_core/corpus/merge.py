@@ -131,7 +131,6 @@ class Merger:
                     st.capped = True
                     continue
                 self._add(si, row)
-        Path(result.path).unlink()
 
     def _add(self, si: int, row: dict[str, Any]) -> None:
         st = self.stats

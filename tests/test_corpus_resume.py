@@ -1,0 +1,126 @@
+"""A corpus build stopped by a crash continues after the work units it finished and writes the same corpus."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+from test_corpus import make_root, small_params
+
+from bert_core.corpus import build, build_corpus
+from bert_core.corpus.build import EmptyCorpusError, KeptUnits
+from bert_core.kept_work import BuildInUseError, partial_dir
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def _crash_at(monkeypatch, index: int) -> None:
+    """The parent fails as it merges unit ``index`` (after that unit and the ones before it are recorded)."""
+    real = build.Merger.consume
+
+    def consume(self, unit, result):
+        if unit.index == index:
+            raise RuntimeError("the machine went down")
+        real(self, unit, result)
+
+    monkeypatch.setattr(build.Merger, "consume", consume)
+
+
+def _taken(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_crashed_build_continues_after_its_finished_units_and_writes_the_same_corpus(
+    shared_data, tmp_path, monkeypatch, caplog, workers
+):
+    root = make_root(shared_data, tmp_path)
+    build_corpus(small_params(), tmp_path / "whole", data_root=root, workers=workers)
+    assert not partial_dir(tmp_path / "whole").exists()  # a build that succeeds leaves no work directory
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_at(patch, 2)
+        with pytest.raises(RuntimeError, match="went down"):
+            build_corpus(small_params(), out, data_root=root, workers=workers)
+    assert not out.exists()
+    assert len(list((partial_dir(out) / "units").glob("*.json"))) == 3  # units 0, 1, 2 of 4
+
+    caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
+    build_corpus(small_params(), out, data_root=root, workers=workers)
+    assert _taken(caplog) == ["corpus: continuing an unfinished build: 3 of 4 work unit(s) kept"]
+    assert _files(out) == _files(tmp_path / "whole")  # byte for byte, the manifest's statistics included
+    assert not partial_dir(out).exists()
+
+
+def test_a_changed_input_or_a_damaged_unit_is_read_again(shared_data, tmp_path, monkeypatch, caplog):
+    root = make_root(shared_data, tmp_path)
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_at(patch, 3)
+        with pytest.raises(RuntimeError):
+            build_corpus(small_params(), out, data_root=root)
+    units = sorted((partial_dir(out)).glob("unit-*.parquet"))
+    assert len(units) == 4  # every unit recorded; the crash came as the last one was merged
+    # unit 0's kept file damaged in place (same size); unit 1's input edited; units 2 and 3 untouched
+    data = bytearray(units[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    units[0].write_bytes(bytes(data))
+    book = sorted((root / "corpus" / "gutenberg").glob("*.txt"))[1]
+    text = book.read_text(encoding="utf-8")
+    book.unlink()
+    book.write_text(
+        text + "\n\nA paragraph the user added after the crash, long enough to be kept.\n", "utf-8"
+    )
+
+    caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
+    build_corpus(small_params(), out, data_root=root)
+    assert _taken(caplog) == ["corpus: continuing an unfinished build: 2 of 4 work unit(s) kept"]
+    build_corpus(small_params(), tmp_path / "fresh", data_root=root)
+    assert _files(out) == _files(tmp_path / "fresh")
+
+
+def test_other_params_start_afresh_and_a_refused_input_keeps_nothing(
+    shared_data, tmp_path, monkeypatch, caplog
+):
+    root = make_root(shared_data, tmp_path)
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_at(patch, 2)
+        with pytest.raises(RuntimeError):
+            build_corpus(small_params(), out, data_root=root)
+    caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
+    with pytest.raises(EmptyCorpusError):
+        build_corpus(small_params(clean={"min_doc_chars": 10**7}), out, data_root=root)
+    assert any("discarding the 3 finished work unit(s)" in r.getMessage() for r in caplog.records)
+    assert not partial_dir(out).exists() and not out.exists()
+
+
+def test_a_second_build_of_the_same_output_fails_at_once(shared_data, tmp_path):
+    root = make_root(shared_data, tmp_path)
+    out = tmp_path / "out"
+    with (
+        KeptUnits(out, {"held": "by another build"}, 1),
+        pytest.raises(BuildInUseError, match="another corpus build"),
+    ):
+        build_corpus(small_params(), out, data_root=root)
+    assert not out.exists()
+    shutil.rmtree(partial_dir(out), ignore_errors=True)
+
+
+def test_units_another_version_of_the_code_built_are_not_taken(shared_data, tmp_path, monkeypatch, caplog):
+    root = make_root(shared_data, tmp_path)
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        _crash_at(patch, 2)
+        with pytest.raises(RuntimeError):
+            build_corpus(small_params(), out, data_root=root)
+    monkeypatch.setattr(build, "code_fingerprint", lambda package: "the next release")
+    caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
+    build_corpus(small_params(), out, data_root=root)
+    assert any("discarding the 3 finished work unit(s)" in r.getMessage() for r in caplog.records)
+    assert _taken(caplog) == []
