@@ -18,8 +18,8 @@ def _files(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
-def _crash_at(monkeypatch, index: int) -> None:
-    """The parent fails as it merges unit ``index`` (after that unit and the ones before it are recorded)."""
+def _crashed_build(root: Path, out: Path, monkeypatch, index: int, workers: int = 1) -> None:
+    """A build of ``out`` that fails as it merges unit ``index`` (that unit and the ones before it recorded)."""
     real = build.Merger.consume
 
     def consume(self, unit, result):
@@ -27,7 +27,10 @@ def _crash_at(monkeypatch, index: int) -> None:
             raise RuntimeError("the machine went down")
         real(self, unit, result)
 
-    monkeypatch.setattr(build.Merger, "consume", consume)
+    with monkeypatch.context() as patch:
+        patch.setattr(build.Merger, "consume", consume)
+        with pytest.raises(RuntimeError, match="went down"):
+            build_corpus(small_params(), out, data_root=root, workers=workers)
 
 
 def _taken(caplog) -> list[str]:
@@ -43,10 +46,7 @@ def test_a_crashed_build_continues_after_its_finished_units_and_writes_the_same_
     assert not partial_dir(tmp_path / "whole").exists()  # a build that succeeds leaves no work directory
 
     out = tmp_path / "out"
-    with monkeypatch.context() as patch:
-        _crash_at(patch, 2)
-        with pytest.raises(RuntimeError, match="went down"):
-            build_corpus(small_params(), out, data_root=root, workers=workers)
+    _crashed_build(root, out, monkeypatch, 2, workers)
     assert not out.exists()
     assert len(list((partial_dir(out) / "units").glob("*.json"))) == 3  # units 0, 1, 2 of 4
 
@@ -60,10 +60,7 @@ def test_a_crashed_build_continues_after_its_finished_units_and_writes_the_same_
 def test_a_changed_input_or_a_damaged_unit_is_read_again(shared_data, tmp_path, monkeypatch, caplog):
     root = make_root(shared_data, tmp_path)
     out = tmp_path / "out"
-    with monkeypatch.context() as patch:
-        _crash_at(patch, 3)
-        with pytest.raises(RuntimeError):
-            build_corpus(small_params(), out, data_root=root)
+    _crashed_build(root, out, monkeypatch, 3)
     units = sorted((partial_dir(out)).glob("unit-*.parquet"))
     assert len(units) == 4  # every unit recorded; the crash came as the last one was merged
     # unit 0's kept file damaged in place (same size); unit 1's input edited; units 2 and 3 untouched
@@ -89,10 +86,7 @@ def test_other_params_start_afresh_and_a_refused_input_keeps_nothing(
 ):
     root = make_root(shared_data, tmp_path)
     out = tmp_path / "out"
-    with monkeypatch.context() as patch:
-        _crash_at(patch, 2)
-        with pytest.raises(RuntimeError):
-            build_corpus(small_params(), out, data_root=root)
+    _crashed_build(root, out, monkeypatch, 2)
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     with pytest.raises(EmptyCorpusError):
         build_corpus(small_params(clean={"min_doc_chars": 10**7}), out, data_root=root)
@@ -115,10 +109,7 @@ def test_a_second_build_of_the_same_output_fails_at_once(shared_data, tmp_path):
 def test_units_another_version_of_the_code_built_are_not_taken(shared_data, tmp_path, monkeypatch, caplog):
     root = make_root(shared_data, tmp_path)
     out = tmp_path / "out"
-    with monkeypatch.context() as patch:
-        _crash_at(patch, 2)
-        with pytest.raises(RuntimeError):
-            build_corpus(small_params(), out, data_root=root)
+    _crashed_build(root, out, monkeypatch, 2)
     monkeypatch.setattr(build, "code_fingerprint", lambda package: "the next release")
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     build_corpus(small_params(), out, data_root=root)
