@@ -201,21 +201,23 @@ class KeptUnits(KeptWork):
         )
 
     def finished(self, unit: SourceFile) -> UnitResult | None:  # type: ignore[override]
-        """The unit's result as an earlier build recorded it, when its input and file still match."""
+        """The unit's result as an earlier build recorded it, when its input and file still match (a unit
+        that kept no document has no file); else ``None``, with what a killed worker left of it removed."""
         path = self.dir / f"unit-{unit.index:06d}.parquet"
-        record = super().finished(path.stem, lambda r: [path] if r["has_file"] else [])
+        record = super().finished(path.stem, lambda r: [path] if path.exists() else [])
         if record is None or record["input"] != _unit_input(unit):
             for stale in (path, self.dir / f"u{unit.index:06d}"):  # a killed worker's, if any
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
             return None
         stats = UnitStats(**{**record["stats"], "dropped": Counter(record["stats"]["dropped"])})
-        return UnitResult(unit.index, str(path) if record["has_file"] else None, record["documents"], stats)
+        return UnitResult(unit.index, str(path) if record["files"] else None, record["documents"], stats)
 
     def record(self, unit: SourceFile, result: UnitResult) -> None:  # type: ignore[override]
         files = [Path(result.path)] if result.path else []
         stats = {f.name: getattr(result.stats, f.name) for f in dataclasses.fields(result.stats)}
-        fields = {"input": _unit_input(unit), "has_file": bool(files), "documents": result.documents}
-        super().record(f"unit-{unit.index:06d}", files, **fields, stats=stats)
+        super().record(
+            f"unit-{unit.index:06d}", files, input=_unit_input(unit), documents=result.documents, stats=stats
+        )
 
 
 def build_corpus(

@@ -1,22 +1,21 @@
 """A pretraining-data build's finished tasks, kept across a crash: the same build continues after them.
 
-:func:`.build.build_pretrain_data` writes every task's shards into a work directory beside the output,
-``.<output>.partial/`` (:class:`PartialBuild`), and moves them into the output only once every task is
-built, balanced and checked: the output still appears whole or not at all. The work directory holds:
+:func:`.build.build_pretrain_data` writes every task's shards into its work directory, ``.<output>.partial/``
+beside the output (:class:`PartialBuild`, a :class:`bert_core.kept_work.KeptWork`: the lock, the identity,
+what is kept when), and moves them into the output only once every task is built, balanced and checked. The
+work directory holds:
 
 - ``identity.json``: what the shards are built from (:func:`build_identity`): the package's code, the
   params that decide the output's bytes, the vocabulary files, every corpus shard (name, size, XXH3-128)
-  and the format version. A build of anything else empties the directory first, saying so;
-- ``tasks/<split>-<index>.json``, one per finished task, written (atomically) as the task finishes: the
-  worker's result and the size and XXH3-128 of each of the task's files.
+  and the format version;
+- ``tasks/<split>-<index>.json``, one per finished task: the worker's result and the size and XXH3-128 of
+  each of the task's files.
 
 A later build with the same identity keeps every task whose files still match their record and runs the
 others, so its output is the one an uninterrupted build writes, byte for byte (the plan and every seed
 depend on the inputs and the params alone). NSP balancing runs a few tasks again after the first pass and
 rewrites their shards: resumed, those no longer match their record and are built again, then balanced as
-before. The directory is kept when a build stops on a signal, a crash or a system error (a full disk, a
-worker killed for memory); it is removed when the build succeeds or its input is refused (a bad corpus, a
-failed data check: the same inputs fail the same way). A second build on the same output fails at once.
+before. A refused input (a bad corpus, a failed data check: :data:`REFUSED`) keeps nothing.
 """
 
 from __future__ import annotations
