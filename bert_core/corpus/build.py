@@ -2,7 +2,8 @@
 
 Pipeline (streaming; the corpus is never held in memory):
 
-1. :func:`~bert_core.corpus.readers.plan_units` resolves the sources to ordered work units (files).
+1. :func:`~bert_core.corpus.readers.plan_units` resolves the sources to ordered work units (files, and
+   the pieces of a large Wikipedia dump).
 2. Worker processes clean and segment one unit each and write it to a Parquet file in the build's work
    directory, ``.<output>.partial/`` beside the output (:func:`process_unit`); at most ``2 * workers`` units
    are in flight. Each finished unit is recorded there (:class:`~bert_core.kept_work.KeptWork`): after a
@@ -178,12 +179,14 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 def _unit_input(unit: SourceFile) -> dict[str, object]:
-    """What a unit reads, as its record keeps it: its file's path, size and modification time (a Hub
-    dataset: its name in the plan; the source's settings are in the build's params)."""
+    """What a unit reads, as its record keeps it: its file's path, size and modification time, and the byte
+    range of a piece of a file (a Hub dataset: its name in the plan; the source's settings are in the build's
+    params)."""
     if unit.path is None:
         return {"source": unit.source.name, "rel": unit.rel}
     st = os.stat(unit.path)
-    return {"source": unit.source.name, "path": unit.path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    found = {"source": unit.source.name, "path": unit.path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return found if unit.span is None else {**found, "span": list(unit.span)}
 
 
 class KeptUnits(KeptWork):

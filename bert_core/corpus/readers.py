@@ -24,7 +24,13 @@ import fsspec
 
 from bert_core.corpus.clean import wikitext_detokenize
 from bert_core.corpus.params import SourceSpec
-from bert_core.corpus.wiki import WikiDumpError, is_disambiguation, iter_pages, wikitext_to_passages
+from bert_core.corpus.wiki import (
+    WikiDumpError,
+    dump_spans,
+    is_disambiguation,
+    iter_pages,
+    wikitext_to_passages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +90,15 @@ class UnitStats:
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One input file of a source (``path`` None: a whole Hub dataset)."""
+    """One input file of a source (``path`` None: a whole Hub dataset), or one piece of a large Wikipedia dump
+    (``span``: its byte range, :func:`bert_core.corpus.wiki.dump_spans`)."""
 
     index: int
     source_index: int
     source: SourceSpec
     path: str | None
     rel: str
+    span: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,8 +140,11 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
     return anchor, files
 
 
-def plan_units(sources: tuple[SourceSpec, ...], root: Path | None) -> list[SourceFile]:
-    """Resolve every source to its ordered work units.
+def plan_units(
+    sources: tuple[SourceSpec, ...], root: Path | None, *, split_dumps: bool = True
+) -> list[SourceFile]:
+    """Resolve every source to its ordered work units: one per file (or Hub dataset), and with
+    ``split_dumps`` one per piece of a large Wikipedia dump (:func:`~bert_core.corpus.wiki.dump_spans`).
 
     Raises:
         SourceNotFoundError: a source path matches no file (names the source, the path and the root).
@@ -154,7 +165,13 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None) -> list[Sourc
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
                 rel = p.name
-            units.append(SourceFile(len(units), si, source, str(p), rel))
+            spans = dump_spans(p) if split_dumps and source.kind == "wikipedia_xml" else [None]
+            if len(spans) > 1:
+                log.info(
+                    "%s: read in %d pieces (work units) of its %s bytes", p, len(spans), f"{spans[-1][1]:,}"
+                )
+            for span in spans if len(spans) > 1 else [None]:
+                units.append(SourceFile(len(units), si, source, str(p), rel, span))
     return units
 
 
@@ -330,9 +347,9 @@ def _read_parquet(unit: SourceFile, stats: UnitStats, on_bad_record: str) -> Ite
 
 def _read_wiki(unit: SourceFile, stats: UnitStats) -> Iterator[RawDoc]:
     path = Path(unit.path)
-    stats.input_bytes += path.stat().st_size
+    stats.input_bytes += path.stat().st_size if unit.span is None else unit.span[1] - unit.span[0]
     try:
-        for page in iter_pages(path):
+        for page in iter_pages(path, unit.span):
             if page.redirect:
                 stats.records += 1
                 stats.dropped["redirect"] += 1
@@ -408,7 +425,7 @@ def read_unit(
         raise SourceNotFoundError(
             f"source '{unit.source.name}': {path} disappeared while building the corpus"
         )
-    stats.input_files += 1
+    stats.input_files += int(unit.span is None or unit.span[0] == 0)  # a file read in pieces counts once
     if kind == "text":
         yield from _read_text(unit, stats, max_doc_chars)
     elif kind == "jsonl":

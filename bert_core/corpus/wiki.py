@@ -1,9 +1,15 @@
 """Wikipedia XML dumps: stream pages, keep text passages only (BERT paper, Section 3.1).
 
 "For Wikipedia we extract only the text passages and ignore lists, tables, and headers." Pages are streamed
-with ``xml.etree.ElementTree.iterparse`` (through fsspec's decompression for ``.xml.bz2``; multistream dumps work too) and
-every finished ``<page>`` is cleared, so memory does not grow with the dump. Redirects and pages outside
-namespace 0 (articles) are skipped. The wikitext is parsed with mwparserfromhell and rendered to plain text:
+through ``xml.etree.ElementTree.XMLPullParser`` (``.xml``, ``.xml.bz2``, ``.xml.gz``) and every finished
+``<page>`` is cleared, so memory does not grow with the dump. Redirects and pages outside namespace 0
+(articles) are skipped.
+
+A large dump is read in pieces (:func:`dump_spans`): a multistream ``.xml.bz2`` (the form dumps.wikimedia.org
+recommends: a concatenation of bz2 streams of 100 pages each) at the starts of its streams, an ``.xml`` at its
+``<page>`` tags. Each piece is a byte range that :func:`iter_pages` reads on its own, so the corpus stage reads
+the pieces of one file in parallel and keeps each as it finishes. A single-stream ``.bz2`` or a ``.gz`` has no
+such starts and is read whole. The wikitext is parsed with mwparserfromhell and rendered to plain text:
 
 * dropped: templates (infoboxes, citations, navboxes), tables, ``<ref>`` and other non-prose tags, comments,
   headings, list items (``*``, ``#``, ``;``, ``:`` lines), file/image/category/interlanguage links, and the
@@ -13,11 +19,14 @@ namespace 0 (articles) are skipped. The wikitext is parsed with mwparserfromhell
 
 from __future__ import annotations
 
+import bz2
+import os
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import fsspec
 import mwparserfromhell
@@ -124,56 +133,164 @@ def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
-def iter_pages(path: str | Path) -> Iterator[WikiPage]:
-    """Stream the pages of a MediaWiki XML dump (``.xml``, ``.xml.bz2`` or ``.xml.gz``), in file order.
+#: The file bytes of one piece of a large dump (:func:`dump_spans`): about 300 MB of XML in a multistream
+#: ``.bz2``, a few CPU-minutes of rendering, which is what a crash can cost a worker and what one worker takes.
+DUMP_UNIT_BYTES = 64 << 20
+#: How far past each ``DUMP_UNIT_BYTES`` step a piece's start is looked for before that step is given up.
+_SEARCH_BYTES = 16 << 20
+_CHUNK = 1 << 20
+_BZ2_STREAM = re.compile(rb"BZh[1-9]1AY&SY")  # a bz2 stream's header and its first block's magic
+_PAGE = b"<page>"
+
+
+def dump_spans(path: str | Path, unit_bytes: int | None = None) -> list[tuple[int, int]]:
+    """The byte ranges a dump file is read in, in order and covering the whole file: one range for a small
+    file, a single-stream ``.bz2`` or a ``.gz``; else ranges of at least ``unit_bytes`` (default
+    :data:`DUMP_UNIT_BYTES`; the last may be shorter), each starting at a ``<page>`` tag (``.xml``) or at a
+    bz2 stream whose text starts with one."""
+    path = Path(path)
+    unit_bytes = unit_bytes or DUMP_UNIT_BYTES
+    size = path.stat().st_size
+    name = path.name.lower()
+    if size <= unit_bytes or not name.endswith((".xml", ".bz2")):
+        return [(0, size)]
+    starts = [0]
+    with path.open("rb") as fh:
+        # None: no start within _SEARCH_BYTES, so not a multistream file (which has one every ~100 KB)
+        while starts[-1] + unit_bytes < size and (
+            found := _piece_start(fh, starts[-1] + unit_bytes, name.endswith(".bz2"))
+        ):
+            starts.append(found)
+    return list(zip(starts, [*starts[1:], size], strict=True))
+
+
+def _piece_start(fh: BinaryIO, target: int, compressed: bool) -> int | None:
+    """The first offset at or after ``target`` (searching ``_SEARCH_BYTES``) where a piece can start."""
+    pattern = _BZ2_STREAM if compressed else re.compile(re.escape(_PAGE))
+    for searched in range(0, _SEARCH_BYTES, _CHUNK):
+        fh.seek(target + searched)
+        chunk = fh.read(_CHUNK + 16)  # overlapping the next, so that no start is cut in two between them
+        for match in pattern.finditer(chunk):
+            if match.start() >= _CHUNK:
+                break
+            at = target + searched + match.start()
+            if not compressed or _stream_starts_a_page(fh, at):
+                return at
+        if len(chunk) <= _CHUNK:
+            return None
+    return None
+
+
+def _stream_starts_a_page(fh: BinaryIO, at: int) -> bool:
+    """Whether a bz2 stream starts at ``at`` and its text with ``<page>`` (not a chance match of the magic
+    inside compressed data, nor a stream of a tool that cuts at any byte, as ``pbzip2`` does)."""
+    fh.seek(at)
+    decompressor, head = bz2.BZ2Decompressor(), b""
+    try:
+        while len(head) < 64 and not decompressor.eof and (data := fh.read(1 << 16)):
+            head += decompressor.decompress(data, max_length=64 - len(head))
+    except OSError:
+        return False
+    return head.lstrip().startswith(_PAGE)
+
+
+def _raw(fh: BinaryIO, span: tuple[int, int]) -> Iterator[bytes]:
+    fh.seek(span[0])
+    left = span[1] - span[0]
+    while left > 0 and (chunk := fh.read(min(_CHUNK, left))):
+        left -= len(chunk)
+        yield chunk
+
+
+def _bz2_streams(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The text of the complete bz2 streams ``chunks`` hold, one after the other."""
+    decompressor, started = bz2.BZ2Decompressor(), False
+    for chunk in chunks:
+        while chunk:
+            yield decompressor.decompress(chunk)
+            started = True
+            if not decompressor.eof:
+                break
+            chunk, decompressor, started = decompressor.unused_data, bz2.BZ2Decompressor(), False
+    if started:
+        raise EOFError("a bz2 stream ends before its end of stream marker")
+
+
+def _text_chunks(path: Path, fh: BinaryIO, span: tuple[int, int] | None, size: int) -> Iterator[bytes]:
+    """The XML text of a dump file, or of one of its :func:`dump_spans` pieces wrapped in the root element
+    that the first piece opens and the last one closes."""
+    if span is None:
+        with fsspec.open(path, "rb", compression="infer") as text:
+            while chunk := text.read(_CHUNK):
+                yield chunk
+        return
+    if span[0] > 0:
+        yield b"<mediawiki>"
+    raw = _raw(fh, span)
+    yield from _bz2_streams(raw) if path.name.lower().endswith(".bz2") else raw
+    if span[1] < size:
+        yield b"</mediawiki>"
+
+
+def iter_pages(path: str | Path, span: tuple[int, int] | None = None) -> Iterator[WikiPage]:
+    """Stream the pages of a MediaWiki XML dump (``.xml``, ``.xml.bz2`` or ``.xml.gz``), in file order; with
+    ``span``, those of one piece of it (:func:`dump_spans`).
 
     Raises:
         WikiDumpError: the compressed stream is corrupt or truncated, or the XML is malformed; the message
-            names the file and the last page read.
+            names the file (and the piece's bytes) and the last page read.
     """
     path = Path(path)
+    where = f"{path}" if span is None else f"{path} (bytes {span[0]:,}-{span[1]:,})"
     last = "<none yet>"
+    parser = ET.XMLPullParser(events=("start", "end"))
+    root = None
     try:
-        with fsspec.open(path, "rb", compression="infer") as fh:
-            context = ET.iterparse(fh, events=("start", "end"))
-            root = None
-            for event, elem in context:
-                if root is None and event == "start":
-                    root = elem
-                    continue
-                if event != "end" or _local(elem.tag) != "page":
-                    continue
-                fields = {"title": "", "ns": "0", "id": "", "text": ""}
-                redirect = False
-                for child in elem:
-                    tag = _local(child.tag)
-                    if tag in ("title", "ns", "id"):
-                        fields[tag] = child.text or ""
-                    elif tag == "redirect":
-                        redirect = True
-                    elif tag == "revision":
-                        for rc in child:
-                            if _local(rc.tag) == "text":
-                                fields["text"] = rc.text or ""
-                last = fields["title"]
-                try:
-                    ns = int(fields["ns"])
-                except ValueError:
-                    ns = -1
-                yield WikiPage(fields["id"], fields["title"], ns, redirect, fields["text"])
-                elem.clear()
-                if root is not None:
+        with path.open("rb") as fh:
+            for chunk in _text_chunks(path, fh, span, os.fstat(fh.fileno()).st_size):
+                parser.feed(chunk)
+                for event, elem in parser.read_events():
+                    if root is None and event == "start":
+                        root = elem
+                        continue
+                    if event != "end" or _local(elem.tag) != "page":
+                        continue
+                    page = _page(elem)
+                    last = page.title
+                    yield page
+                    elem.clear()
                     root.clear()  # drop finished pages held by the root element
+            parser.close()
     except (EOFError, OSError) as err:
         raise WikiDumpError(
-            f"{path}: compressed stream is corrupt or truncated after page {last!r} ({err}); "
+            f"{where}: compressed stream is corrupt or truncated after page {last!r} ({err}); "
             "re-download the dump file or remove it from the source"
         ) from None
     except ET.ParseError as err:
         raise WikiDumpError(
-            f"{path}: malformed XML after page {last!r} ({err}); the file is truncated or not a "
+            f"{where}: malformed XML after page {last!r} ({err}); the file is truncated or not a "
             "MediaWiki export"
         ) from None
+
+
+def _page(elem: ET.Element) -> WikiPage:
+    fields = {"title": "", "ns": "0", "id": "", "text": ""}
+    redirect = False
+    for child in elem:
+        tag = _local(child.tag)
+        if tag in ("title", "ns", "id"):
+            fields[tag] = child.text or ""
+        elif tag == "redirect":
+            redirect = True
+        elif tag == "revision":
+            for rc in child:
+                if _local(rc.tag) == "text":
+                    fields["text"] = rc.text or ""
+    try:
+        ns = int(fields["ns"])
+    except ValueError:
+        ns = -1
+    return WikiPage(fields["id"], fields["title"], ns, redirect, fields["text"])
 
 
 def is_disambiguation(wikitext: str) -> bool:
