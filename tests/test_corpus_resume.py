@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,32 @@ def test_units_another_version_of_the_code_built_are_not_taken(shared_data, tmp_
     build_corpus(small_params(), out, data_root=root)
     assert any("discarding the 3 finished work unit(s)" in r.getMessage() for r in caplog.records)
     assert _taken(caplog) == []
+
+
+def test_units_finished_before_their_turn_to_merge_are_kept(shared_data, tmp_path, monkeypatch, caplog):
+    """Merging goes in unit order; a unit that finishes while an earlier one is still read is kept too."""
+    root = make_root(shared_data, tmp_path)
+    build_corpus(small_params(), tmp_path / "whole", data_root=root, workers=2)
+    out = tmp_path / "out"
+    real = build.Merger.consume
+
+    def consume(self, unit, result):
+        if unit.index == 0:  # the crash comes as unit 0 merges, once units 1 and 2 are finished too
+            deadline = time.monotonic() + 60
+            while not all((partial_dir(out) / f"unit-00000{i}.parquet").exists() for i in (1, 2)):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(1.0)  # their results reach the parent
+            raise RuntimeError("the machine went down")
+        real(self, unit, result)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(build.Merger, "consume", consume)
+        with pytest.raises(RuntimeError, match="went down"):
+            build_corpus(small_params(), out, data_root=root, workers=2)
+    assert len(list((partial_dir(out) / "units").glob("*.json"))) >= 3  # 0 (merging), 1 and 2
+
+    caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
+    build_corpus(small_params(), out, data_root=root, workers=2)
+    assert _taken(caplog) and int(_taken(caplog)[0].split(": ")[2].split()[0]) >= 3
+    assert _files(out) == _files(tmp_path / "whole")

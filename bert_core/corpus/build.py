@@ -6,10 +6,11 @@ Pipeline (streaming; the corpus is never held in memory):
    the pieces of a large Wikipedia dump).
 2. Worker processes clean and segment one unit each and write it to a Parquet file in the build's work
    directory, ``.<output>.partial/`` beside the output (:func:`process_unit`); at most ``2 * workers`` units
-   are in flight. Each finished unit is recorded there (:class:`~bert_core.kept_work.KeptWork`): after a
-   crash or a stop, the same build takes the units whose input files (path, size, modification time) and
-   Parquet file (size, XXH3-128) still match their record and reads only the others. The units stay until
-   the output is in place, so a build needs about twice the output's disk space while it runs.
+   are in flight. Each unit is recorded there as soon as it is finished, before its turn to be merged
+   (:class:`~bert_core.kept_work.KeptWork`): after a crash or a stop, the same build takes the units whose
+   input files (path, size, modification time) and Parquet file (size, XXH3-128) still match their record
+   and reads only the others. The units stay until the output is in place, so a build needs about twice the
+   output's disk space while it runs.
 3. The parent merges unit results *in unit order* (:mod:`bert_core.corpus.merge`): exact de-duplication (64-bit hash of the cleaned
    text, first occurrence wins), per-source and global caps, the seeded held-out split, shard writing.
    The output is therefore identical for any worker count.
@@ -28,7 +29,7 @@ import shutil
 import time
 import unicodedata
 from collections import Counter, deque
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import pyarrow as pa
@@ -281,9 +282,15 @@ def build_corpus(
                 "corpus: continuing an unfinished build: %d of %d work unit(s) kept", len(earlier), len(units)
             )
 
-        def take(unit: SourceFile, result: UnitResult, recorded: bool) -> None:
-            if not recorded:
+        recorded = set(earlier)
+
+        def keep(unit: SourceFile, result: UnitResult) -> None:
+            if unit.index not in recorded:
                 kept.record(unit, result)
+                recorded.add(unit.index)
+
+        def take(unit: SourceFile, result: UnitResult) -> None:
+            keep(unit, result)
             if unit.source_index not in merger.src_done:
                 merger.consume(unit, result)
             progress.advance()
@@ -294,12 +301,17 @@ def build_corpus(
                     break
                 if unit.source_index in merger.src_done:
                     continue
-                result = earlier.get(unit.index)
-                take(unit, result or process_unit(unit, params, work, root_s), result is not None)
+                take(unit, earlier.get(unit.index) or process_unit(unit, params, work, root_s))
         else:
             with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-                pending: deque[tuple[SourceFile, Future, bool]] = deque()
+                pending: deque[tuple[SourceFile, Future]] = deque()
                 todo = iter(units)
+
+                def keep_finished() -> None:
+                    """Record every unit a worker finished, merged or not (merging goes in unit order)."""
+                    for unit, fut in pending:
+                        if fut.done() and not fut.cancelled() and fut.exception() is None:
+                            keep(unit, fut.result())
 
                 def submit_next() -> None:
                     for unit in todo:
@@ -308,29 +320,36 @@ def build_corpus(
                         if unit.source_index in merger.src_done:
                             continue
                         if (result := earlier.get(unit.index)) is not None:
-                            pending.append((unit, done := Future(), True))
+                            pending.append((unit, done := Future()))
                             done.set_result(result)
                         else:
-                            pending.append(
-                                (unit, pool.submit(process_unit, unit, params, work, root_s), False)
-                            )
+                            pending.append((unit, pool.submit(process_unit, unit, params, work, root_s)))
                         return
 
                 try:
                     for _ in range(2 * workers):
                         submit_next()
                     while pending and not merger.done:
-                        unit, fut, recorded = pending.popleft()
-                        take(unit, fut.result(), recorded)
+                        while not pending[0][1].done():  # a later unit that finishes first is kept at once
+                            wait([f for _, f in pending if not f.done()], return_when=FIRST_COMPLETED)
+                            keep_finished()
+                        unit, fut = pending.popleft()
+                        take(unit, fut.result())
                         submit_next()
                 except BaseException:
-                    # Interrupted (Ctrl-C, SIGTERM) or failed: abandon the units in flight. Without this the
-                    # pool's exit waits for every running unit, and a worker spawned after a signal to the
-                    # process group never got that signal (measured: 15 s to stop under DVC on CI).
-                    stop_workers(pool)
+                    # Interrupted (Ctrl-C, SIGTERM) or failed: keep what is finished, abandon the units in
+                    # flight. Without this the pool's exit waits for every running unit, and a worker spawned
+                    # after a signal to the process group never got that signal (measured: 15 s to stop under
+                    # DVC on CI).
+                    try:
+                        keep_finished()
+                    except Exception as err:  # the stop goes on: those units are read again
+                        log.warning("corpus: could not record the finished work units: %s", err)
+                    finally:
+                        stop_workers(pool)
                     raise
                 finally:
-                    for _, fut, _ in pending:
+                    for _, fut in pending:
                         fut.cancel()
         progress.finish("the caps are reached" if merger.done else "")
         train_shards, heldout_shards = merger.close()
