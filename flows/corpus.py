@@ -61,7 +61,7 @@ def corpus_flow(
 def _check(params: CorpusParams, **_: object) -> None:
     """The command line's refusal before Prefect starts: a source path that matches no file."""
     root = data_root()
-    plan_units(params.active_sources(root), root, split_dumps=False)
+    plan_units(params.active_sources(root), root, split=False)
 
 
 #: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).

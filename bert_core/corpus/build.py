@@ -2,8 +2,8 @@
 
 Pipeline (streaming; the corpus is never held in memory):
 
-1. :func:`~bert_core.corpus.readers.plan_units` resolves the sources to ordered work units (files, and
-   the pieces of a large Wikipedia dump).
+1. :func:`~bert_core.corpus.readers.plan_units` resolves the sources to ordered work units (files, the
+   pieces of a large Wikipedia dump, the data files of a Hub dataset with ids of its own).
 2. Worker processes clean and segment one unit each and write it to a Parquet file in the build's work
    directory, ``.<output>.partial/`` beside the output (:func:`process_unit`); at most ``2 * workers`` units
    are in flight. Each unit is recorded there as soon as it is finished, before its turn to be merged
@@ -181,10 +181,11 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
 
 def _unit_input(unit: SourceFile) -> dict[str, object]:
     """What a unit reads, as its record keeps it: its file's path, size and modification time, and the byte
-    range of a piece of a file (a Hub dataset: its name in the plan; the source's settings are in the build's
-    params)."""
+    range of a piece of a file (a Hub dataset: its name in the plan and the data file; the source's settings
+    are in the build's params)."""
     if unit.path is None:
-        return {"source": unit.source.name, "rel": unit.rel}
+        hub = {"source": unit.source.name, "rel": unit.rel}
+        return hub if unit.shard is None else {**hub, "shard": list(unit.shard)}
     st = os.stat(unit.path)
     found = {"source": unit.source.name, "path": unit.path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     return found if unit.span is None else {**found, "span": list(unit.span)}

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import fsspec
 
@@ -90,8 +91,9 @@ class UnitStats:
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One input file of a source (``path`` None: a whole Hub dataset), or one piece of a large Wikipedia dump
-    (``span``: its byte range, :func:`bert_core.corpus.wiki.dump_spans`)."""
+    """One input file of a source, one piece of a large Wikipedia dump (``span``: its byte range,
+    :func:`bert_core.corpus.wiki.dump_spans`), or a Hub dataset (``path`` None), whole or one of its data files
+    (``shard``: its index and the dataset's number of data files)."""
 
     index: int
     source_index: int
@@ -99,6 +101,12 @@ class SourceFile:
     path: str | None
     rel: str
     span: tuple[int, int] | None = None
+    shard: tuple[int, int] | None = None
+
+    @property
+    def first_of_its_file(self) -> bool:
+        """Whether this unit starts its input (a file, or a Hub dataset): the one that counts it."""
+        return (self.span or (0, 0))[0] == 0 and (self.shard or (0, 0))[0] == 0
 
 
 @dataclass(frozen=True)
@@ -140,24 +148,30 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
     return anchor, files
 
 
-def plan_units(
-    sources: tuple[SourceSpec, ...], root: Path | None, *, split_dumps: bool = True
-) -> list[SourceFile]:
-    """Resolve every source to its ordered work units: one per file (or Hub dataset), and with
-    ``split_dumps`` one per piece of a large Wikipedia dump (:func:`~bert_core.corpus.wiki.dump_spans`).
+def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: bool = True) -> list[SourceFile]:
+    """Resolve every source to its ordered work units: one per file or Hub dataset; with ``split``, one per
+    piece of a large Wikipedia dump (:func:`~bert_core.corpus.wiki.dump_spans`) and one per data file of a
+    Hub dataset whose rows are documents with ids of their own (``id_field``; positional ids would need the
+    rows of the files before).
 
     Raises:
         SourceNotFoundError: a source path matches no file (names the source, the path and the root).
+        CorpusError: a Hub dataset to split cannot be loaded.
     """
     units: list[SourceFile] = []
     for si, source in enumerate(sources):
-        if source.kind == "hf":  # one unit: the Hub dataset, or a local dataset folder under the root
+        if source.kind == "hf":  # the Hub dataset, or a local dataset folder under the root
             if root is not None and not (root / source.path).exists():
                 raise SourceNotFoundError(
                     f"source '{source.name}' (hf): '{source.path}' does not exist under data root {root}; "
                     "with BERT_DATA_ROOT set, Hub datasets must be given as local dataset folders"
                 )
-            units.append(SourceFile(len(units), si, source, None, f"{source.split}"))
+            own_ids = source.id_field is not None and source.effective_doc_split == "row"
+            n = _load_hf(source, root).num_shards if split and own_ids else 1
+            if n > 1:
+                log.info("%s: read as its %d data files (work units)", source.path, n)
+            for shard in [(k, n) for k in range(n)] if n > 1 else [None]:
+                units.append(SourceFile(len(units), si, source, None, f"{source.split}", shard=shard))
             continue
         anchor, files = _resolve(source, root)
         for p in files:
@@ -165,7 +179,7 @@ def plan_units(
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
                 rel = p.name
-            spans = dump_spans(p) if split_dumps and source.kind == "wikipedia_xml" else [None]
+            spans = dump_spans(p) if split and source.kind == "wikipedia_xml" else [None]
             if len(spans) > 1:
                 log.info(
                     "%s: read in %d pieces (work units) of its %s bytes", p, len(spans), f"{spans[-1][1]:,}"
@@ -372,19 +386,34 @@ def _read_wiki(unit: SourceFile, stats: UnitStats) -> Iterator[RawDoc]:
         raise CorpusError(str(err)) from None
 
 
-def _read_hf(unit: SourceFile, stats: UnitStats, root: Path | None) -> Iterator[RawDoc]:
-    src = unit.source
+def _load_hf(src: SourceSpec, root: Path | None) -> Any:
+    """The source's Hub dataset (a local dataset folder under ``root``), streamed."""
     try:
         import datasets
 
         name = str(root / src.path) if root is not None else src.path
-        ds = datasets.load_dataset(name, src.config, split=src.split, streaming=True, revision=src.revision)
+        return datasets.load_dataset(name, src.config, split=src.split, streaming=True, revision=src.revision)
     except Exception as err:
         raise CorpusError(
             f"source '{src.name}': cannot load Hugging Face dataset {src.path!r} "
             f"(config {src.config!r}, split {src.split!r}): {err}. Check the name and your network, or set "
             "BERT_DATA_ROOT to build from local files"
         ) from None
+
+
+def _read_hf(unit: SourceFile, stats: UnitStats, root: Path | None) -> Iterator[RawDoc]:
+    src = unit.source
+    ds = _load_hf(src, root)
+    at = ""
+    if unit.shard is not None:
+        k, n = unit.shard
+        if ds.num_shards != n:
+            raise CorpusError(
+                f"source '{src.name}': Hugging Face dataset {src.path!r} has {ds.num_shards} data files, not the "
+                f"{n} it had when the build was planned: it changed during the build; set the source's "
+                "revision to pin one"
+            )
+        ds, at = ds.shard(n, k, contiguous=True), f"{k}:"
 
     def rows() -> Iterator[dict]:
         for rec in ds:
@@ -400,9 +429,12 @@ def _read_hf(unit: SourceFile, stats: UnitStats, root: Path | None) -> Iterator[
         text = rec.get(src.text_field)
         if not isinstance(text, str):
             stats.records += 1
-            stats.bad_record(f"{src.path}: row {i}", f"no string field '{src.text_field}'", "skip")
+            where = (
+                f"{src.path}: row {i}" if unit.shard is None else f"{src.path}: data file {at[:-1]}, row {i}"
+            )
+            stats.bad_record(where, f"no string field '{src.text_field}'", "skip")
             continue
-        rid = _field_str(rec, src.id_field) or f"{src.split}:{i}"
+        rid = _field_str(rec, src.id_field) or f"{src.split}:{at}{i}"
         yield RawDoc(rid, _field_str(rec, src.title_field) or "", text, src.effective_newlines)
 
 
@@ -417,7 +449,7 @@ def read_unit(
     """
     kind = unit.source.kind
     if kind == "hf":
-        stats.input_files += 1
+        stats.input_files += int(unit.first_of_its_file)
         yield from _read_hf(unit, stats, root)
         return
     path = Path(unit.path)
@@ -425,7 +457,7 @@ def read_unit(
         raise SourceNotFoundError(
             f"source '{unit.source.name}': {path} disappeared while building the corpus"
         )
-    stats.input_files += int(unit.span is None or unit.span[0] == 0)  # a file read in pieces counts once
+    stats.input_files += int(unit.first_of_its_file)  # a file read in pieces counts once
     if kind == "text":
         yield from _read_text(unit, stats, max_doc_chars)
     elif kind == "jsonl":

@@ -1,0 +1,123 @@
+"""A Hub dataset whose rows carry their own ids is read one data file per work unit: in parallel, kept file by
+file after a crash, and the same corpus as one reader of the whole dataset."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bert_core.corpus import CorpusError, CorpusParams, build, build_corpus
+from bert_core.corpus.readers import UnitStats, plan_units, read_unit
+from bert_core.kept_work import partial_dir
+
+FILES = 4
+
+
+def _dataset(root: Path, files: int = FILES) -> None:
+    """A local dataset folder (as ``BERT_DATA_ROOT`` holds a Hub dataset): ``files`` Parquet data files of
+    documents with ids, titles and sentences of their own."""
+    folder = root / "hub" / "wiki"
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in range(files):
+        rows = [
+            {
+                "id": f"{k}{i:03d}",
+                "title": f"Article {k}.{i}",
+                "text": " ".join(
+                    f"Article {k}.{i} says in sentence {j} that the number {k * 1000 + i * 10 + j} is odd."
+                    for j in range(8)
+                ),
+            }
+            for i in range(30)
+        ]
+        pq.write_table(pa.Table.from_pylist(rows), folder / f"train-{k:05d}-of-{files:05d}.parquet")
+
+
+def _params(**source: object) -> CorpusParams:
+    return CorpusParams.model_validate(
+        {
+            "sources": [{"name": "hub", "kind": "hf", "path": "x"}],
+            "local_sources": [
+                {
+                    "name": "wiki",
+                    "kind": "hf",
+                    "path": "hub/wiki",
+                    "id_field": "id",
+                    "title_field": "title",
+                    **source,
+                }
+            ],
+            "heldout": {"fraction": 0.1, "max_documents": 20},
+        }
+    )
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def _whole(params: CorpusParams, out: Path, root: Path, monkeypatch) -> None:
+    """The build with the dataset as one work unit (one reader)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(build, "plan_units", functools.partial(plan_units, split=False))
+        build_corpus(params, out, data_root=root, workers=1)
+
+
+def test_a_dataset_with_ids_is_read_one_data_file_per_unit_into_the_corpus_of_one_reader(
+    tmp_path, monkeypatch, caplog
+):
+    _dataset(tmp_path)
+    units = plan_units(_params().active_sources(tmp_path), tmp_path)
+    assert [u.shard for u in units] == [(k, FILES) for k in range(FILES)]
+    _whole(_params(), tmp_path / "whole", tmp_path, monkeypatch)
+    caplog.set_level(logging.INFO, logger="bert_core.corpus")
+    stats = build_corpus(_params(), tmp_path / "files", data_root=tmp_path, workers=2)
+    assert any(f"read as its {FILES} data files (work units)" in r.getMessage() for r in caplog.records)
+    assert stats.documents == 30 * FILES and stats.input_files == 1
+    assert _files(tmp_path / "files") == _files(tmp_path / "whole")  # the manifest's statistics included
+
+
+def test_positional_ids_or_wikitext_articles_keep_the_dataset_one_unit(tmp_path):
+    _dataset(tmp_path)
+    for params in (_params(id_field=None), _params(doc_split="wikitext")):
+        units = plan_units(params.active_sources(tmp_path), tmp_path)
+        assert [u.shard for u in units] == [None]
+
+
+def test_a_crashed_build_keeps_the_data_files_it_finished(tmp_path, monkeypatch, caplog):
+    _dataset(tmp_path)
+    _whole(_params(), tmp_path / "whole", tmp_path, monkeypatch)
+    out, real = tmp_path / "out", build.Merger.consume
+
+    def consume(self, unit, result):
+        if unit.index == 2:
+            raise RuntimeError("the machine went down")
+        real(self, unit, result)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(build.Merger, "consume", consume)
+        with pytest.raises(RuntimeError, match="went down"):
+            build_corpus(_params(), out, data_root=tmp_path, workers=1)
+    caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
+    build_corpus(_params(), out, data_root=tmp_path, workers=2)
+    kept = [r.getMessage() for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
+    assert kept == [f"corpus: continuing an unfinished build: 3 of {FILES} work unit(s) kept"]
+    assert _files(out) == _files(tmp_path / "whole")
+    assert not partial_dir(out).exists()
+
+
+def test_a_dataset_that_changed_since_the_plan_is_refused(tmp_path):
+    _dataset(tmp_path)
+    unit = plan_units(_params().active_sources(tmp_path), tmp_path)[1]
+    for old in (tmp_path / "hub" / "wiki").iterdir():
+        old.unlink()
+    _dataset(tmp_path, files=FILES + 1)  # one more data file, as a Hub dataset updated during the build
+    with pytest.raises(
+        CorpusError, match=rf"has {FILES + 1} data files, not the {FILES} .* set the source's revision"
+    ):
+        list(read_unit(unit, UnitStats(), max_doc_chars=10**6, on_bad_record="skip", root=tmp_path))
