@@ -1,17 +1,17 @@
 """Corpus stage on one large input read in pieces (the stage's way) vs as one work unit (one reader).
 
-Two inputs, each run both ways in fresh child processes with the same workers, interleaved (one reader,
-pieces, pieces, one reader ...); the two outputs must be byte-identical.
+Three inputs, each run both ways in fresh child processes with the same workers, interleaved (one reader,
+pieces, pieces, one reader ...); the two outputs must be byte-identical. De-duplication is off, as the
+inputs repeat real text; ids never repeat. Pieces are :data:`PIECE_BYTES` (the stage's own are 64 MB).
 
 - ``dump``: one multistream Wikipedia dump built from the shared data's real fragment
   (``wikipedia_dump/enwiki-20250201-tiny.xml.bz2``, 70 pages, 6 articles): ``--copies`` copies of its pages,
-  each copy's page ids shifted so that none repeats, written as dumps.wikimedia.org writes a multistream file
-  (a stream for the header, one per 100 pages, one for the closing tag), cut every ``--piece-mb`` MB of the
-  file (the stage's default is 64 MB, sized for real dumps). De-duplication is off, as the copies' text
-  repeats.
+  each copy's page ids shifted, written as dumps.wikimedia.org writes a multistream file (a stream for the
+  header, one per 100 pages, one for the closing tag).
+- ``jsonl``: one JSONL file of ``--jsonl-copies`` copies of the shared corpus's 11,570 Wikipedia articles
+  (19.7 MB of text), ids suffixed by the copy's number.
 - ``hub``: a Hub dataset with ids (a local dataset folder, as ``BERT_DATA_ROOT`` holds one) of ``--hub-files``
-  Parquet data files, each the shared corpus's 11,570 Wikipedia articles (19.7 MB of text) with its ids
-  suffixed by the file's number; one work unit per file. De-duplication is off here too.
+  Parquet data files, each those articles with ids suffixed by the file's number; one work unit per file.
 
     .venv/bin/python -m bench.bench_corpus_split --data-root ../shared/data --out /tmp/bench_corpus_split
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import bz2
+import contextlib
 import functools
 import json
 import os
@@ -34,6 +35,9 @@ from bench._common import median
 
 DUMP = "wikipedia_dump/enwiki-20250201-tiny.xml.bz2"
 PAGE_ID = re.compile(rb"(<ns>\d+</ns>\s*<id>)(\d+)(</id>)")
+#: The file bytes of a piece, per input: small enough for the benchmark's inputs to give several pieces (the
+#: stage's own is 64 MB); a Hub dataset is cut at its data files whatever this is.
+PIECE_BYTES = {"dump": 500_000, "jsonl": 8_000_000, "hub": 8_000_000}
 
 
 def make_dump(data_root: Path, out: Path, copies: int) -> Path:
@@ -68,36 +72,54 @@ def make_hub(data_root: Path, out: Path, files: int) -> Path:
     folder = out / "root" / f"hub-wikipedia-x{files}"
     if not folder.exists():
         folder.mkdir(parents=True)
-        rows = [
-            json.loads(line)
-            for path in sorted((data_root / "corpus" / "wikipedia").glob("*.jsonl"))
-            for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip()
-        ]
+        rows = [json.loads(line) for line in wiki_lines(data_root)]
         for k in range(files):
             table = pa.Table.from_pylist([{**row, "id": f"{row['id']}/{k}"} for row in rows])
             pq.write_table(table, folder / f"train-{k:05d}-of-{files:05d}.parquet")
     return folder
 
 
+def make_jsonl(data_root: Path, out: Path, copies: int) -> Path:
+    """One JSONL file of ``copies`` copies of the shared corpus's articles (ids suffixed), under ``out/root``."""
+    path = out / "root" / f"wikipedia-x{copies}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [json.loads(line) for line in wiki_lines(data_root)]
+        with path.open("w", encoding="utf-8") as fh:
+            for k in range(copies):
+                fh.writelines(json.dumps({**row, "id": f"{row['id']}/{k}"}) + "\n" for row in rows)
+    return path
+
+
+def wiki_lines(data_root: Path) -> list[str]:
+    return [
+        line
+        for path in sorted((data_root / "corpus" / "wikipedia").glob("*.jsonl"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+
+
+@contextlib.contextmanager
+def patched_unit_bytes(unit_bytes: int):
+    from bert_core.corpus import pieces as corpus_pieces
+
+    old, corpus_pieces.UNIT_BYTES = corpus_pieces.UNIT_BYTES, unit_bytes
+    try:
+        yield
+    finally:
+        corpus_pieces.UNIT_BYTES = old
+
+
 def child(args: argparse.Namespace) -> None:
     """One build in this fresh process; its figures as JSON on stdout."""
-    from bert_core.corpus import CorpusParams, build, build_corpus, readers, wiki
+    from bert_core.corpus import CorpusParams, build, build_corpus, readers
+    from bert_core.corpus import pieces as corpus_pieces
 
-    wiki.DUMP_UNIT_BYTES = args.unit_bytes
+    corpus_pieces.UNIT_BYTES = args.unit_bytes
     if args.one_reader:
         build.plan_units = functools.partial(readers.plan_units, split=False)
-    source = (
-        {"name": "enwiki", "kind": "wikipedia_xml", "path": Path(args.input).name}
-        if args.case == "dump"
-        else {
-            "name": "wiki",
-            "kind": "hf",
-            "path": Path(args.input).name,
-            "id_field": "id",
-            "title_field": "title",
-        }
-    )
+    source = source_spec(args.case, Path(args.input))
     params = CorpusParams.model_validate(
         {
             "sources": [{"name": "hub", "kind": "hf", "path": "x"}],
@@ -118,24 +140,34 @@ def files(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
+def source_spec(case: str, path: Path) -> dict:
+    kind = {"dump": "wikipedia_xml", "jsonl": "jsonl", "hub": "hf"}[case]
+    ids = {} if case == "dump" else {"id_field": "id", "title_field": "title"}
+    return {"name": "input", "kind": kind, "path": path.name, **ids}
+
+
 def run_case(args: argparse.Namespace, case: str) -> bool:
     """Both ways on ``case``'s input; prints its table; whether the outputs are byte-identical."""
+    from bert_core.corpus import CorpusParams
     from bert_core.corpus.readers import plan_units
-    from bert_core.corpus.wiki import dump_spans
 
-    if case == "dump":
-        path = make_dump(args.data_root.resolve(), args.out, args.copies)
-        pieces = len(dump_spans(path, int(args.piece_mb * 1e6)))
-        what = f"{path.stat().st_size / 1e6:.1f} MB multistream dump ({args.copies * 70:,} pages)"
-    else:
-        from bert_core.corpus import CorpusParams
-
-        path = make_hub(args.data_root.resolve(), args.out, args.hub_files)
-        spec = {"name": "wiki", "kind": "hf", "path": path.name, "id_field": "id"}
-        params = CorpusParams.model_validate({"sources": [spec], "local_sources": [spec]})
+    data_root = args.data_root.resolve()
+    path = {
+        "dump": lambda: make_dump(data_root, args.out, args.copies),
+        "jsonl": lambda: make_jsonl(data_root, args.out, args.jsonl_copies),
+        "hub": lambda: make_hub(data_root, args.out, args.hub_files),
+    }[case]()
+    spec = source_spec(case, path)
+    params = CorpusParams.model_validate({"sources": [spec], "local_sources": [spec]})
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched_unit_bytes(PIECE_BYTES[case]))
         pieces = len(plan_units(params.active_sources(path.parent), path.parent))
-        mb = sum(f.stat().st_size for f in path.iterdir()) / 1e6
-        what = f"Hub dataset of {pieces} Parquet data files ({mb:.1f} MB)"
+    mb = sum(f.stat().st_size for f in (path.iterdir() if path.is_dir() else [path])) / 1e6
+    what = {
+        "dump": f"{mb:.1f} MB multistream dump ({args.copies * 70:,} pages)",
+        "jsonl": f"{mb:.1f} MB JSONL file (the real articles {args.jsonl_copies} times)",
+        "hub": f"Hub dataset of {pieces} Parquet data files ({mb:.1f} MB, the real articles {pieces} times)",
+    }[case]
     runs: dict[str, list[dict]] = {"one reader": [], "pieces": []}
     order = [w for r in range(args.rounds) for w in (list(runs) if r % 2 == 0 else list(runs)[::-1])]
     outputs = []
@@ -155,7 +187,7 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
             "--out-dir",
             str(out_dir),
             "--unit-bytes",
-            str(int(args.piece_mb * 1e6)),
+            str(PIECE_BYTES[case]),
             "--workers",
             str(args.workers),
         ]
@@ -183,9 +215,9 @@ def main() -> None:
         "--data-root", type=Path, default=Path(os.environ.get("BERT_DATA_ROOT", "../shared/data"))
     )
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_corpus_split"))
-    ap.add_argument("--cases", nargs="*", default=["dump", "hub"], choices=["dump", "hub"])
+    ap.add_argument("--cases", nargs="*", default=list(PIECE_BYTES), choices=list(PIECE_BYTES))
     ap.add_argument("--copies", type=int, default=40, help="dump: copies of the fragment's 70 pages")
-    ap.add_argument("--piece-mb", type=float, default=0.5, help="dump: file MB per piece")
+    ap.add_argument("--jsonl-copies", type=int, default=4, help="jsonl: copies of the real articles")
     ap.add_argument("--hub-files", type=int, default=8, help="hub: data files")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from bert_core.corpus import CorpusError, CorpusParams, build, build_corpus, wiki
-from bert_core.corpus.wiki import dump_spans, iter_pages
+from bert_core.corpus import pieces as corpus_pieces
+from bert_core.corpus.pieces import dump_spans
+from bert_core.corpus.wiki import iter_pages
 from bert_core.kept_work import partial_dir
 
 DUMP = "wikipedia_dump/enwiki-20250201-tiny.xml.bz2"
@@ -114,10 +116,10 @@ def _files(out: Path) -> dict[str, bytes]:
 def test_a_dump_read_in_pieces_gives_the_corpus_of_one_reader(dumps, tmp_path, monkeypatch, caplog):
     root = dumps["multistream"].parent
     build_corpus(_params(), tmp_path / "whole", data_root=root, workers=1)
-    monkeypatch.setattr(wiki, "DUMP_UNIT_BYTES", 30_000)
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 30_000)
     caplog.set_level(logging.INFO, logger="bert_core.corpus")
     stats = build_corpus(_params(), tmp_path / "pieces", data_root=root, workers=2)
-    pieces = len(dump_spans(dumps["multistream"]))
+    pieces = len(dump_spans(dumps["multistream"], corpus_pieces.UNIT_BYTES))
     assert pieces > 3
     assert any(f"read in {pieces} pieces (work units)" in r.getMessage() for r in caplog.records)
     assert stats.documents == 6 and stats.input_files == 1
@@ -128,7 +130,7 @@ def test_a_dump_read_in_pieces_gives_the_corpus_of_one_reader(dumps, tmp_path, m
 def test_a_crashed_build_keeps_the_pieces_it_finished(dumps, tmp_path, monkeypatch, caplog):
     root, out = dumps["multistream"].parent, tmp_path / "out"
     build_corpus(_params(), tmp_path / "whole", data_root=root, workers=1)
-    monkeypatch.setattr(wiki, "DUMP_UNIT_BYTES", 30_000)
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 30_000)
     real = build.Merger.consume
 
     def consume(self, unit, result):
@@ -143,7 +145,7 @@ def test_a_crashed_build_keeps_the_pieces_it_finished(dumps, tmp_path, monkeypat
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     build_corpus(_params(), out, data_root=root, workers=2)
     kept = [r.getMessage() for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
-    pieces = len(dump_spans(dumps["multistream"]))
+    pieces = len(dump_spans(dumps["multistream"], corpus_pieces.UNIT_BYTES))
     assert kept == [f"corpus: continuing an unfinished build: 3 of {pieces} work unit(s) kept"]
     assert _files(out) == _files(tmp_path / "whole")
     assert not partial_dir(out).exists()
@@ -153,7 +155,7 @@ def test_a_crashed_build_keeps_the_pieces_it_finished(dumps, tmp_path, monkeypat
         patch.setattr(build.Merger, "consume", consume)
         with pytest.raises(RuntimeError, match="went down"):
             build_corpus(_params(), tmp_path / "again", data_root=root, workers=1)
-    monkeypatch.setattr(wiki, "DUMP_UNIT_BYTES", 50_000)
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 50_000)
     caplog.clear()
     build_corpus(_params(), tmp_path / "again", data_root=root, workers=1)
     assert not [r for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
@@ -162,8 +164,8 @@ def test_a_crashed_build_keeps_the_pieces_it_finished(dumps, tmp_path, monkeypat
 
 def test_a_corrupt_piece_fails_the_build_naming_it(dumps, tmp_path, monkeypatch):
     path = dumps["multistream"]
-    monkeypatch.setattr(wiki, "DUMP_UNIT_BYTES", 30_000)
-    a, b = dump_spans(path)[2]
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 30_000)
+    a, b = dump_spans(path, corpus_pieces.UNIT_BYTES)[2]
     data = bytearray(path.read_bytes())
     data[(a + b) // 2 : (a + b) // 2 + 64] = bytes(64)
     path.write_bytes(bytes(data))

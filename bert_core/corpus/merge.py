@@ -74,6 +74,7 @@ class Merger:
         self.src_docs = Counter()
         self.src_bytes = Counter()
         self.src_done: set[int] = set()
+        self.utf8_error_paths: set[str | None] = set()
         self.done = False
         self.check_rows: list[dict[str, Any]] = []
         self.pending: tuple[dict[str, Any], int] | None = None
@@ -100,8 +101,10 @@ class Merger:
         st.input_bytes += result.stats.input_bytes
         st.records += result.stats.records
         st.utf8_replacements += result.stats.utf8_replacements
-        st.files_with_utf8_errors += result.stats.files_with_utf8_errors
         replaced, named = result.stats.utf8_replacements, st.utf8_error_files
+        if replaced and unit.path not in self.utf8_error_paths:  # a file read in several units counts once
+            self.utf8_error_paths.add(unit.path)
+            st.files_with_utf8_errors += 1
         binary = replaced > BINARY_SHARE * max(result.stats.input_bytes, 1)
         if binary:
             log.warning(

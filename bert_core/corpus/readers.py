@@ -25,13 +25,8 @@ import fsspec
 
 from bert_core.corpus.clean import wikitext_detokenize
 from bert_core.corpus.params import SourceSpec
-from bert_core.corpus.wiki import (
-    WikiDumpError,
-    dump_spans,
-    is_disambiguation,
-    iter_pages,
-    wikitext_to_passages,
-)
+from bert_core.corpus.pieces import file_pieces
+from bert_core.corpus.wiki import WikiDumpError, is_disambiguation, iter_pages, wikitext_to_passages
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +68,6 @@ class UnitStats:
     input_bytes: int = 0
     records: int = 0
     utf8_replacements: int = 0
-    files_with_utf8_errors: int = 0
     gutenberg_stripped: int = 0
     stopped_early: bool = False
     dropped: Counter = field(default_factory=Counter)
@@ -91,8 +85,8 @@ class UnitStats:
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One input file of a source, one piece of a large Wikipedia dump (``span``: its byte range,
-    :func:`bert_core.corpus.wiki.dump_spans`), or a Hub dataset (``path`` None), whole or one of its data files
+    """One input file of a source, one piece of a large file (``span``: its byte range; ``first_line``: the
+    file's line number it starts at), or a Hub dataset (``path`` None), whole or one of its data files
     (``shard``: its index and the dataset's number of data files)."""
 
     index: int
@@ -102,6 +96,7 @@ class SourceFile:
     rel: str
     span: tuple[int, int] | None = None
     shard: tuple[int, int] | None = None
+    first_line: int = 1
 
     @property
     def first_of_its_file(self) -> bool:
@@ -150,9 +145,9 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
 
 def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: bool = True) -> list[SourceFile]:
     """Resolve every source to its ordered work units: one per file or Hub dataset; with ``split``, one per
-    piece of a large Wikipedia dump (:func:`~bert_core.corpus.wiki.dump_spans`) and one per data file of a
-    Hub dataset whose rows are documents with ids of their own (``id_field``; positional ids would need the
-    rows of the files before).
+    :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece of a large uncompressed JSONL file or Wikipedia dump
+    (:mod:`bert_core.corpus.pieces`), and one per data file of a Hub dataset whose rows are
+    documents with ids of their own (``id_field``; its default ids count rows from the dataset's start).
 
     Raises:
         SourceNotFoundError: a source path matches no file (names the source, the path and the root).
@@ -179,13 +174,14 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
                 rel = p.name
-            spans = dump_spans(p) if split and source.kind == "wikipedia_xml" else [None]
-            if len(spans) > 1:
+            pieces = file_pieces(p, source.kind) if split else [(0, p.stat().st_size, 1)]
+            if len(pieces) > 1:
                 log.info(
-                    "%s: read in %d pieces (work units) of its %s bytes", p, len(spans), f"{spans[-1][1]:,}"
+                    "%s: read in %d pieces (work units) of its %s bytes", p, len(pieces), f"{pieces[-1][1]:,}"
                 )
-            for span in spans if len(spans) > 1 else [None]:
-                units.append(SourceFile(len(units), si, source, str(p), rel, span))
+            for start, end, line in pieces:
+                span = (start, end) if len(pieces) > 1 else None
+                units.append(SourceFile(len(units), si, source, str(p), rel, span, first_line=line))
     return units
 
 
@@ -198,12 +194,18 @@ def _stem(path: Path) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def _lines(path: Path, stats: UnitStats) -> Iterator[tuple[int, str]]:
-    """Decoded lines (1-based line numbers), counting UTF-8 replacements; compressed input errors named."""
+def _lines(path: Path, stats: UnitStats, unit: SourceFile | None = None) -> Iterator[tuple[int, str]]:
+    """Decoded lines (1-based line numbers of the file), of ``unit``'s piece of the file if it is one,
+    counting UTF-8 replacements; compressed input errors named."""
     replaced = 0
+    start, end = unit.span if unit is not None and unit.span is not None else (0, None)
     try:
         with fsspec.open(path, "rb", compression="infer") as fh:
-            for lineno, raw in enumerate(fh, 1):
+            fh.seek(start)
+            for lineno, raw in enumerate(fh, unit.first_line if unit is not None else 1):
+                if end is not None and start >= end:
+                    break
+                start += len(raw)
                 stats.input_bytes += len(raw)
                 text, n = decode(raw)
                 replaced += n
@@ -215,7 +217,6 @@ def _lines(path: Path, stats: UnitStats) -> Iterator[tuple[int, str]]:
         ) from None
     finally:
         stats.utf8_replacements += replaced
-        stats.files_with_utf8_errors += int(replaced > 0)
 
 
 _WT_TITLE_RE = re.compile(r"^ ?= ([^=].*?) = ?$")
@@ -262,7 +263,6 @@ def _read_text(unit: SourceFile, stats: UnitStats, max_doc_chars: int) -> Iterat
         stats.input_bytes += len(data)
         text, n = decode(data)
         stats.utf8_replacements += n
-        stats.files_with_utf8_errors += int(n > 0)
         yield RawDoc(unit.rel, _stem(path), text, src.effective_newlines)
         return
     lines = (line for _, line in _lines(path, stats))
@@ -305,7 +305,7 @@ def _field_str(rec: dict, name: str | None) -> str | None:
 
 def _read_jsonl(unit: SourceFile, stats: UnitStats, on_bad_record: str) -> Iterator[RawDoc]:
     src, path = unit.source, Path(unit.path)
-    for lineno, line in _lines(path, stats):
+    for lineno, line in _lines(path, stats, unit):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"

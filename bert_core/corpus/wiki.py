@@ -5,7 +5,7 @@ through ``xml.etree.ElementTree.XMLPullParser`` (``.xml``, ``.xml.bz2``, ``.xml.
 ``<page>`` is cleared, so memory does not grow with the dump. Redirects and pages outside namespace 0
 (articles) are skipped.
 
-A large dump is read in pieces (:func:`dump_spans`): a multistream ``.xml.bz2`` (the form dumps.wikimedia.org
+A large dump is read in pieces (:func:`bert_core.corpus.pieces.dump_spans`): a multistream ``.xml.bz2`` (the form dumps.wikimedia.org
 recommends: a concatenation of bz2 streams of 100 pages each) at the starts of its streams, an ``.xml`` at its
 ``<page>`` tags. Each piece is a byte range that :func:`iter_pages` reads on its own, so the corpus stage reads
 the pieces of one file in parallel and keeps each as it finishes. A single-stream ``.bz2`` or a ``.gz`` has no
@@ -133,65 +133,7 @@ def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
-#: The file bytes of one piece of a large dump (:func:`dump_spans`): about 300 MB of XML in a multistream
-#: ``.bz2``, a few CPU-minutes of rendering, which is what a crash can cost a worker and what one worker takes.
-DUMP_UNIT_BYTES = 64 << 20
-#: How far past each ``DUMP_UNIT_BYTES`` step a piece's start is looked for before that step is given up.
-_SEARCH_BYTES = 16 << 20
-_CHUNK = 1 << 20
-_BZ2_STREAM = re.compile(rb"BZh[1-9]1AY&SY")  # a bz2 stream's header and its first block's magic
-_PAGE = b"<page>"
-
-
-def dump_spans(path: str | Path, unit_bytes: int | None = None) -> list[tuple[int, int]]:
-    """The byte ranges a dump file is read in, in order and covering the whole file: one range for a small
-    file, a single-stream ``.bz2`` or a ``.gz``; else ranges of at least ``unit_bytes`` (default
-    :data:`DUMP_UNIT_BYTES`; the last may be shorter), each starting at a ``<page>`` tag (``.xml``) or at a
-    bz2 stream whose text starts with one."""
-    path = Path(path)
-    unit_bytes = unit_bytes or DUMP_UNIT_BYTES
-    size = path.stat().st_size
-    name = path.name.lower()
-    if size <= unit_bytes or not name.endswith((".xml", ".bz2")):
-        return [(0, size)]
-    starts = [0]
-    with path.open("rb") as fh:
-        # None: no start within _SEARCH_BYTES, so not a multistream file (which has one every ~100 KB)
-        while starts[-1] + unit_bytes < size and (
-            found := _piece_start(fh, starts[-1] + unit_bytes, name.endswith(".bz2"))
-        ):
-            starts.append(found)
-    return list(zip(starts, [*starts[1:], size], strict=True))
-
-
-def _piece_start(fh: BinaryIO, target: int, compressed: bool) -> int | None:
-    """The first offset at or after ``target`` (searching ``_SEARCH_BYTES``) where a piece can start."""
-    pattern = _BZ2_STREAM if compressed else re.compile(re.escape(_PAGE))
-    for searched in range(0, _SEARCH_BYTES, _CHUNK):
-        fh.seek(target + searched)
-        chunk = fh.read(_CHUNK + 16)  # overlapping the next, so that no start is cut in two between them
-        for match in pattern.finditer(chunk):
-            if match.start() >= _CHUNK:
-                break
-            at = target + searched + match.start()
-            if not compressed or _stream_starts_a_page(fh, at):
-                return at
-        if len(chunk) <= _CHUNK:
-            return None
-    return None
-
-
-def _stream_starts_a_page(fh: BinaryIO, at: int) -> bool:
-    """Whether a bz2 stream starts at ``at`` and its text with ``<page>`` (not a chance match of the magic
-    inside compressed data, nor a stream of a tool that cuts at any byte, as ``pbzip2`` does)."""
-    fh.seek(at)
-    decompressor, head = bz2.BZ2Decompressor(), b""
-    try:
-        while len(head) < 64 and not decompressor.eof and (data := fh.read(1 << 16)):
-            head += decompressor.decompress(data, max_length=64 - len(head))
-    except OSError:
-        return False
-    return head.lstrip().startswith(_PAGE)
+_CHUNK = 1 << 20  # bytes read (and text decompressed) at a time
 
 
 def _raw(fh: BinaryIO, span: tuple[int, int]) -> Iterator[bytes]:
@@ -217,7 +159,7 @@ def _bz2_streams(chunks: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def _text_chunks(path: Path, fh: BinaryIO, span: tuple[int, int] | None, size: int) -> Iterator[bytes]:
-    """The XML text of a dump file, or of one of its :func:`dump_spans` pieces wrapped in the root element
+    """The XML text of a dump file, or of one of its pieces (:func:`~bert_core.corpus.pieces.dump_spans`) wrapped in the root element
     that the first piece opens and the last one closes."""
     if span is None:
         with fsspec.open(path, "rb", compression="infer") as text:
@@ -234,7 +176,7 @@ def _text_chunks(path: Path, fh: BinaryIO, span: tuple[int, int] | None, size: i
 
 def iter_pages(path: str | Path, span: tuple[int, int] | None = None) -> Iterator[WikiPage]:
     """Stream the pages of a MediaWiki XML dump (``.xml``, ``.xml.bz2`` or ``.xml.gz``), in file order; with
-    ``span``, those of one piece of it (:func:`dump_spans`).
+    ``span``, those of one piece of it (:func:`~bert_core.corpus.pieces.dump_spans`).
 
     Raises:
         WikiDumpError: the compressed stream is corrupt or truncated, or the XML is malformed; the message

@@ -1,0 +1,121 @@
+"""A large uncompressed JSONL file is read in pieces (several work units) cut after a newline: the same corpus
+as one reader, its line numbers (in ids and bad-record messages) those of the file."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import itertools
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from bert_core.corpus import CorpusParams, build, build_corpus
+from bert_core.corpus import pieces as corpus_pieces
+from bert_core.corpus.pieces import line_spans
+from bert_core.corpus.readers import plan_units
+from bert_core.kept_work import partial_dir
+
+UNIT = 20_000
+
+
+def _corpus(root: Path) -> Path:
+    """One JSONL file of 400 lines: documents with and without ids, bad lines, blank lines, bytes that are
+    not UTF-8 in two places far apart."""
+    lines = []
+    for i in range(400):
+        text = " ".join(f"Record {i} states fact {j}, which is number {i * 10 + j}." for j in range(9))
+        if i % 97 == 13:
+            lines.append(b'{"text": "a line cut short')
+        elif i % 53 == 7:
+            lines.append(b"")
+        elif i in (20, 370):
+            lines.append(json.dumps({"id": f"r{i}", "text": text}).encode()[:-2] + b' \xff\xfe"}')
+        else:
+            record = {"text": text} if i % 5 == 0 else {"id": f"r{i}", "text": text}  # no id: the line number
+            lines.append(json.dumps(record).encode())
+    path = root / "mine.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def _params() -> CorpusParams:
+    return CorpusParams.model_validate(
+        {
+            "sources": [{"name": "hub", "kind": "hf", "path": "x"}],
+            "local_sources": [{"name": "mine", "kind": "jsonl", "path": "mine.jsonl", "id_field": "id"}],
+            "heldout": {"fraction": 0.1, "max_documents": 20},
+        }
+    )
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def _whole(out: Path, root: Path, monkeypatch) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(build, "plan_units", functools.partial(plan_units, split=False))
+        build_corpus(_params(), out, data_root=root, workers=1)
+
+
+def test_line_spans_cut_after_a_newline_and_count_the_lines_before(tmp_path):
+    data = _corpus(tmp_path).read_bytes()
+    for unit in (1, 5_000, UNIT, len(data) - 10, len(data)):
+        pieces = line_spans(tmp_path / "mine.jsonl", unit)
+        assert pieces[0][0] == 0 and pieces[-1][1] == len(data)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
+        for start, end, first_line in pieces:
+            assert start == 0 or data[start - 1 : start] == b"\n"
+            assert first_line == data[:start].count(b"\n") + 1
+            assert end - start >= unit or end == len(data)
+
+
+def test_a_large_jsonl_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp_path, monkeypatch, caplog):
+    _corpus(tmp_path)
+    _whole(tmp_path / "whole", tmp_path, monkeypatch)
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", UNIT)
+    caplog.set_level(logging.INFO, logger="bert_core.corpus")
+    stats = build_corpus(_params(), tmp_path / "pieces", data_root=tmp_path, workers=2)
+    pieces = len(line_spans(tmp_path / "mine.jsonl", UNIT))
+    assert pieces > 5
+    assert any(f"read in {pieces} pieces (work units)" in r.getMessage() for r in caplog.records)
+    assert stats.input_files == 1 and stats.files_with_utf8_errors == 1 and stats.utf8_replacements == 4
+    assert f"{tmp_path / 'mine.jsonl'}:{97 * 3 + 13 + 1}: not valid JSON" in " ".join(
+        stats.bad_record_examples
+    )
+    assert _files(tmp_path / "pieces") == _files(tmp_path / "whole")  # ids, examples, statistics included
+
+
+def test_a_crashed_build_keeps_the_pieces_it_finished(tmp_path, monkeypatch, caplog):
+    _corpus(tmp_path)
+    _whole(tmp_path / "whole", tmp_path, monkeypatch)
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", UNIT)
+    out, real = tmp_path / "out", build.Merger.consume
+
+    def consume(self, unit, result):
+        if unit.index == 3:
+            raise RuntimeError("the machine went down")
+        real(self, unit, result)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(build.Merger, "consume", consume)
+        with pytest.raises(RuntimeError, match="went down"):
+            build_corpus(_params(), out, data_root=tmp_path, workers=1)
+    caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
+    build_corpus(_params(), out, data_root=tmp_path, workers=2)
+    pieces = len(line_spans(tmp_path / "mine.jsonl", UNIT))
+    kept = [r.getMessage() for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
+    assert kept == [f"corpus: continuing an unfinished build: 4 of {pieces} work unit(s) kept"]
+    assert _files(out) == _files(tmp_path / "whole")
+    assert not partial_dir(out).exists()
+
+
+def test_a_compressed_jsonl_file_is_one_unit(tmp_path, monkeypatch):
+    (tmp_path / "mine.jsonl.gz").write_bytes(gzip.compress(_corpus(tmp_path).read_bytes()))
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", UNIT)
+    spec = {"name": "mine", "kind": "jsonl", "path": "mine.jsonl.gz"}
+    params = CorpusParams.model_validate({"sources": [spec], "local_sources": [spec]})
+    assert [u.span for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [None]
