@@ -80,7 +80,8 @@ def make_hub(data_root: Path, out: Path, files: int) -> Path:
 
 
 def make_jsonl(data_root: Path, out: Path, copies: int) -> Path:
-    """One JSONL file of ``copies`` copies of the shared corpus's articles (ids suffixed), under ``out/root``."""
+    """One JSONL file of ``copies`` copies of the shared corpus's articles (ids suffixed), under
+    ``out/root``."""
     path = out / "root" / f"wikipedia-x{copies}.jsonl"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

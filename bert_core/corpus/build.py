@@ -3,7 +3,7 @@
 Pipeline (streaming; the corpus is never held in memory):
 
 1. :func:`~bert_core.corpus.readers.plan_units` resolves the sources to ordered work units (files, the
-   pieces of a large Wikipedia dump, the data files of a Hub dataset with ids of its own).
+   pieces of a large JSONL file or Wikipedia dump, the data files of a Hub dataset with ids of its own).
 2. Worker processes clean and segment one unit each and write it to a Parquet file in the build's work
    directory, ``.<output>.partial/`` beside the output (:func:`process_unit`); at most ``2 * workers`` units
    are in flight. Each unit is recorded there as soon as it is finished, before its turn to be merged

@@ -201,7 +201,8 @@ def _lines(path: Path, stats: UnitStats, unit: SourceFile | None = None) -> Iter
     start, end = unit.span if unit is not None and unit.span is not None else (0, None)
     try:
         with fsspec.open(path, "rb", compression="infer") as fh:
-            fh.seek(start)
+            if start:
+                fh.seek(start)
             for lineno, raw in enumerate(fh, unit.first_line if unit is not None else 1):
                 if end is not None and start >= end:
                     break
@@ -404,14 +405,14 @@ def _load_hf(src: SourceSpec, root: Path | None) -> Any:
 def _read_hf(unit: SourceFile, stats: UnitStats, root: Path | None) -> Iterator[RawDoc]:
     src = unit.source
     ds = _load_hf(src, root)
-    at = ""
+    at = ""  # a data file's rows: the default ids name the file
     if unit.shard is not None:
         k, n = unit.shard
         if ds.num_shards != n:
             raise CorpusError(
-                f"source '{src.name}': Hugging Face dataset {src.path!r} has {ds.num_shards} data files, not the "
-                f"{n} it had when the build was planned: it changed during the build; set the source's "
-                "revision to pin one"
+                f"source '{src.name}': Hugging Face dataset {src.path!r} has {ds.num_shards} data files, "
+                f"not the {n} it had when the build was planned: it changed during the build; set the "
+                "source's revision to pin one"
             )
         ds, at = ds.shard(n, k, contiguous=True), f"{k}:"
 
@@ -429,10 +430,8 @@ def _read_hf(unit: SourceFile, stats: UnitStats, root: Path | None) -> Iterator[
         text = rec.get(src.text_field)
         if not isinstance(text, str):
             stats.records += 1
-            where = (
-                f"{src.path}: row {i}" if unit.shard is None else f"{src.path}: data file {at[:-1]}, row {i}"
-            )
-            stats.bad_record(where, f"no string field '{src.text_field}'", "skip")
+            of_file = "" if unit.shard is None else f" of data file {unit.shard[0]}"
+            stats.bad_record(f"{src.path}: row {i}{of_file}", f"no string field '{src.text_field}'", "skip")
             continue
         rid = _field_str(rec, src.id_field) or f"{src.split}:{at}{i}"
         yield RawDoc(rid, _field_str(rec, src.title_field) or "", text, src.effective_newlines)

@@ -5,11 +5,9 @@ through ``xml.etree.ElementTree.XMLPullParser`` (``.xml``, ``.xml.bz2``, ``.xml.
 ``<page>`` is cleared, so memory does not grow with the dump. Redirects and pages outside namespace 0
 (articles) are skipped.
 
-A large dump is read in pieces (:func:`bert_core.corpus.pieces.dump_spans`): a multistream ``.xml.bz2`` (the form dumps.wikimedia.org
-recommends: a concatenation of bz2 streams of 100 pages each) at the starts of its streams, an ``.xml`` at its
-``<page>`` tags. Each piece is a byte range that :func:`iter_pages` reads on its own, so the corpus stage reads
-the pieces of one file in parallel and keeps each as it finishes. A single-stream ``.bz2`` or a ``.gz`` has no
-such starts and is read whole. The wikitext is parsed with mwparserfromhell and rendered to plain text:
+A large dump is read in pieces, byte ranges that start where a page does
+(:func:`bert_core.corpus.pieces.dump_spans`: in a multistream ``.xml.bz2``, the form dumps.wikimedia.org
+recommends, at a bz2 stream of 100 pages), each by :func:`iter_pages` on its own. The wikitext is parsed with mwparserfromhell and rendered to plain text:
 
 * dropped: templates (infoboxes, citations, navboxes), tables, ``<ref>`` and other non-prose tags, comments,
   headings, list items (``*``, ``#``, ``;``, ``:`` lines), file/image/category/interlanguage links, and the
@@ -159,8 +157,8 @@ def _bz2_streams(chunks: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def _text_chunks(path: Path, fh: BinaryIO, span: tuple[int, int] | None, size: int) -> Iterator[bytes]:
-    """The XML text of a dump file, or of one of its pieces (:func:`~bert_core.corpus.pieces.dump_spans`) wrapped in the root element
-    that the first piece opens and the last one closes."""
+    """The XML text of a dump file, or of one of its pieces (:func:`~bert_core.corpus.pieces.dump_spans`)
+    wrapped in the root element that the first piece opens and the last one closes."""
     if span is None:
         with fsspec.open(path, "rb", compression="infer") as text:
             while chunk := text.read(_CHUNK):
