@@ -1,6 +1,6 @@
 """Corpus stage on one large input read in pieces (the stage's way) vs as one work unit (one reader).
 
-Three inputs, each run both ways in fresh child processes with the same workers, interleaved (one reader,
+Four inputs, each run both ways in fresh child processes with the same workers, interleaved (one reader,
 pieces, pieces, one reader ...); the two outputs must be byte-identical. De-duplication is off, as the
 inputs repeat real text; ids never repeat. Pieces are :data:`PIECE_BYTES` (the stage's own are 64 MB).
 
@@ -10,6 +10,7 @@ inputs repeat real text; ids never repeat. Pieces are :data:`PIECE_BYTES` (the s
   header, one per 100 pages, one for the closing tag).
 - ``jsonl``: one JSONL file of ``--jsonl-copies`` copies of the shared corpus's 11,570 Wikipedia articles
   (19.7 MB of text), ids suffixed by the copy's number.
+- ``parquet``: the same rows as one Parquet file, in row groups of 1,000 rows (as ``datasets`` writes them).
 - ``hub``: a Hub dataset with ids (a local dataset folder, as ``BERT_DATA_ROOT`` holds one) of ``--hub-files``
   Parquet data files, each those articles with ids suffixed by the file's number; one work unit per file.
 
@@ -37,7 +38,7 @@ DUMP = "wikipedia_dump/enwiki-20250201-tiny.xml.bz2"
 PAGE_ID = re.compile(rb"(<ns>\d+</ns>\s*<id>)(\d+)(</id>)")
 #: The file bytes of a piece, per input: small enough for the benchmark's inputs to give several pieces (the
 #: stage's own is 64 MB); a Hub dataset is cut at its data files whatever this is.
-PIECE_BYTES = {"dump": 500_000, "jsonl": 8_000_000, "hub": 8_000_000}
+PIECE_BYTES = {"dump": 500_000, "jsonl": 8_000_000, "parquet": 8_000_000, "hub": 8_000_000}
 
 
 def make_dump(data_root: Path, out: Path, copies: int) -> Path:
@@ -92,6 +93,17 @@ def make_jsonl(data_root: Path, out: Path, copies: int) -> Path:
     return path
 
 
+def make_parquet(jsonl: Path) -> Path:
+    """The JSONL file's rows as one Parquet file beside it, in row groups of 1,000 rows."""
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    path = jsonl.with_suffix(".parquet")
+    if not path.exists():
+        pq.write_table(pj.read_json(jsonl), path, row_group_size=1000)
+    return path
+
+
 def wiki_lines(data_root: Path) -> list[str]:
     return [
         line
@@ -142,7 +154,7 @@ def files(out: Path) -> dict[str, bytes]:
 
 
 def source_spec(case: str, path: Path) -> dict:
-    kind = {"dump": "wikipedia_xml", "jsonl": "jsonl", "hub": "hf"}[case]
+    kind = {"dump": "wikipedia_xml", "jsonl": "jsonl", "parquet": "parquet", "hub": "hf"}[case]
     ids = {} if case == "dump" else {"id_field": "id", "title_field": "title"}
     return {"name": "input", "kind": kind, "path": path.name, **ids}
 
@@ -156,6 +168,7 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
     path = {
         "dump": lambda: make_dump(data_root, args.out, args.copies),
         "jsonl": lambda: make_jsonl(data_root, args.out, args.jsonl_copies),
+        "parquet": lambda: make_parquet(make_jsonl(data_root, args.out, args.jsonl_copies)),
         "hub": lambda: make_hub(data_root, args.out, args.hub_files),
     }[case]()
     spec = source_spec(case, path)
@@ -167,6 +180,7 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
     what = {
         "dump": f"{mb:.1f} MB multistream dump ({args.copies * 70:,} pages)",
         "jsonl": f"{mb:.1f} MB JSONL file (the real articles {args.jsonl_copies} times)",
+        "parquet": f"{mb:.1f} MB Parquet file (the real articles {args.jsonl_copies} times)",
         "hub": f"Hub dataset of {pieces} Parquet data files ({mb:.1f} MB, the real articles {pieces} times)",
     }[case]
     runs: dict[str, list[dict]] = {"one reader": [], "pieces": []}

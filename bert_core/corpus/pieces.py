@@ -2,7 +2,8 @@
 
 A piece is a byte range of the file and starts where a record starts, so that a reader given only the range
 reads the records it holds and no other: after a newline in a JSONL file (:func:`line_spans`, which also
-counts the lines before each piece, so that line numbers stay those of the file); at a ``<page>`` tag in a
+counts the lines before each piece, so that line numbers stay those of the file); at a row group in a Parquet
+file (:func:`row_group_spans`, the row numbers from its footer); at a ``<page>`` tag in a
 Wikipedia ``.xml`` dump, and at a bz2 stream whose text starts with one in a multistream ``.xml.bz2``
 (:func:`dump_spans`). A compressed file with no such starts (``.gz``, a single-stream ``.bz2``) is one piece.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import bz2
 import re
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import fsspec
 
@@ -23,11 +24,18 @@ UNIT_BYTES = 64 << 20
 
 
 def file_pieces(path: Path, kind: str) -> list[tuple[int, int, int]]:
-    """The pieces a file of a source of ``kind`` is read in: ``(start, end, first line number)``."""
-    if kind == "wikipedia_xml":
-        return [(a, b, 1) for a, b in dump_spans(path, UNIT_BYTES)]
-    if kind == "jsonl" and fsspec.utils.infer_compression(path.name) is None:
-        return line_spans(path, UNIT_BYTES)
+    """The pieces a file of a source of ``kind`` is read in: ``(start, end, the line or row number it starts
+    at)``. A file that cannot be read here (a damaged footer, no permission) is one piece, whose reader
+    names the fault as it would."""
+    try:
+        if kind == "wikipedia_xml":
+            return [(a, b, 1) for a, b in dump_spans(path, UNIT_BYTES)]
+        if kind == "jsonl" and fsspec.utils.infer_compression(path.name) is None:
+            return line_spans(path, UNIT_BYTES)
+        if kind == "parquet":
+            return row_group_spans(path, UNIT_BYTES)
+    except (OSError, ValueError):  # pyarrow's errors are of these kinds too
+        pass
     return [(0, path.stat().st_size, 1)]
 
 
@@ -49,6 +57,32 @@ def line_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
                 cut = start + unit_bytes
             lines += chunk.count(b"\n")
             at += len(chunk)
+    return pieces
+
+
+def row_group_start(row_group: Any) -> int:
+    """The file offset a Parquet row group's bytes start at (its first column chunk's first page)."""
+    columns = (row_group.column(j) for j in range(row_group.num_columns))
+    return min(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in columns)
+
+
+def row_group_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
+    """A Parquet file's pieces of at least ``unit_bytes``, cut where a row group starts: ``(start, end, the
+    row number it starts at)``, from the file's footer alone. A piece holds the row groups that start in it."""
+    import pyarrow.parquet as pq
+
+    size = path.stat().st_size
+    pieces = [(0, size, 1)]
+    if size <= unit_bytes:
+        return pieces
+    meta = pq.ParquetFile(path).metadata
+    rows = 0
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        if i > 0 and (start := row_group_start(group)) - pieces[-1][0] >= unit_bytes:
+            pieces[-1] = (pieces[-1][0], start, pieces[-1][2])
+            pieces.append((start, size, rows + 1))
+        rows += group.num_rows
     return pieces
 
 

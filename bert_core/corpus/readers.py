@@ -25,7 +25,7 @@ import fsspec
 
 from bert_core.corpus.clean import wikitext_detokenize
 from bert_core.corpus.params import SourceSpec
-from bert_core.corpus.pieces import file_pieces
+from bert_core.corpus.pieces import file_pieces, row_group_start
 from bert_core.corpus.wiki import WikiDumpError, is_disambiguation, iter_pages, wikitext_to_passages
 
 log = logging.getLogger(__name__)
@@ -145,8 +145,8 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
 
 def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: bool = True) -> list[SourceFile]:
     """Resolve every source to its ordered work units: one per file or Hub dataset; with ``split``, one per
-    :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece of a large uncompressed JSONL file or Wikipedia dump
-    (:mod:`bert_core.corpus.pieces`), and one per data file of a Hub dataset whose rows are
+    :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece of a large uncompressed JSONL file, Parquet file or
+    Wikipedia dump (:mod:`bert_core.corpus.pieces`), and one per data file of a Hub dataset whose rows are
     documents with ids of their own (``id_field``; its default ids count rows from the dataset's start).
 
     Raises:
@@ -332,7 +332,12 @@ def _read_parquet(unit: SourceFile, stats: UnitStats, on_bad_record: str) -> Ite
         pf = pq.ParquetFile(path)
     except Exception as err:
         raise CorpusError(f"{path}: not a readable Parquet file ({err}); re-create it or remove it") from None
-    stats.input_bytes += path.stat().st_size
+    groups = None  # all; a piece: the row groups that start in it
+    if unit.span is not None:
+        meta = pf.metadata
+        starts = [row_group_start(meta.row_group(i)) for i in range(meta.num_row_groups)]
+        groups = [i for i, at in enumerate(starts) if unit.span[0] <= at < unit.span[1]]
+    stats.input_bytes += path.stat().st_size if unit.span is None else unit.span[1] - unit.span[0]
     names = pf.schema_arrow.names
     wanted = [c for c in (src.text_field, src.id_field, src.title_field) if c]
     missing = [c for c in wanted if c not in names]
@@ -341,8 +346,8 @@ def _read_parquet(unit: SourceFile, stats: UnitStats, on_bad_record: str) -> Ite
             f"{path}: missing column(s) {missing} (columns: {names}); set text_field/id_field/title_field "
             f"of source '{src.name}'"
         )
-    row = 0
-    for batch in pf.iter_batches(batch_size=256, columns=sorted(set(wanted))):
+    row = unit.first_line - 1
+    for batch in pf.iter_batches(batch_size=256, columns=sorted(set(wanted)), row_groups=groups):
         cols = batch.to_pydict()
         for i in range(batch.num_rows):
             row += 1

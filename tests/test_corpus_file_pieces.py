@@ -1,5 +1,6 @@
-"""A large uncompressed JSONL file is read in pieces (several work units) cut after a newline: the same corpus
-as one reader, its line numbers (in ids and bad-record messages) those of the file."""
+"""A large uncompressed JSONL file is read in pieces (several work units) cut after a newline, a large Parquet
+file cut at row groups: the same corpus as one reader, its line and row numbers (in ids and bad-record
+messages) those of the file."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import json
 import logging
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from bert_core.corpus import CorpusParams, build, build_corpus
@@ -119,3 +122,47 @@ def test_a_compressed_jsonl_file_is_one_unit(tmp_path, monkeypatch):
     spec = {"name": "mine", "kind": "jsonl", "path": "mine.jsonl.gz"}
     params = CorpusParams.model_validate({"sources": [spec], "local_sources": [spec]})
     assert [u.span for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [None]
+
+
+def _parquet(root: Path) -> Path:
+    """One Parquet file of 20 row groups of 20 rows: documents with and without ids, a row whose text is not a
+    string."""
+    rows = [
+        {
+            "id": None if i % 7 == 0 else f"p{i}",  # no id: the file's row number
+            "text": None
+            if i == 233
+            else " ".join(f"Row {i} gives fact {j}, the number {i * 10 + j}." for j in range(9)),
+        }
+        for i in range(400)
+    ]
+    path = root / "mine.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=20)
+    return path
+
+
+def test_a_large_parquet_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp_path, monkeypatch, caplog):
+    path = _parquet(tmp_path)
+    spec = {"name": "mine", "kind": "parquet", "path": "mine.parquet", "id_field": "id"}
+    params = CorpusParams.model_validate(
+        {"sources": [spec], "local_sources": [spec], "heldout": {"fraction": 0.1}}
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(build, "plan_units", functools.partial(plan_units, split=False))
+        build_corpus(params, tmp_path / "whole", data_root=tmp_path, workers=1)
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 5_000)
+    pieces = corpus_pieces.row_group_spans(path, 5_000)
+    assert len(pieces) > 5
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces)) and pieces[-1][1] == path.stat().st_size
+    meta = pq.ParquetFile(path).metadata
+    starts = [corpus_pieces.row_group_start(meta.row_group(i)) for i in range(meta.num_row_groups)]
+    for start, end, first_row in pieces:  # each starts at a row group, numbered by the rows before it
+        assert start == 0 or start in starts
+        assert first_row == 1 + 20 * next(i for i, at in enumerate(starts) if start <= at < end)
+    stats = build_corpus(params, tmp_path / "pieces", data_root=tmp_path, workers=2)
+    assert stats.input_files == 1 and stats.input_bytes == path.stat().st_size
+    assert f"{path}: row 234: field 'text' is not a string" in " ".join(stats.bad_record_examples)
+    assert _files(tmp_path / "pieces") == _files(tmp_path / "whole")  # ids by row number included
+    damaged = tmp_path / "damaged.parquet"
+    damaged.write_bytes(path.read_bytes()[:-100])  # no footer: one piece, and its reader names the fault
+    assert corpus_pieces.file_pieces(damaged, "parquet") == [(0, damaged.stat().st_size, 1)]
