@@ -76,10 +76,13 @@ def row_group_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     if size <= unit_bytes:
         return pieces
     meta = pq.ParquetFile(path).metadata
+    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+    starts = [row_group_start(group) for group in groups]
+    if starts != sorted(set(starts)):  # not written one after the other: the pieces would reorder the rows
+        return pieces
     rows = 0
-    for i in range(meta.num_row_groups):
-        group = meta.row_group(i)
-        if i > 0 and (start := row_group_start(group)) - pieces[-1][0] >= unit_bytes:
+    for i, (group, start) in enumerate(zip(groups, starts, strict=True)):
+        if i > 0 and start - pieces[-1][0] >= unit_bytes:
             pieces[-1] = (pieces[-1][0], start, pieces[-1][2])
             pieces.append((start, size, rows + 1))
         rows += group.num_rows
