@@ -166,3 +166,13 @@ def test_a_large_parquet_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp_
     damaged = tmp_path / "damaged.parquet"
     damaged.write_bytes(path.read_bytes()[:-100])  # no footer: one piece, and its reader names the fault
     assert corpus_pieces.file_pieces(damaged, "parquet") == [(0, damaged.stat().st_size, 1)]
+
+
+def test_a_parquet_file_with_row_groups_out_of_order_is_one_piece(tmp_path, monkeypatch):
+    path = _parquet(tmp_path)
+    assert len(corpus_pieces.row_group_spans(path, 5_000)) > 5
+    real = corpus_pieces.row_group_start
+    monkeypatch.setattr(
+        corpus_pieces, "row_group_start", lambda group: 10**9 - real(group)
+    )  # stored backwards
+    assert corpus_pieces.row_group_spans(path, 5_000) == [(0, path.stat().st_size, 1)]
