@@ -4,7 +4,6 @@ messages) those of the file."""
 
 from __future__ import annotations
 
-import functools
 import gzip
 import itertools
 import json
@@ -13,9 +12,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
+from corpus_builds import continued, corpus_files, crashed_build, one_reader_build
 
-from bert_core.corpus import CorpusParams, build, build_corpus
+from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.corpus import pieces as corpus_pieces
 from bert_core.corpus.pieces import line_spans
 from bert_core.corpus.readers import plan_units
@@ -54,16 +53,6 @@ def _params() -> CorpusParams:
     )
 
 
-def _files(out: Path) -> dict[str, bytes]:
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-
-
-def _whole(out: Path, root: Path, monkeypatch) -> None:
-    with monkeypatch.context() as patch:
-        patch.setattr(build, "plan_units", functools.partial(plan_units, split=False))
-        build_corpus(_params(), out, data_root=root, workers=1)
-
-
 def test_line_spans_cut_after_a_newline_and_count_the_lines_before(tmp_path):
     data = _corpus(tmp_path).read_bytes()
     for unit in (1, 5_000, UNIT, len(data) - 10, len(data)):
@@ -78,7 +67,7 @@ def test_line_spans_cut_after_a_newline_and_count_the_lines_before(tmp_path):
 
 def test_a_large_jsonl_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp_path, monkeypatch, caplog):
     _corpus(tmp_path)
-    _whole(tmp_path / "whole", tmp_path, monkeypatch)
+    one_reader_build(_params(), tmp_path / "whole", tmp_path, monkeypatch)
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", UNIT)
     caplog.set_level(logging.INFO, logger="bert_core.corpus")
     stats = build_corpus(_params(), tmp_path / "pieces", data_root=tmp_path, workers=2)
@@ -89,30 +78,22 @@ def test_a_large_jsonl_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp_pa
     assert f"{tmp_path / 'mine.jsonl'}:{97 * 3 + 13 + 1}: not valid JSON" in " ".join(
         stats.bad_record_examples
     )
-    assert _files(tmp_path / "pieces") == _files(tmp_path / "whole")  # ids, examples, statistics included
+    assert corpus_files(tmp_path / "pieces") == corpus_files(
+        tmp_path / "whole"
+    )  # ids, examples, statistics included
 
 
 def test_a_crashed_build_keeps_the_pieces_it_finished(tmp_path, monkeypatch, caplog):
     _corpus(tmp_path)
-    _whole(tmp_path / "whole", tmp_path, monkeypatch)
+    one_reader_build(_params(), tmp_path / "whole", tmp_path, monkeypatch)
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", UNIT)
-    out, real = tmp_path / "out", build.Merger.consume
-
-    def consume(self, unit, result):
-        if unit.index == 3:
-            raise RuntimeError("the machine went down")
-        real(self, unit, result)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(build.Merger, "consume", consume)
-        with pytest.raises(RuntimeError, match="went down"):
-            build_corpus(_params(), out, data_root=tmp_path, workers=1)
+    out = tmp_path / "out"
+    crashed_build(_params(), out, tmp_path, monkeypatch, 3)
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     build_corpus(_params(), out, data_root=tmp_path, workers=2)
     pieces = len(line_spans(tmp_path / "mine.jsonl", UNIT))
-    kept = [r.getMessage() for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
-    assert kept == [f"corpus: continuing an unfinished build: 4 of {pieces} work unit(s) kept"]
-    assert _files(out) == _files(tmp_path / "whole")
+    assert continued(caplog) == [f"corpus: continuing an unfinished build: 4 of {pieces} work unit(s) kept"]
+    assert corpus_files(out) == corpus_files(tmp_path / "whole")
     assert not partial_dir(out).exists()
 
 
@@ -147,9 +128,7 @@ def test_a_large_parquet_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp_
     params = CorpusParams.model_validate(
         {"sources": [spec], "local_sources": [spec], "heldout": {"fraction": 0.1}}
     )
-    with monkeypatch.context() as patch:
-        patch.setattr(build, "plan_units", functools.partial(plan_units, split=False))
-        build_corpus(params, tmp_path / "whole", data_root=tmp_path, workers=1)
+    one_reader_build(params, tmp_path / "whole", tmp_path, monkeypatch)
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 5_000)
     pieces = corpus_pieces.row_group_spans(path, 5_000)
     assert len(pieces) > 5
@@ -162,7 +141,7 @@ def test_a_large_parquet_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp_
     stats = build_corpus(params, tmp_path / "pieces", data_root=tmp_path, workers=2)
     assert stats.input_files == 1 and stats.input_bytes == path.stat().st_size
     assert f"{path}: row 234: field 'text' is not a string" in " ".join(stats.bad_record_examples)
-    assert _files(tmp_path / "pieces") == _files(tmp_path / "whole")  # ids by row number included
+    assert corpus_files(tmp_path / "pieces") == corpus_files(tmp_path / "whole")  # ids by row number included
     damaged = tmp_path / "damaged.parquet"
     damaged.write_bytes(path.read_bytes()[:-100])  # no footer: one piece, and its reader names the fault
     assert corpus_pieces.file_pieces(damaged, "parquet") == [(0, damaged.stat().st_size, 1)]

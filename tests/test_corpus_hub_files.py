@@ -3,15 +3,15 @@ file after a crash, and the same corpus as one reader of the whole dataset."""
 
 from __future__ import annotations
 
-import functools
 import logging
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from corpus_builds import continued, corpus_files, crashed_build, one_reader_build
 
-from bert_core.corpus import CorpusError, CorpusParams, build, build_corpus
+from bert_core.corpus import CorpusError, CorpusParams, build_corpus
 from bert_core.corpus.readers import UnitStats, plan_units, read_unit
 from bert_core.kept_work import partial_dir
 
@@ -57,29 +57,20 @@ def _params(**source: object) -> CorpusParams:
     )
 
 
-def _files(out: Path) -> dict[str, bytes]:
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-
-
-def _whole(params: CorpusParams, out: Path, root: Path, monkeypatch) -> None:
-    """The build with the dataset as one work unit (one reader)."""
-    with monkeypatch.context() as patch:
-        patch.setattr(build, "plan_units", functools.partial(plan_units, split=False))
-        build_corpus(params, out, data_root=root, workers=1)
-
-
 def test_a_dataset_with_ids_is_read_one_data_file_per_unit_into_the_corpus_of_one_reader(
     tmp_path, monkeypatch, caplog
 ):
     _dataset(tmp_path)
     units = plan_units(_params().active_sources(tmp_path), tmp_path)
     assert [u.shard for u in units] == [(k, FILES) for k in range(FILES)]
-    _whole(_params(), tmp_path / "whole", tmp_path, monkeypatch)
+    one_reader_build(_params(), tmp_path / "whole", tmp_path, monkeypatch)
     caplog.set_level(logging.INFO, logger="bert_core.corpus")
     stats = build_corpus(_params(), tmp_path / "files", data_root=tmp_path, workers=2)
     assert any(f"read as its {FILES} data files (work units)" in r.getMessage() for r in caplog.records)
     assert stats.documents == 30 * FILES and stats.input_files == 1
-    assert _files(tmp_path / "files") == _files(tmp_path / "whole")  # the manifest's statistics included
+    assert corpus_files(tmp_path / "files") == corpus_files(
+        tmp_path / "whole"
+    )  # the manifest's statistics included
 
 
 def test_positional_ids_or_wikitext_articles_keep_the_dataset_one_unit(tmp_path):
@@ -91,23 +82,13 @@ def test_positional_ids_or_wikitext_articles_keep_the_dataset_one_unit(tmp_path)
 
 def test_a_crashed_build_keeps_the_data_files_it_finished(tmp_path, monkeypatch, caplog):
     _dataset(tmp_path)
-    _whole(_params(), tmp_path / "whole", tmp_path, monkeypatch)
-    out, real = tmp_path / "out", build.Merger.consume
-
-    def consume(self, unit, result):
-        if unit.index == 2:
-            raise RuntimeError("the machine went down")
-        real(self, unit, result)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(build.Merger, "consume", consume)
-        with pytest.raises(RuntimeError, match="went down"):
-            build_corpus(_params(), out, data_root=tmp_path, workers=1)
+    one_reader_build(_params(), tmp_path / "whole", tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    crashed_build(_params(), out, tmp_path, monkeypatch, 2)
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     build_corpus(_params(), out, data_root=tmp_path, workers=2)
-    kept = [r.getMessage() for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
-    assert kept == [f"corpus: continuing an unfinished build: 3 of {FILES} work unit(s) kept"]
-    assert _files(out) == _files(tmp_path / "whole")
+    assert continued(caplog) == [f"corpus: continuing an unfinished build: 3 of {FILES} work unit(s) kept"]
+    assert corpus_files(out) == corpus_files(tmp_path / "whole")
     assert not partial_dir(out).exists()
 
 

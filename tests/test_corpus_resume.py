@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from corpus_builds import continued, corpus_files, crashed_build
 from test_corpus import make_root, small_params
 
 from bert_core.corpus import build, build_corpus
@@ -15,27 +16,8 @@ from bert_core.corpus.build import EmptyCorpusError, KeptUnits
 from bert_core.kept_work import BuildInUseError, partial_dir
 
 
-def _files(out: Path) -> dict[str, bytes]:
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-
-
 def _crashed_build(root: Path, out: Path, monkeypatch, index: int, workers: int = 1) -> None:
-    """A build of ``out`` that fails as it merges unit ``index`` (that unit and the ones before it recorded)."""
-    real = build.Merger.consume
-
-    def consume(self, unit, result):
-        if unit.index == index:
-            raise RuntimeError("the machine went down")
-        real(self, unit, result)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(build.Merger, "consume", consume)
-        with pytest.raises(RuntimeError, match="went down"):
-            build_corpus(small_params(), out, data_root=root, workers=workers)
-
-
-def _taken(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
+    crashed_build(small_params(), out, root, monkeypatch, index, workers)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -55,8 +37,10 @@ def test_a_crashed_build_continues_after_its_finished_units_and_writes_the_same_
 
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     build_corpus(small_params(), out, data_root=root, workers=workers)
-    assert _taken(caplog) == [f"corpus: continuing an unfinished build: {kept} of 4 work unit(s) kept"]
-    assert _files(out) == _files(tmp_path / "whole")  # byte for byte, the manifest's statistics included
+    assert continued(caplog) == [f"corpus: continuing an unfinished build: {kept} of 4 work unit(s) kept"]
+    assert corpus_files(out) == corpus_files(
+        tmp_path / "whole"
+    )  # byte for byte, the manifest's statistics included
     assert not partial_dir(out).exists()
 
 
@@ -79,9 +63,9 @@ def test_a_changed_input_or_a_damaged_unit_is_read_again(shared_data, tmp_path, 
 
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     build_corpus(small_params(), out, data_root=root)
-    assert _taken(caplog) == ["corpus: continuing an unfinished build: 2 of 4 work unit(s) kept"]
+    assert continued(caplog) == ["corpus: continuing an unfinished build: 2 of 4 work unit(s) kept"]
     build_corpus(small_params(), tmp_path / "fresh", data_root=root)
-    assert _files(out) == _files(tmp_path / "fresh")
+    assert corpus_files(out) == corpus_files(tmp_path / "fresh")
 
 
 def test_other_params_start_afresh_and_a_refused_input_keeps_nothing(
@@ -117,7 +101,7 @@ def test_units_another_version_of_the_code_built_are_not_taken(shared_data, tmp_
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     build_corpus(small_params(), out, data_root=root)
     assert any("discarding the 3 finished work unit(s)" in r.getMessage() for r in caplog.records)
-    assert _taken(caplog) == []
+    assert continued(caplog) == []
 
 
 def test_units_finished_before_their_turn_to_merge_are_kept(shared_data, tmp_path, monkeypatch, caplog):
@@ -145,5 +129,5 @@ def test_units_finished_before_their_turn_to_merge_are_kept(shared_data, tmp_pat
 
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     build_corpus(small_params(), out, data_root=root, workers=2)
-    assert _taken(caplog) and int(_taken(caplog)[0].split(": ")[2].split()[0]) >= 3
-    assert _files(out) == _files(tmp_path / "whole")
+    assert continued(caplog) and int(continued(caplog)[0].split(": ")[2].split()[0]) >= 3
+    assert corpus_files(out) == corpus_files(tmp_path / "whole")

@@ -10,8 +10,9 @@ import logging
 from pathlib import Path
 
 import pytest
+from corpus_builds import continued, corpus_files, crashed_build
 
-from bert_core.corpus import CorpusError, CorpusParams, build, build_corpus, wiki
+from bert_core.corpus import CorpusError, CorpusParams, build_corpus, wiki
 from bert_core.corpus import pieces as corpus_pieces
 from bert_core.corpus.pieces import dump_spans
 from bert_core.corpus.wiki import iter_pages
@@ -109,10 +110,6 @@ def _params() -> CorpusParams:
     )
 
 
-def _files(out: Path) -> dict[str, bytes]:
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-
-
 def test_a_dump_read_in_pieces_gives_the_corpus_of_one_reader(dumps, tmp_path, monkeypatch, caplog):
     root = dumps["multistream"].parent
     build_corpus(_params(), tmp_path / "whole", data_root=root, workers=1)
@@ -124,42 +121,30 @@ def test_a_dump_read_in_pieces_gives_the_corpus_of_one_reader(dumps, tmp_path, m
     assert any(f"read in {pieces} pieces (work units)" in r.getMessage() for r in caplog.records)
     assert stats.documents == 6 and stats.input_files == 1
     assert stats.input_bytes == dumps["multistream"].stat().st_size
-    assert _files(tmp_path / "pieces") == _files(tmp_path / "whole")  # the manifest's statistics included
+    assert corpus_files(tmp_path / "pieces") == corpus_files(
+        tmp_path / "whole"
+    )  # the manifest's statistics included
 
 
 def test_a_crashed_build_keeps_the_pieces_it_finished(dumps, tmp_path, monkeypatch, caplog):
     root, out = dumps["multistream"].parent, tmp_path / "out"
     build_corpus(_params(), tmp_path / "whole", data_root=root, workers=1)
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 30_000)
-    real = build.Merger.consume
-
-    def consume(self, unit, result):
-        if unit.index == 2:
-            raise RuntimeError("the machine went down")
-        real(self, unit, result)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(build.Merger, "consume", consume)
-        with pytest.raises(RuntimeError, match="went down"):
-            build_corpus(_params(), out, data_root=root, workers=1)
+    crashed_build(_params(), out, root, monkeypatch, 2)
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     build_corpus(_params(), out, data_root=root, workers=2)
-    kept = [r.getMessage() for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
     pieces = len(dump_spans(dumps["multistream"], corpus_pieces.UNIT_BYTES))
-    assert kept == [f"corpus: continuing an unfinished build: 3 of {pieces} work unit(s) kept"]
-    assert _files(out) == _files(tmp_path / "whole")
+    assert continued(caplog) == [f"corpus: continuing an unfinished build: 3 of {pieces} work unit(s) kept"]
+    assert corpus_files(out) == corpus_files(tmp_path / "whole")
     assert not partial_dir(out).exists()
 
     # other pieces (here: another piece size) are read again, not taken for the ranges they no longer are
-    with monkeypatch.context() as patch:
-        patch.setattr(build.Merger, "consume", consume)
-        with pytest.raises(RuntimeError, match="went down"):
-            build_corpus(_params(), tmp_path / "again", data_root=root, workers=1)
+    crashed_build(_params(), tmp_path / "again", root, monkeypatch, 2)
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 50_000)
     caplog.clear()
     build_corpus(_params(), tmp_path / "again", data_root=root, workers=1)
-    assert not [r for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
-    assert _files(tmp_path / "again") == _files(tmp_path / "whole")
+    assert not continued(caplog)
+    assert corpus_files(tmp_path / "again") == corpus_files(tmp_path / "whole")
 
 
 def test_a_corrupt_piece_fails_the_build_naming_it(dumps, tmp_path, monkeypatch):
