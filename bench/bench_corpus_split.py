@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import bz2
-import contextlib
 import functools
 import json
 import os
@@ -31,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 from bench._common import median
 
@@ -113,17 +113,6 @@ def wiki_lines(data_root: Path) -> list[str]:
     ]
 
 
-@contextlib.contextmanager
-def patched_unit_bytes(unit_bytes: int):
-    from bert_core.corpus import pieces as corpus_pieces
-
-    old, corpus_pieces.UNIT_BYTES = corpus_pieces.UNIT_BYTES, unit_bytes
-    try:
-        yield
-    finally:
-        corpus_pieces.UNIT_BYTES = old
-
-
 def child(args: argparse.Namespace) -> None:
     """One build in this fresh process; its figures as JSON on stdout."""
     from bert_core.corpus import CorpusParams, build, build_corpus, readers
@@ -162,6 +151,7 @@ def source_spec(case: str, path: Path) -> dict:
 def run_case(args: argparse.Namespace, case: str) -> bool:
     """Both ways on ``case``'s input; prints its table; whether the outputs are byte-identical."""
     from bert_core.corpus import CorpusParams
+    from bert_core.corpus import pieces as corpus_pieces
     from bert_core.corpus.readers import plan_units
 
     data_root = args.data_root.resolve()
@@ -173,8 +163,7 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
     }[case]()
     spec = source_spec(case, path)
     params = CorpusParams.model_validate({"sources": [spec], "local_sources": [spec]})
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(patched_unit_bytes(PIECE_BYTES[case]))
+    with mock.patch.object(corpus_pieces, "UNIT_BYTES", PIECE_BYTES[case]):
         pieces = len(plan_units(params.active_sources(path.parent), path.parent))
     mb = sum(f.stat().st_size for f in (path.iterdir() if path.is_dir() else [path])) / 1e6
     what = {

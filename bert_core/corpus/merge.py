@@ -102,7 +102,8 @@ class Merger:
         st.records += result.stats.records
         st.utf8_replacements += result.stats.utf8_replacements
         replaced, named = result.stats.utf8_replacements, st.utf8_error_files
-        if replaced and unit.path not in self.utf8_error_paths:  # a file read in several units counts once
+        first = replaced and unit.path not in self.utf8_error_paths  # a file read in several units: once
+        if first:
             self.utf8_error_paths.add(unit.path)
             st.files_with_utf8_errors += 1
         binary = replaced > BINARY_SHARE * max(result.stats.input_bytes, 1)
@@ -114,8 +115,8 @@ class Merger:
                 result.stats.utf8_replacements,
                 result.stats.input_bytes,
             )
-        if replaced and str(unit.path) not in named and len(named) < MAX_BAD_RECORD_EXAMPLES:
-            named.append(str(unit.path))  # a file read in several units is named once
+        if first and len(named) < MAX_BAD_RECORD_EXAMPLES:
+            named.append(str(unit.path))
             if not binary:
                 log.info("%s: bytes that are not UTF-8, each sequence replaced by U+FFFD", unit.path)
         st.gutenberg_stripped += result.stats.gutenberg_stripped

@@ -66,9 +66,14 @@ def row_group_start(row_group: Any) -> int:
     return min(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in columns)
 
 
+def row_groups_in(meta: Any, span: tuple[int, int]) -> list[int]:
+    """The row groups of a piece of a Parquet file (``meta``: its footer): those that start in ``span``."""
+    return [i for i in range(meta.num_row_groups) if span[0] <= row_group_start(meta.row_group(i)) < span[1]]
+
+
 def row_group_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     """A Parquet file's pieces of at least ``unit_bytes``, cut where a row group starts: ``(start, end, the
-    row number it starts at)``, from the file's footer alone. A piece holds the row groups that start in it."""
+    row number it starts at)``, from the file's footer alone (its row groups: :func:`row_groups_in`)."""
     import pyarrow.parquet as pq
 
     size = path.stat().st_size
@@ -94,6 +99,7 @@ _SEARCH_BYTES = 16 << 20
 _CHUNK = 1 << 20
 _BZ2_STREAM = re.compile(rb"BZh[1-9]1AY&SY")  # a bz2 stream's header and its first block's magic
 _PAGE = b"<page>"
+_PAGE_TAG = re.compile(re.escape(_PAGE))
 
 
 def dump_spans(path: str | Path, unit_bytes: int) -> list[tuple[int, int]]:
@@ -117,7 +123,7 @@ def dump_spans(path: str | Path, unit_bytes: int) -> list[tuple[int, int]]:
 
 def _piece_start(fh: BinaryIO, target: int, compressed: bool) -> int | None:
     """The first offset at or after ``target`` (searching ``_SEARCH_BYTES``) where a piece can start."""
-    pattern = _BZ2_STREAM if compressed else re.compile(re.escape(_PAGE))
+    pattern = _BZ2_STREAM if compressed else _PAGE_TAG
     for searched in range(0, _SEARCH_BYTES, _CHUNK):
         fh.seek(target + searched)
         chunk = fh.read(_CHUNK + 16)  # overlapping the next, so that no start is cut in two between them

@@ -25,7 +25,7 @@ import fsspec
 
 from bert_core.corpus.clean import wikitext_detokenize
 from bert_core.corpus.params import SourceSpec
-from bert_core.corpus.pieces import file_pieces, row_group_start
+from bert_core.corpus.pieces import file_pieces, row_groups_in
 from bert_core.corpus.wiki import WikiDumpError, is_disambiguation, iter_pages, wikitext_to_passages
 
 log = logging.getLogger(__name__)
@@ -174,14 +174,15 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
                 rel = p.name
-            pieces = file_pieces(p, source.kind) if split else [(0, p.stat().st_size, 1)]
-            if len(pieces) > 1:
-                log.info(
-                    "%s: read in %d pieces (work units) of its %s bytes", p, len(pieces), f"{pieces[-1][1]:,}"
-                )
+            pieces = file_pieces(p, source.kind) if split else []
+            if len(pieces) < 2:  # the file whole
+                units.append(SourceFile(len(units), si, source, str(p), rel))
+                continue
+            log.info(
+                "%s: read in %d pieces (work units) of its %s bytes", p, len(pieces), f"{pieces[-1][1]:,}"
+            )
             for start, end, line in pieces:
-                span = (start, end) if len(pieces) > 1 else None
-                units.append(SourceFile(len(units), si, source, str(p), rel, span, first_line=line))
+                units.append(SourceFile(len(units), si, source, str(p), rel, (start, end), first_line=line))
     return units
 
 
@@ -194,16 +195,16 @@ def _stem(path: Path) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def _lines(path: Path, stats: UnitStats, unit: SourceFile | None = None) -> Iterator[tuple[int, str]]:
-    """Decoded lines (1-based line numbers of the file), of ``unit``'s piece of the file if it is one,
+def _lines(unit: SourceFile, stats: UnitStats) -> Iterator[tuple[int, str]]:
+    """Decoded lines of ``unit``'s file, or of its piece of the file (1-based line numbers of the file),
     counting UTF-8 replacements; compressed input errors named."""
-    replaced = 0
-    start, end = unit.span if unit is not None and unit.span is not None else (0, None)
+    replaced, path = 0, Path(unit.path)
+    start, end = unit.span or (0, None)
     try:
         with fsspec.open(path, "rb", compression="infer") as fh:
             if start:
                 fh.seek(start)
-            for lineno, raw in enumerate(fh, unit.first_line if unit is not None else 1):
+            for lineno, raw in enumerate(fh, unit.first_line):
                 if end is not None and start >= end:
                     break
                 start += len(raw)
@@ -266,7 +267,7 @@ def _read_text(unit: SourceFile, stats: UnitStats, max_doc_chars: int) -> Iterat
         stats.utf8_replacements += n
         yield RawDoc(unit.rel, _stem(path), text, src.effective_newlines)
         return
-    lines = (line for _, line in _lines(path, stats))
+    lines = (line for _, line in _lines(unit, stats))
     if mode == "wikitext":
         yield from _wikitext_docs(lines, f"{unit.rel}#")
         return
@@ -306,7 +307,7 @@ def _field_str(rec: dict, name: str | None) -> str | None:
 
 def _read_jsonl(unit: SourceFile, stats: UnitStats, on_bad_record: str) -> Iterator[RawDoc]:
     src, path = unit.source, Path(unit.path)
-    for lineno, line in _lines(path, stats, unit):
+    for lineno, line in _lines(unit, stats):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -332,11 +333,7 @@ def _read_parquet(unit: SourceFile, stats: UnitStats, on_bad_record: str) -> Ite
         pf = pq.ParquetFile(path)
     except Exception as err:
         raise CorpusError(f"{path}: not a readable Parquet file ({err}); re-create it or remove it") from None
-    groups = None  # all; a piece: the row groups that start in it
-    if unit.span is not None:
-        meta = pf.metadata
-        starts = [row_group_start(meta.row_group(i)) for i in range(meta.num_row_groups)]
-        groups = [i for i, at in enumerate(starts) if unit.span[0] <= at < unit.span[1]]
+    groups = None if unit.span is None else row_groups_in(pf.metadata, unit.span)  # None: all
     stats.input_bytes += path.stat().st_size if unit.span is None else unit.span[1] - unit.span[0]
     names = pf.schema_arrow.names
     wanted = [c for c in (src.text_field, src.id_field, src.title_field) if c]

@@ -18,13 +18,11 @@ recommends, at a bz2 stream of 100 pages), each by :func:`iter_pages` on its own
 from __future__ import annotations
 
 import bz2
-import os
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import fsspec
 import mwparserfromhell
@@ -134,12 +132,13 @@ def _local(tag: str) -> str:
 _CHUNK = 1 << 20  # bytes read (and text decompressed) at a time
 
 
-def _raw(fh: BinaryIO, span: tuple[int, int]) -> Iterator[bytes]:
-    fh.seek(span[0])
-    left = span[1] - span[0]
-    while left > 0 and (chunk := fh.read(min(_CHUNK, left))):
-        left -= len(chunk)
-        yield chunk
+def _raw(path: Path, span: tuple[int, int]) -> Iterator[bytes]:
+    with path.open("rb") as fh:
+        fh.seek(span[0])
+        left = span[1] - span[0]
+        while left > 0 and (chunk := fh.read(min(_CHUNK, left))):
+            left -= len(chunk)
+            yield chunk
 
 
 def _bz2_streams(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -156,7 +155,7 @@ def _bz2_streams(chunks: Iterator[bytes]) -> Iterator[bytes]:
         raise EOFError("a bz2 stream ends before its end of stream marker")
 
 
-def _text_chunks(path: Path, fh: BinaryIO, span: tuple[int, int] | None, size: int) -> Iterator[bytes]:
+def _text_chunks(path: Path, span: tuple[int, int] | None) -> Iterator[bytes]:
     """The XML text of a dump file, or of one of its pieces (:func:`~bert_core.corpus.pieces.dump_spans`)
     wrapped in the root element that the first piece opens and the last one closes."""
     if span is None:
@@ -166,9 +165,9 @@ def _text_chunks(path: Path, fh: BinaryIO, span: tuple[int, int] | None, size: i
         return
     if span[0] > 0:
         yield b"<mediawiki>"
-    raw = _raw(fh, span)
+    raw = _raw(path, span)
     yield from _bz2_streams(raw) if path.name.lower().endswith(".bz2") else raw
-    if span[1] < size:
+    if span[1] < path.stat().st_size:
         yield b"</mediawiki>"
 
 
@@ -186,21 +185,20 @@ def iter_pages(path: str | Path, span: tuple[int, int] | None = None) -> Iterato
     parser = ET.XMLPullParser(events=("start", "end"))
     root = None
     try:
-        with path.open("rb") as fh:
-            for chunk in _text_chunks(path, fh, span, os.fstat(fh.fileno()).st_size):
-                parser.feed(chunk)
-                for event, elem in parser.read_events():
-                    if root is None and event == "start":
-                        root = elem
-                        continue
-                    if event != "end" or _local(elem.tag) != "page":
-                        continue
-                    page = _page(elem)
-                    last = page.title
-                    yield page
-                    elem.clear()
-                    root.clear()  # drop finished pages held by the root element
-            parser.close()
+        for chunk in _text_chunks(path, span):
+            parser.feed(chunk)
+            for event, elem in parser.read_events():
+                if root is None and event == "start":
+                    root = elem
+                    continue
+                if event != "end" or _local(elem.tag) != "page":
+                    continue
+                page = _page(elem)
+                last = page.title
+                yield page
+                elem.clear()
+                root.clear()  # drop finished pages held by the root element
+        parser.close()
     except (EOFError, OSError) as err:
         raise WikiDumpError(
             f"{where}: compressed stream is corrupt or truncated after page {last!r} ({err}); "
