@@ -11,6 +11,10 @@ inputs repeat real text; ids never repeat. Pieces are :data:`PIECE_BYTES` (the s
 - ``jsonl``: one JSONL file of ``--jsonl-copies`` copies of the shared corpus's 11,570 Wikipedia articles
   (19.7 MB of text), ids suffixed by the copy's number.
 - ``parquet``: the same rows as one Parquet file, in row groups of 1,000 rows (as ``datasets`` writes them).
+- ``text``: the same articles as one text file of documents separated by blank lines, a paragraph a line (the
+  layout of Google's ``create_pretraining_data.py`` input); ids number the documents.
+- ``wikitext``: the same articles as one file in WikiText's layout (``" = Title = "`` lines, a paragraph a
+  line, blank lines between); ids number the articles.
 - ``hub``: a Hub dataset with ids (a local dataset folder, as ``BERT_DATA_ROOT`` holds one) of ``--hub-files``
   Parquet data files, each those articles with ids suffixed by the file's number; one work unit per file.
 
@@ -38,7 +42,14 @@ DUMP = "wikipedia_dump/enwiki-20250201-tiny.xml.bz2"
 PAGE_ID = re.compile(rb"(<ns>\d+</ns>\s*<id>)(\d+)(</id>)")
 #: The file bytes of a piece, per input: small enough for the benchmark's inputs to give several pieces (the
 #: stage's own is 64 MB); a Hub dataset is cut at its data files whatever this is.
-PIECE_BYTES = {"dump": 500_000, "jsonl": 8_000_000, "parquet": 8_000_000, "hub": 8_000_000}
+PIECE_BYTES = {
+    "dump": 500_000,
+    "jsonl": 8_000_000,
+    "parquet": 8_000_000,
+    "text": 8_000_000,
+    "wikitext": 8_000_000,
+    "hub": 8_000_000,
+}
 
 
 def make_dump(data_root: Path, out: Path, copies: int) -> Path:
@@ -104,6 +115,27 @@ def make_parquet(jsonl: Path) -> Path:
     return path
 
 
+def make_text(jsonl: Path) -> Path:
+    """The JSONL file's articles as one text file beside it: a paragraph a line, a blank line after each."""
+    path = jsonl.with_suffix(".txt")
+    if not path.exists():
+        with jsonl.open(encoding="utf-8") as src, path.open("w", encoding="utf-8") as fh:
+            fh.writelines(json.loads(line)["text"] + "\n\n" for line in src)
+    return path
+
+
+def make_wikitext(jsonl: Path) -> Path:
+    """The JSONL file's articles as one file in WikiText's layout beside it."""
+    path = jsonl.with_suffix(".tokens")
+    if not path.exists():
+        with jsonl.open(encoding="utf-8") as src, path.open("w", encoding="utf-8") as fh:
+            for line in src:
+                row = json.loads(line)
+                fh.write(f" \n = {row['title']} = \n \n")
+                fh.writelines(f" {para} \n \n" for para in row["text"].split("\n"))
+    return path
+
+
 def wiki_lines(data_root: Path) -> list[str]:
     return [
         line
@@ -143,9 +175,13 @@ def files(out: Path) -> dict[str, bytes]:
 
 
 def source_spec(case: str, path: Path) -> dict:
-    kind = {"dump": "wikipedia_xml", "jsonl": "jsonl", "parquet": "parquet", "hub": "hf"}[case]
-    ids = {} if case == "dump" else {"id_field": "id", "title_field": "title"}
-    return {"name": "input", "kind": kind, "path": path.name, **ids}
+    kind = {"dump": "wikipedia_xml", "text": "text", "wikitext": "text", "hub": "hf"}.get(case, case)
+    how = {
+        "dump": {},
+        "text": {"doc_split": "blank_lines", "newlines": "paragraph"},
+        "wikitext": {"doc_split": "wikitext"},
+    }.get(case, {"id_field": "id", "title_field": "title"})
+    return {"name": "input", "kind": kind, "path": path.name, **how}
 
 
 def run_case(args: argparse.Namespace, case: str) -> bool:
@@ -159,6 +195,8 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
         "dump": lambda: make_dump(data_root, args.out, args.copies),
         "jsonl": lambda: make_jsonl(data_root, args.out, args.jsonl_copies),
         "parquet": lambda: make_parquet(make_jsonl(data_root, args.out, args.jsonl_copies)),
+        "text": lambda: make_text(make_jsonl(data_root, args.out, args.jsonl_copies)),
+        "wikitext": lambda: make_wikitext(make_jsonl(data_root, args.out, args.jsonl_copies)),
         "hub": lambda: make_hub(data_root, args.out, args.hub_files),
     }[case]()
     spec = source_spec(case, path)
@@ -170,6 +208,8 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
         "dump": f"{mb:.1f} MB multistream dump ({args.copies * 70:,} pages)",
         "jsonl": f"{mb:.1f} MB JSONL file (the real articles {args.jsonl_copies} times)",
         "parquet": f"{mb:.1f} MB Parquet file (the real articles {args.jsonl_copies} times)",
+        "text": f"{mb:.1f} MB text file (the real articles {args.jsonl_copies} times)",
+        "wikitext": f"{mb:.1f} MB WikiText file (the real articles {args.jsonl_copies} times)",
         "hub": f"Hub dataset of {pieces} Parquet data files ({mb:.1f} MB, the real articles {pieces} times)",
     }[case]
     runs: dict[str, list[dict]] = {"one reader": [], "pieces": []}
@@ -221,7 +261,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_corpus_split"))
     ap.add_argument("--cases", nargs="*", default=list(PIECE_BYTES), choices=list(PIECE_BYTES))
     ap.add_argument("--copies", type=int, default=40, help="dump: copies of the fragment's 70 pages")
-    ap.add_argument("--jsonl-copies", type=int, default=4, help="jsonl: copies of the real articles")
+    ap.add_argument(
+        "--jsonl-copies",
+        type=int,
+        default=4,
+        help="jsonl, parquet, text, wikitext: copies of the real articles",
+    )
     ap.add_argument("--hub-files", type=int, default=8, help="hub: data files")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)

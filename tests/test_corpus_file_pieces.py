@@ -59,9 +59,9 @@ def test_line_spans_cut_after_a_newline_and_count_the_lines_before(tmp_path):
         pieces = line_spans(tmp_path / "mine.jsonl", unit)
         assert pieces[0][0] == 0 and pieces[-1][1] == len(data)
         assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
-        for start, end, first_line in pieces:
+        for start, end, before in pieces:
             assert start == 0 or data[start - 1 : start] == b"\n"
-            assert first_line == data[:start].count(b"\n") + 1
+            assert before == data[:start].count(b"\n")
             assert end - start >= unit or end == len(data)
 
 
@@ -135,16 +135,16 @@ def test_a_large_parquet_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp_
     assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces)) and pieces[-1][1] == path.stat().st_size
     meta = pq.ParquetFile(path).metadata
     starts = [corpus_pieces.row_group_start(meta.row_group(i)) for i in range(meta.num_row_groups)]
-    for start, end, first_row in pieces:  # each starts at a row group, numbered by the rows before it
+    for start, end, rows_before in pieces:  # each starts at a row group, numbered by the rows before it
         assert start == 0 or start in starts
-        assert first_row == 1 + 20 * next(i for i, at in enumerate(starts) if start <= at < end)
+        assert rows_before == 20 * next(i for i, at in enumerate(starts) if start <= at < end)
     stats = build_corpus(params, tmp_path / "pieces", data_root=tmp_path, workers=2)
     assert stats.input_files == 1 and stats.input_bytes == path.stat().st_size
     assert f"{path}: row 234: field 'text' is not a string" in " ".join(stats.bad_record_examples)
     assert corpus_files(tmp_path / "pieces") == corpus_files(tmp_path / "whole")  # ids by row number included
     damaged = tmp_path / "damaged.parquet"
     damaged.write_bytes(path.read_bytes()[:-100])  # no footer: one piece, and its reader names the fault
-    assert corpus_pieces.file_pieces(damaged, "parquet") == [(0, damaged.stat().st_size, 1)]
+    assert corpus_pieces.file_pieces(damaged, params.local_sources[0]) == [(0, damaged.stat().st_size, 0)]
 
 
 def test_a_parquet_file_with_row_groups_out_of_order_is_one_piece(tmp_path, monkeypatch):
@@ -154,4 +154,4 @@ def test_a_parquet_file_with_row_groups_out_of_order_is_one_piece(tmp_path, monk
     monkeypatch.setattr(
         corpus_pieces, "row_group_start", lambda group: 10**9 - real(group)
     )  # stored backwards
-    assert corpus_pieces.row_group_spans(path, 5_000) == [(0, path.stat().st_size, 1)]
+    assert corpus_pieces.row_group_spans(path, 5_000) == [(0, path.stat().st_size, 0)]

@@ -110,3 +110,18 @@ def wikitext_detokenize(line: str) -> str:
         for a, b in _WIKITEXT_DETOK:
             line = line.replace(a, b)
     return line
+
+
+_WT_TITLE_RE = re.compile(r"^ ?= ([^=].*?) = ?$")
+_WT_SUBHEAD_RE = re.compile(r"^ ?(= ){2,}.*?( =){2,} ?$")
+
+
+def wikitext_line(line: str) -> tuple[str, str]:
+    """What a line of a WikiText file is: ``("title", its text)`` for an article's top-level ``" = Title = "``
+    line, ``("paragraph", the line stripped)``, or ``("skip", "")`` for a sub-heading or a blank line."""
+    s = line.rstrip("\n")
+    if _WT_SUBHEAD_RE.match(s):
+        return "skip", ""
+    if m := _WT_TITLE_RE.match(s):
+        return "title", m.group(1).strip()
+    return ("paragraph", s.strip()) if s.strip() else ("skip", "")

@@ -1,10 +1,13 @@
 """Where a large input file can be cut into pieces that are read on their own (one work unit each).
 
 A piece is a byte range of the file and starts where a record starts, so that a reader given only the range
-reads the records it holds and no other: after a newline in a JSONL file (:func:`line_spans`, which also
-counts the lines before each piece, so that line numbers stay those of the file); at a row group in a Parquet
-file (:func:`row_group_spans`, the row numbers from its footer); at a ``<page>`` tag in a
-Wikipedia ``.xml`` dump, and at a bz2 stream whose text starts with one in a multistream ``.xml.bz2``
+reads the records it holds and no other, and each piece carries the number of records before it, so that
+the ids and messages that number records (lines, rows, documents) stay those of the whole file: after a
+newline in a JSONL file (:func:`line_spans`, which counts the lines); after a blank line in a text file of
+documents separated by blank lines (:func:`document_spans`, which counts the documents); at an article's
+title line in a WikiText file (:func:`article_spans`, which counts the articles); at a row group in a
+Parquet file (:func:`row_group_spans`, the row numbers from its footer); at a ``<page>`` tag in a Wikipedia
+``.xml`` dump, and at a bz2 stream whose text starts with one in a multistream ``.xml.bz2``
 (:func:`dump_spans`). A compressed file with no such starts (``.gz``, a single-stream ``.bz2``) is one piece.
 """
 
@@ -17,46 +20,122 @@ from typing import Any, BinaryIO
 
 import fsspec
 
+from bert_core.corpus.clean import wikitext_line
+from bert_core.corpus.params import SourceSpec
+
 #: The file bytes of one piece of a large file: 64 MB of JSONL is about 10 CPU-seconds of cleaning and
 #: segmenting, 64 MB of a multistream ``.bz2`` Wikipedia dump (about 300 MB of XML) a few CPU-minutes of
 #: rendering; what a crash can cost a worker, and what one worker takes of a file.
 UNIT_BYTES = 64 << 20
+#: What the passes that count lines or documents read at a time.
+_READ_BYTES = 1 << 24
 
 
-def file_pieces(path: Path, kind: str) -> list[tuple[int, int, int]]:
-    """The pieces a file of a source of ``kind`` is read in: ``(start, end, the line or row number it starts
-    at)``. A file that cannot be read here (a damaged footer, no permission) is one piece, whose reader
-    names the fault as it would."""
+def file_pieces(path: Path, source: SourceSpec) -> list[tuple[int, int, int]]:
+    """The pieces a file of ``source`` is read in: ``(start, end, the lines, rows or documents before it)``.
+    A file that cannot be read here (a damaged footer, no permission) is one piece, whose reader names the
+    fault as it would."""
+    uncompressed = fsspec.utils.infer_compression(path.name) is None
     try:
-        if kind == "wikipedia_xml":
-            return [(a, b, 1) for a, b in dump_spans(path, UNIT_BYTES)]
-        if kind == "jsonl" and fsspec.utils.infer_compression(path.name) is None:
+        if source.kind == "wikipedia_xml":
+            return [(a, b, 0) for a, b in dump_spans(path, UNIT_BYTES)]
+        if source.kind == "jsonl" and uncompressed:
             return line_spans(path, UNIT_BYTES)
-        if kind == "parquet":
+        if source.kind == "text" and source.effective_doc_split == "blank_lines" and uncompressed:
+            return document_spans(path, UNIT_BYTES)
+        if source.kind == "text" and source.effective_doc_split == "wikitext" and uncompressed:
+            return article_spans(path, UNIT_BYTES)
+        if source.kind == "parquet":
             return row_group_spans(path, UNIT_BYTES)
     except (OSError, ValueError):  # pyarrow's errors are of these kinds too
         pass
-    return [(0, path.stat().st_size, 1)]
+    return [(0, path.stat().st_size, 0)]
 
 
 def line_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     """A text file's pieces of at least ``unit_bytes`` (the last may be shorter), cut after a newline:
-    ``(start, end, the line number it starts at)``, in one pass over the file counting its lines."""
+    ``(start, end, the lines before it)``, in one pass over the file counting its lines."""
     size = path.stat().st_size
-    pieces, lines, at, cut = [(0, size, 1)], 0, 0, unit_bytes
+    pieces, lines, at, cut = [(0, size, 0)], 0, 0, unit_bytes
     if size <= unit_bytes:
         return pieces
     with path.open("rb") as fh:
-        while chunk := fh.read(1 << 24):
+        while chunk := fh.read(_READ_BYTES):
             while cut < at + len(chunk) and (i := chunk.find(b"\n", max(0, cut - at))) != -1:
                 start = at + i + 1
                 if start >= size:
                     break
                 pieces[-1] = (pieces[-1][0], start, pieces[-1][2])
-                pieces.append((start, size, lines + chunk.count(b"\n", 0, i + 1) + 1))
+                pieces.append((start, size, lines + chunk.count(b"\n", 0, i + 1)))
                 cut = start + unit_bytes
             lines += chunk.count(b"\n")
             at += len(chunk)
+    return pieces
+
+
+#: A line that ``str.strip()`` empties once decoded (the readers' blank line), as UTF-8 bytes: ASCII
+#: whitespace, and the encodings of the other characters for which ``str.isspace()`` holds.
+_BLANK_LINE = (
+    rb"(?:[\t\x0b\x0c\r\x1c-\x1f ]|\xc2[\x85\xa0]|\xe1\x9a\x80|\xe2\x80[\x80-\x8a\xa8\xa9\xaf]|\xe2\x81\x9f"
+    rb"|\xe3\x80\x80)*\n"
+)
+#: Blank lines at the start of a text, and blank lines after the newline that ends a line that is not
+#: blank (or is the text's first): the literal newline first makes the search about ten times faster.
+_BLANK_START = re.compile(rb"(?:" + _BLANK_LINE + rb")+")
+_BLANK_RUN = re.compile(rb"\n(?:" + _BLANK_LINE + rb")+")
+
+
+def document_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
+    """The pieces of a text file of documents separated by blank lines, of at least ``unit_bytes`` (the last
+    may be shorter), each starting at the line after blank lines: ``(start, end, the documents before it)``,
+    in one pass over the file counting the documents (one ends where blank lines follow a line that is not
+    blank)."""
+    size = path.stat().st_size
+    pieces, docs, at, cut = [(0, size, 0)], 0, 0, unit_bytes
+    if size <= unit_bytes:
+        return pieces
+    rest, after_blank = b"", True  # the file's start counts as after a blank line: no document ends there
+    with path.open("rb") as fh:
+        while True:
+            data = fh.read(_READ_BYTES)
+            text = rest + data
+            whole = text.rfind(b"\n") + 1 if data else len(text)  # whole lines only, but at the end
+            chunk, rest = text[:whole], text[whole:]
+            head = _BLANK_START.match(chunk)
+            ends = [head.end()] if head and not after_blank else []
+            ends += [run.end() for run in _BLANK_RUN.finditer(chunk, head.end() if head else 0)]
+            for end in ends:
+                docs += 1
+                if cut <= at + end < size:
+                    pieces[-1] = (pieces[-1][0], at + end, pieces[-1][2])
+                    pieces.append((at + end, size, docs))
+                    cut = at + end + unit_bytes
+            if chunk:
+                after_blank = (ends or [head.end() if head else 0])[-1] == len(chunk)
+            at += len(chunk)
+            if not data:
+                return pieces
+
+
+def article_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
+    """The pieces of a WikiText file, of at least ``unit_bytes`` (the last may be shorter), each starting at an
+    article's ``" = Title = "`` line: ``(start, end, the articles before it)``, in one pass over the file
+    reading each line as the reader does (an article is counted when it has a paragraph)."""
+    size = path.stat().st_size
+    pieces, articles, at, cut, paragraphs = [(0, size, 0)], 0, 0, unit_bytes, False
+    if size <= unit_bytes:
+        return pieces
+    with path.open("rb") as fh:
+        for raw in fh:
+            kind, _ = wikitext_line(raw.decode("utf-8", "replace"))
+            if kind == "title":
+                articles, paragraphs = articles + paragraphs, False
+                if at >= cut:
+                    pieces[-1] = (pieces[-1][0], at, pieces[-1][2])
+                    pieces.append((at, size, articles))
+                    cut = at + unit_bytes
+            paragraphs = paragraphs or kind == "paragraph"
+            at += len(raw)
     return pieces
 
 
@@ -73,23 +152,23 @@ def row_groups_in(meta: Any, span: tuple[int, int]) -> list[int]:
 
 def row_group_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     """A Parquet file's pieces of at least ``unit_bytes``, cut where a row group starts: ``(start, end, the
-    row number it starts at)``, from the file's footer alone (its row groups: :func:`row_groups_in`)."""
+    rows before it)``, from the file's footer alone (its row groups: :func:`row_groups_in`)."""
     import pyarrow.parquet as pq
 
     size = path.stat().st_size
-    pieces = [(0, size, 1)]
+    pieces = [(0, size, 0)]
     if size <= unit_bytes:
         return pieces
     meta = pq.ParquetFile(path).metadata
     groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
     starts = [row_group_start(group) for group in groups]
     if starts != sorted(set(starts)):  # not written one after the other: the pieces would reorder the rows
-        return pieces
+        return [(0, size, 0)]
     rows = 0
     for i, (group, start) in enumerate(zip(groups, starts, strict=True)):
         if i > 0 and start - pieces[-1][0] >= unit_bytes:
             pieces[-1] = (pieces[-1][0], start, pieces[-1][2])
-            pieces.append((start, size, rows + 1))
+            pieces.append((start, size, rows))
         rows += group.num_rows
     return pieces
 

@@ -1,7 +1,7 @@
 """Source kinds: turn each configured source into work units (files) and each unit into raw documents.
 
-A *work unit* is one input file (or, for a Hub dataset, the whole dataset): units are processed in parallel
-and their results merged in unit order, so the output never depends on the worker count. Readers stream:
+A *work unit* is one input file, a piece of a large one (:mod:`bert_core.corpus.pieces`), a Hub dataset or
+one of its data files: units are processed in parallel and their results merged in unit order, so the output never depends on the worker count. Readers stream:
 a file is read line by line (JSONL, blank-line and WikiText layouts), batch by batch (Parquet) or page by
 page (XML dumps); only one-document-per-file text is read whole, and files too large to pass the
 ``max_doc_chars`` filter are skipped without being read.
@@ -14,7 +14,6 @@ import fnmatch
 import glob
 import json
 import logging
-import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 
 import fsspec
 
-from bert_core.corpus.clean import wikitext_detokenize
+from bert_core.corpus.clean import wikitext_detokenize, wikitext_line
 from bert_core.corpus.params import SourceSpec
 from bert_core.corpus.pieces import file_pieces, row_groups_in
 from bert_core.corpus.wiki import WikiDumpError, is_disambiguation, iter_pages, wikitext_to_passages
@@ -85,8 +84,8 @@ class UnitStats:
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One input file of a source, one piece of a large file (``span``: its byte range; ``first_line``: the
-    file's line number it starts at), or a Hub dataset (``path`` None), whole or one of its data files
+    """One input file of a source, one piece of a large file (``span``: its byte range; ``before``: the
+    file's lines, rows or documents before it), or a Hub dataset (``path`` None), whole or one of its data files
     (``shard``: its index and the dataset's number of data files)."""
 
     index: int
@@ -96,7 +95,7 @@ class SourceFile:
     rel: str
     span: tuple[int, int] | None = None
     shard: tuple[int, int] | None = None
-    first_line: int = 1
+    before: int = 0
 
     @property
     def first_of_its_file(self) -> bool:
@@ -145,9 +144,10 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
 
 def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: bool = True) -> list[SourceFile]:
     """Resolve every source to its ordered work units: one per file or Hub dataset; with ``split``, one per
-    :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece of a large uncompressed JSONL file, Parquet file or
-    Wikipedia dump (:mod:`bert_core.corpus.pieces`), and one per data file of a Hub dataset whose rows are
-    documents with ids of their own (``id_field``; its default ids count rows from the dataset's start).
+    :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece of a large uncompressed JSONL file, text file of
+    documents separated by blank lines or of WikiText, Parquet file or Wikipedia dump
+    (:mod:`bert_core.corpus.pieces`), and one per data file of a Hub dataset whose rows are documents with
+    ids of their own (``id_field``; its default ids count rows from the dataset's start).
 
     Raises:
         SourceNotFoundError: a source path matches no file (names the source, the path and the root).
@@ -174,15 +174,15 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
                 rel = p.name
-            pieces = file_pieces(p, source.kind) if split else []
+            pieces = file_pieces(p, source) if split else []
             if len(pieces) < 2:  # the file whole
                 units.append(SourceFile(len(units), si, source, str(p), rel))
                 continue
             log.info(
                 "%s: read in %d pieces (work units) of its %s bytes", p, len(pieces), f"{pieces[-1][1]:,}"
             )
-            for start, end, line in pieces:
-                units.append(SourceFile(len(units), si, source, str(p), rel, (start, end), first_line=line))
+            for start, end, before in pieces:
+                units.append(SourceFile(len(units), si, source, str(p), rel, (start, end), before=before))
     return units
 
 
@@ -204,7 +204,7 @@ def _lines(unit: SourceFile, stats: UnitStats) -> Iterator[tuple[int, str]]:
         with fsspec.open(path, "rb", compression="infer") as fh:
             if start:
                 fh.seek(start)
-            for lineno, raw in enumerate(fh, unit.first_line):
+            for lineno, raw in enumerate(fh, unit.before + 1):
                 if end is not None and start >= end:
                     break
                 start += len(raw)
@@ -221,25 +221,19 @@ def _lines(unit: SourceFile, stats: UnitStats) -> Iterator[tuple[int, str]]:
         stats.utf8_replacements += replaced
 
 
-_WT_TITLE_RE = re.compile(r"^ ?= ([^=].*?) = ?$")
-_WT_SUBHEAD_RE = re.compile(r"^ ?(= ){2,}.*?( =){2,} ?$")
-
-
-def _wikitext_docs(lines: Iterator[str], prefix: str) -> Iterator[RawDoc]:
-    """Group WikiText lines into articles at top-level ``" = Title = "`` lines; drop sub-headings."""
-    title, paras, n = "", [], 0
+def _wikitext_docs(lines: Iterator[str], prefix: str, n: int = 0) -> Iterator[RawDoc]:
+    """Group WikiText lines into articles at top-level ``" = Title = "`` lines, numbered from ``n``; drop
+    sub-headings."""
+    title, paras = "", []
     for line in lines:
-        s = line.rstrip("\n")
-        m = _WT_TITLE_RE.match(s)
-        if m and not _WT_SUBHEAD_RE.match(s):
+        kind, text = wikitext_line(line)
+        if kind == "title":
             if paras:
                 yield RawDoc(f"{prefix}{n}", title, "\n".join(paras), "paragraph")
                 n += 1
-            title, paras = wikitext_detokenize(m.group(1).strip()), []
-            continue
-        if _WT_SUBHEAD_RE.match(s) or not s.strip():
-            continue
-        paras.append(wikitext_detokenize(s.strip()))
+            title, paras = wikitext_detokenize(text), []
+        elif kind == "paragraph":
+            paras.append(wikitext_detokenize(text))
     if paras:
         yield RawDoc(f"{prefix}{n}", title, "\n".join(paras), "paragraph")
 
@@ -269,12 +263,12 @@ def _read_text(unit: SourceFile, stats: UnitStats, max_doc_chars: int) -> Iterat
         return
     lines = (line for _, line in _lines(unit, stats))
     if mode == "wikitext":
-        yield from _wikitext_docs(lines, f"{unit.rel}#")
+        yield from _wikitext_docs(lines, f"{unit.rel}#", unit.before)
         return
     # blank_lines: documents separated by blank lines; a document longer than max_doc_chars is dropped
     # as soon as it gets there so memory stays bounded.
     buf: list[str] = []
-    size, n, overflow = 0, 0, False
+    size, n, overflow = 0, unit.before, False
     for line in lines:
         if line.strip():
             if not overflow:
@@ -343,7 +337,7 @@ def _read_parquet(unit: SourceFile, stats: UnitStats, on_bad_record: str) -> Ite
             f"{path}: missing column(s) {missing} (columns: {names}); set text_field/id_field/title_field "
             f"of source '{src.name}'"
         )
-    row = unit.first_line - 1
+    row = unit.before
     for batch in pf.iter_batches(batch_size=256, columns=sorted(set(wanted)), row_groups=groups):
         cols = batch.to_pydict()
         for i in range(batch.num_rows):
