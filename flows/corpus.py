@@ -59,7 +59,7 @@ def corpus_flow(
 
 
 def _check(params: CorpusParams, **_: object) -> None:
-    """The command line's refusal before Prefect starts: a source path that matches no file."""
+    """Refused before Prefect starts: a source path that matches no file, or a file misnamed for its bytes."""
     root = data_root()
     plan_units(params.active_sources(root), root, split=False)
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from bert_core.corpus.compressed import SUFFIX
 from bert_core.params import StrictModel
 
 SourceKind = Literal["hf", "text", "jsonl", "parquet", "wikipedia_xml"]
@@ -34,12 +35,9 @@ _DOC_SPLITS: dict[str, tuple[str, ...]] = {
 _DEFAULT_SPLIT = {"text": "file", "hf": "row", "jsonl": "row", "parquet": "row", "wikipedia_xml": "row"}
 #: The files a folder source reads by default, per kind (compressed ones too).
 DEFAULT_PATTERNS = {
-    "hf": (),
-    "text": ("*.txt", "*.txt.gz", "*.txt.bz2"),
-    "jsonl": ("*.jsonl", "*.jsonl.gz", "*.jsonl.bz2"),
-    "parquet": ("*.parquet",),
-    "wikipedia_xml": ("*.xml", "*.xml.gz", "*.xml.bz2"),
-}
+    kind: tuple(f"*.{ext}{c}" for c in ("", *SUFFIX.values()))
+    for kind, ext in (("text", "txt"), ("jsonl", "jsonl"), ("wikipedia_xml", "xml"))
+} | {"hf": (), "parquet": ("*.parquet",)}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -51,7 +49,8 @@ class SourceSpec(StrictModel):
         kind: ``hf`` (a Hugging Face dataset), ``text`` (text files or folders), ``jsonl``, ``parquet`` or
             ``wikipedia_xml`` (a MediaWiki XML dump, ``.xml`` or ``.xml.bz2``).
         path: Dataset id for ``hf``; otherwise a file, a folder or a glob (relative to the data root for
-            ``local_sources``). Text/JSONL/XML files may be ``.bz2`` or ``.gz`` compressed.
+            ``local_sources``). Text/JSONL/XML files may be compressed: ``.gz``, ``.bz2``, ``.xz``,
+            ``.zst`` (:mod:`bert_core.corpus.compressed`).
         config: Dataset config name (``hf`` only), e.g. ``wikitext-103-raw-v1``.
         revision: Dataset revision (git commit/tag on the Hub) to pin (``hf`` only).
         split: Dataset split (``hf`` only).

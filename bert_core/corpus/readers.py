@@ -22,6 +22,7 @@ from typing import Any
 
 import fsspec
 
+from bert_core.corpus import compressed
 from bert_core.corpus.clean import wikitext_detokenize, wikitext_line
 from bert_core.corpus.params import SourceSpec
 from bert_core.corpus.pieces import file_pieces, row_groups_in
@@ -170,6 +171,11 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
             continue
         anchor, files = _resolve(source, root)
         for p in files:
+            if source.kind != "parquet":
+                try:
+                    compressed.check_content(p)
+                except ValueError as err:
+                    raise CorpusError(f"source '{source.name}' ({source.kind}): {err}") from None
             try:
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
@@ -189,7 +195,7 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
 # --- readers -------------------------------------------------------------------------------------------
 def _stem(path: Path) -> str:
     name = path.name
-    for suffix in (".bz2", ".gz"):
+    for suffix in compressed.SUFFIX.values():
         if name.lower().endswith(suffix):
             name = name[: -len(suffix)]
     return name.rsplit(".", 1)[0] if "." in name else name
@@ -212,7 +218,7 @@ def _lines(unit: SourceFile, stats: UnitStats) -> Iterator[tuple[int, str]]:
                 text, n = decode(raw)
                 replaced += n
                 yield lineno, text
-    except (EOFError, OSError) as err:
+    except compressed.ERRORS as err:
         raise CorpusError(
             f"{path}: cannot read ({err}); the compressed file is corrupt or truncated — re-create it or "
             "remove it from the source"
@@ -243,8 +249,8 @@ def _read_text(unit: SourceFile, stats: UnitStats, max_doc_chars: int) -> Iterat
     mode = src.effective_doc_split
     if mode == "file":
         size = path.stat().st_size
-        compressed = fsspec.utils.infer_compression(path.name) is not None
-        if not compressed and size > 4 * max_doc_chars:  # >= size/4 characters: cannot pass max_doc_chars
+        packed = fsspec.utils.infer_compression(path.name) is not None
+        if not packed and size > 4 * max_doc_chars:  # >= size/4 characters: cannot pass max_doc_chars
             stats.input_bytes += size
             stats.records += 1
             stats.dropped["too_long"] += 1
@@ -252,7 +258,7 @@ def _read_text(unit: SourceFile, stats: UnitStats, max_doc_chars: int) -> Iterat
         try:
             with fsspec.open(path, "rb", compression="infer") as fh:
                 data = fh.read()
-        except (EOFError, OSError) as err:
+        except compressed.ERRORS as err:
             raise CorpusError(
                 f"{path}: cannot read ({err}); the file is corrupt or truncated — re-create it or remove it"
             ) from None

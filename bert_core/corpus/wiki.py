@@ -38,6 +38,8 @@ from mwparserfromhell.nodes import (
     Wikilink,
 )
 
+from bert_core.corpus import compressed
+
 # Tags whose whole content is not prose.
 _DROP_TAGS = {
     "ref",
@@ -199,7 +201,7 @@ def iter_pages(path: str | Path, span: tuple[int, int] | None = None) -> Iterato
                 elem.clear()
                 root.clear()  # drop finished pages held by the root element
         parser.close()
-    except (EOFError, OSError) as err:
+    except compressed.ERRORS as err:
         raise WikiDumpError(
             f"{where}: compressed stream is corrupt or truncated after page {last!r} ({err}); "
             "re-download the dump file or remove it from the source"

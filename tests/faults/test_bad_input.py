@@ -280,6 +280,21 @@ def test_corpus_of_one_document(tmp_path, env):
     assert_failed_cleanly(res, "corpus", tmp_path / "work", "EmptyCorpusError", "needs at least 2 documents")
 
 
+def test_a_corpus_file_compressed_otherwise_than_its_name_says(tmp_path, env):
+    import gzip
+
+    files = {**_good_docs(4), "packed.txt": gzip.compress(GOOD_DOC.encode() * 3)}
+    params, extra, _ = corpus_case(tmp_path, files)
+    res = run_stage("corpus", stage_args("corpus", params), tmp_path / "work", {**env, **extra})
+    assert_failed_cleanly(
+        res,
+        "corpus",
+        tmp_path / "work",
+        "packed.txt: its bytes are gzip-compressed (its name says it is not compressed); name it for what it "
+        "is (here: packed.txt.gz) so that it is decompressed",
+    )
+
+
 def test_non_utf8_bytes_are_replaced_and_counted(tmp_path, env):
     files = {**_good_docs(4), "latin1.txt": ("Caf\xe9 cr\xe8me. " + GOOD_DOC * 3).encode("latin-1")}
     params, extra, _ = corpus_case(tmp_path, files)
