@@ -27,7 +27,8 @@ from pathlib import Path
 from bench._gpu_env import BUNDLE, DATA, REPO, WHEELS
 
 # What the GPU image lacks on the path of the library's stage entries: pydantic (every params model),
-# mwparserfromhell (the corpus's wiki reader, imported with the package) and Great Expectations (the
+# mwparserfromhell and backports.zstd (the corpus's wiki reader and .zst files, imported with the package;
+# zstd is in the standard library from Python 3.14) and Great Expectations (the
 # data checks of every data stage and of fine-tuning) with the dependencies the image does not have.
 # blingfire (a 42 MB wheel) stays behind: the smoke segments with `lines` when it is missing.
 WHEELS_LIST = (
@@ -37,6 +38,7 @@ WHEELS_LIST = (
     "typing-inspection",
     "typing_extensions",
     "mwparserfromhell",
+    "backports.zstd",
     "great_expectations",
     "altair",
     "narwhals",
