@@ -34,6 +34,7 @@ CONFIGS = [  # (name, copies, dedup, workers)
     ("x1-nodedup-w2", 1, False, 2),
     ("x4-nodedup-w1", 4, False, 1),
     ("x4-nodedup-w2", 4, False, 2),
+    ("x4-nodedup-w4", 4, False, 4),  # more workers than this machine's cores: what a worker adds to memory
 ]
 
 
