@@ -2,8 +2,9 @@
 
 Runs :func:`bert_core.corpus.build_corpus` on the real corpus (``corpus/gutenberg`` + ``corpus/wikipedia``
 under the data root, no caps) and on the same corpus x4 (four symlinked copies under different source
-names), with 1 and 2 worker processes (and 4 on the copies: what a worker adds to memory). Each configuration runs in a fresh child process; the parent samples
-the RSS of the child and all its descendants every 50 ms and reports the peak of the sum.
+names), with 1 and 2 worker processes (and 4 on the copies: what a worker adds to memory). Each
+configuration runs in a fresh child process; the parent samples the RSS of the child and all its
+descendants every 50 ms and reports the peak of the sum.
 
 The x4 copies are byte-identical, so exact de-duplication would drop three of them: the x1/x4 comparison
 therefore runs with ``clean.dedup: false`` (marked ``nodedup``); the x1 default (de-dup on) is reported too.
