@@ -1,5 +1,6 @@
-"""A Hub dataset whose rows carry their own ids is read one data file per work unit: in parallel, kept file by
-file after a crash, and the same corpus as one reader of the whole dataset."""
+"""A Hub dataset of a document a row is read one data file per work unit: in parallel, kept file by file after
+a crash, and, when its rows carry ids, the same corpus as one reader of the whole dataset; a row without one is
+named by its data file and its row in it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from corpus_builds import continued, corpus_files, crashed_build, one_reader_build
 
-from bert_core.corpus import CorpusError, CorpusParams, build_corpus
+from bert_core.corpus import CorpusError, CorpusParams, build_corpus, iter_documents
 from bert_core.corpus.readers import UnitStats, plan_units, read_unit
 from bert_core.kept_work import partial_dir
 
@@ -73,11 +74,24 @@ def test_a_dataset_with_ids_is_read_one_data_file_per_unit_into_the_corpus_of_on
     )  # the manifest's statistics included
 
 
-def test_positional_ids_or_wikitext_articles_keep_the_dataset_one_unit(tmp_path):
+def test_rows_without_ids_are_named_by_their_data_file_and_row(tmp_path):
     _dataset(tmp_path)
-    for params in (_params(id_field=None), _params(doc_split="wikitext")):
-        units = plan_units(params.active_sources(tmp_path), tmp_path)
-        assert [u.shard for u in units] == [None]
+    params = _params(id_field=None)
+    assert [u.shard for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [
+        (k, FILES) for k in range(FILES)
+    ]
+    build_corpus(params, tmp_path / "out", data_root=tmp_path, workers=2)
+    docs = [d for split in ("train", "heldout") for d in iter_documents(tmp_path / "out", split)]
+    assert sorted(d["doc_id"] for d in docs) == sorted(
+        f"wiki:train:{k}:{i}" for k in range(FILES) for i in range(30)
+    )
+    assert all(d["title"] == f"Article {d['doc_id'].split(':')[2]}.{d['doc_id'].split(':')[3]}" for d in docs)
+
+
+def test_wikitext_articles_keep_the_dataset_one_unit(tmp_path):
+    _dataset(tmp_path)
+    params = _params(doc_split="wikitext")
+    assert [u.shard for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [None]
 
 
 def test_a_crashed_build_keeps_the_data_files_it_finished(tmp_path, monkeypatch, caplog):

@@ -147,8 +147,9 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
     """Resolve every source to its ordered work units: one per file or Hub dataset; with ``split``, one per
     :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece of a large uncompressed JSONL file, text file of
     documents separated by blank lines or of WikiText, Parquet file or Wikipedia dump
-    (:mod:`bert_core.corpus.pieces`), and one per data file of a Hub dataset whose rows are documents with
-    ids of their own (``id_field``; its default ids count rows from the dataset's start).
+    (:mod:`bert_core.corpus.pieces`), and one per data file of a Hub dataset of a document a row (a row
+    without an id of its own is named by its data file and its row in it). WikiText articles of a Hub dataset
+    cross its data files: that dataset is one unit.
 
     Raises:
         SourceNotFoundError: a source path matches no file (names the source, the path and the root).
@@ -162,8 +163,8 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
                     f"source '{source.name}' (hf): '{source.path}' does not exist under data root {root}; "
                     "with BERT_DATA_ROOT set, Hub datasets must be given as local dataset folders"
                 )
-            own_ids = source.id_field is not None and source.effective_doc_split == "row"
-            n = _load_hf(source, root).num_shards if split and own_ids else 1
+            rows = source.effective_doc_split == "row"
+            n = _load_hf(source, root).num_shards if split and rows else 1
             if n > 1:
                 log.info("%s: read as its %d data files (work units)", source.path, n)
             for shard in [(k, n) for k in range(n)] if n > 1 else [None]:
