@@ -1,8 +1,10 @@
-"""Corpus stage on one large input read in pieces (the stage's way) vs as one work unit (one reader).
+"""Corpus stage on inputs planned as the stage plans them (a large file cut into pieces, small files read
+together) vs a work unit per input (a large file read by one reader, a small file a unit of its own).
 
-Four inputs, each run both ways in fresh child processes with the same workers, interleaved (one reader,
-pieces, pieces, one reader ...); the two outputs must be byte-identical. De-duplication is off, as the
-inputs repeat real text; ids never repeat. Pieces are :data:`PIECE_BYTES` (the stage's own are 64 MB).
+Each input is run both ways in fresh child processes with the same workers, interleaved (a unit an input,
+planned, planned, a unit an input ...); the two outputs must be byte-identical. De-duplication is off, as
+the inputs repeat real text; ids never repeat. Pieces are :data:`PIECE_BYTES` (the stage's own are 64 MB);
+small files are grouped as in the stage (4 MB a unit).
 
 - ``dump``: one multistream Wikipedia dump built from the shared data's real fragment
   (``wikipedia_dump/enwiki-20250201-tiny.xml.bz2``, 70 pages, 6 articles): ``--copies`` copies of its pages,
@@ -15,6 +17,7 @@ inputs repeat real text; ids never repeat. Pieces are :data:`PIECE_BYTES` (the s
   layout of Google's ``create_pretraining_data.py`` input); ids number the documents.
 - ``wikitext``: the same articles as one file in WikiText's layout (``" = Title = "`` lines, a paragraph a
   line, blank lines between); ids number the articles.
+- ``files``: a folder of ``--files-copies`` copies of the same articles, a one-document text file each.
 - ``hub``: a Hub dataset with ids (a local dataset folder, as ``BERT_DATA_ROOT`` holds one) of ``--hub-files``
   Parquet data files, each those articles with ids suffixed by the file's number; one work unit per file.
 
@@ -48,6 +51,7 @@ PIECE_BYTES = {
     "parquet": 8_000_000,
     "text": 8_000_000,
     "wikitext": 8_000_000,
+    "files": 8_000_000,
     "hub": 8_000_000,
 }
 
@@ -88,6 +92,20 @@ def make_hub(data_root: Path, out: Path, files: int) -> Path:
         for k in range(files):
             table = pa.Table.from_pylist([{**row, "id": f"{row['id']}/{k}"} for row in rows])
             pq.write_table(table, folder / f"train-{k:05d}-of-{files:05d}.parquet")
+    return folder
+
+
+def make_files(data_root: Path, out: Path, copies: int) -> Path:
+    """A folder of ``copies`` copies of the shared corpus's articles, a text file each (its title, a blank
+    line, its text), under ``out/root``."""
+    folder = out / "root" / f"articles-x{copies}"
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        rows = [json.loads(line) for line in wiki_lines(data_root)]
+        for k in range(copies):
+            for i, row in enumerate(rows):
+                text = f"{row['title']}\n\n{row['text']}\n"
+                (folder / f"{k}-{i:05d}.txt").write_text(text, encoding="utf-8")
     return folder
 
 
@@ -147,12 +165,12 @@ def wiki_lines(data_root: Path) -> list[str]:
 
 def child(args: argparse.Namespace) -> None:
     """One build in this fresh process; its figures as JSON on stdout."""
-    from bert_core.corpus import CorpusParams, build, build_corpus, readers
+    from bert_core.corpus import CorpusParams, build, build_corpus, units
     from bert_core.corpus import pieces as corpus_pieces
 
     corpus_pieces.UNIT_BYTES = args.unit_bytes
     if args.one_reader:
-        build.plan_units = functools.partial(readers.plan_units, split=False)
+        build.plan_units = functools.partial(units.plan_units, split=False)
     source = source_spec(args.case, Path(args.input))
     params = CorpusParams.model_validate(
         {
@@ -175,20 +193,21 @@ def files(out: Path) -> dict[str, bytes]:
 
 
 def source_spec(case: str, path: Path) -> dict:
-    kind = {"dump": "wikipedia_xml", "text": "text", "wikitext": "text", "hub": "hf"}.get(case, case)
+    kind = {"dump": "wikipedia_xml", "text": "text", "wikitext": "text", "files": "text", "hub": "hf"}
     how = {
         "dump": {},
+        "files": {"newlines": "paragraph"},
         "text": {"doc_split": "blank_lines", "newlines": "paragraph"},
         "wikitext": {"doc_split": "wikitext"},
     }.get(case, {"id_field": "id", "title_field": "title"})
-    return {"name": "input", "kind": kind, "path": path.name, **how}
+    return {"name": "input", "kind": kind.get(case, case), "path": path.name, **how}
 
 
 def run_case(args: argparse.Namespace, case: str) -> bool:
     """Both ways on ``case``'s input; prints its table; whether the outputs are byte-identical."""
     from bert_core.corpus import CorpusParams
     from bert_core.corpus import pieces as corpus_pieces
-    from bert_core.corpus.readers import plan_units
+    from bert_core.corpus.units import plan_units
 
     data_root = args.data_root.resolve()
     path = {
@@ -197,12 +216,14 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
         "parquet": lambda: make_parquet(make_jsonl(data_root, args.out, args.jsonl_copies)),
         "text": lambda: make_text(make_jsonl(data_root, args.out, args.jsonl_copies)),
         "wikitext": lambda: make_wikitext(make_jsonl(data_root, args.out, args.jsonl_copies)),
+        "files": lambda: make_files(data_root, args.out, args.files_copies),
         "hub": lambda: make_hub(data_root, args.out, args.hub_files),
     }[case]()
     spec = source_spec(case, path)
     params = CorpusParams.model_validate({"sources": [spec], "local_sources": [spec]})
     with mock.patch.object(corpus_pieces, "UNIT_BYTES", PIECE_BYTES[case]):
-        pieces = len(plan_units(params.active_sources(path.parent), path.parent))
+        planned = len(plan_units(params.active_sources(path.parent), path.parent))
+    apart = len(plan_units(params.active_sources(path.parent), path.parent, split=False))
     mb = sum(f.stat().st_size for f in (path.iterdir() if path.is_dir() else [path])) / 1e6
     what = {
         "dump": f"{mb:.1f} MB multistream dump ({args.copies * 70:,} pages)",
@@ -210,9 +231,10 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
         "parquet": f"{mb:.1f} MB Parquet file (the real articles {args.jsonl_copies} times)",
         "text": f"{mb:.1f} MB text file (the real articles {args.jsonl_copies} times)",
         "wikitext": f"{mb:.1f} MB WikiText file (the real articles {args.jsonl_copies} times)",
-        "hub": f"Hub dataset of {pieces} Parquet data files ({mb:.1f} MB, the real articles {pieces} times)",
+        "files": f"{apart:,} text files, {mb:.1f} MB (the real articles {args.files_copies} times)",
+        "hub": f"Hub dataset of {planned} Parquet data files ({mb:.1f} MB, the real articles {planned} times)",
     }[case]
-    runs: dict[str, list[dict]] = {"one reader": [], "pieces": []}
+    runs: dict[str, list[dict]] = {"a unit an input": [], "planned": []}
     order = [w for r in range(args.rounds) for w in (list(runs) if r % 2 == 0 else list(runs)[::-1])]
     outputs = []
     for i, way in enumerate(order):
@@ -235,7 +257,7 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
             "--workers",
             str(args.workers),
         ]
-        cmd += ["--one-reader"] if way == "one reader" else []
+        cmd += ["--one-reader"] if way == "a unit an input" else []
         proc = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
         runs[way].append(json.loads(proc.stdout.strip().splitlines()[-1]))
         outputs.append(files(out_dir))
@@ -244,12 +266,14 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
     print(f"\n{case}: {what}, workers {args.workers}")
     print("| way | work units | wall s (median) | CPU s (median) |")
     print("|---|---|---|---|")
-    for way, units in (("one reader", 1), ("pieces", pieces)):
+    for way, units in (("a unit an input", apart), ("planned", planned)):
         wall = median([r["wall_s"] for r in runs[way]])
         cpu = median([r["cpu_s"] for r in runs[way]])
         print(f"| {way} | {units} | {wall:.1f} | {cpu:.1f} |")
-    ratio = median([r["wall_s"] for r in runs["one reader"]]) / median([r["wall_s"] for r in runs["pieces"]])
-    print(f"wall-time ratio one reader / pieces: {ratio:.2f}x; outputs byte-identical: {same}")
+    ratio = median([r["wall_s"] for r in runs["a unit an input"]]) / median(
+        [r["wall_s"] for r in runs["planned"]]
+    )
+    print(f"wall-time ratio a unit an input / planned: {ratio:.2f}x; outputs byte-identical: {same}")
     return same
 
 
@@ -267,6 +291,7 @@ def main() -> None:
         default=4,
         help="jsonl, parquet, text, wikitext: copies of the real articles",
     )
+    ap.add_argument("--files-copies", type=int, default=2, help="files: copies of the real articles")
     ap.add_argument("--hub-files", type=int, default=8, help="hub: data files")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)

@@ -14,7 +14,7 @@ from prefect import flow
 from pydantic import Field
 
 from bert_core.corpus import CorpusParams, build_corpus
-from bert_core.corpus.readers import plan_units
+from bert_core.corpus.units import plan_units
 from bert_core.sources import data_root
 from bert_core.tracking.ui import log_corpus_sources
 from flows._cli import exit_command, run_stage

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bert_core.corpus import CorpusParams, build, build_corpus
-from bert_core.corpus.readers import plan_units
+from bert_core.corpus.units import plan_units
 
 
 def corpus_files(out: Path) -> dict[str, bytes]:

@@ -20,6 +20,7 @@ from bert_core.corpus import (
     build_corpus,
     iter_documents,
     read_manifest,
+    units,
 )
 from bert_core.corpus.clean import normalize_text, paragraphs, strip_gutenberg
 from bert_core.corpus.segment import split_long
@@ -217,6 +218,7 @@ def test_exact_duplicates_dropped(shared_data, tmp_path):
 
 def test_progress_counts_the_work_units(built, tmp_path, monkeypatch, caplog):
     root = built[0]
+    monkeypatch.setattr(units, "GROUP_FILES", 1)  # a unit a file
     monkeypatch.setenv("BERT_PROGRESS_INTERVAL_S", "0")
     monkeypatch.setenv("BERT_PROGRESS_MIN_PERCENT", "0")
     caplog.set_level(logging.INFO, "bert_core")

@@ -18,7 +18,7 @@ from backports import zstd
 
 from bert_core.corpus import CorpusError, CorpusParams, build_corpus, iter_documents
 from bert_core.corpus.compressed import check_content
-from bert_core.corpus.readers import plan_units
+from bert_core.corpus.units import plan_units
 from bert_core.corpus.wiki import iter_pages
 from bert_core.owned import mark_output
 

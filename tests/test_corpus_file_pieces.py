@@ -17,7 +17,7 @@ from corpus_builds import continued, corpus_files, crashed_build, one_reader_bui
 from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.corpus import pieces as corpus_pieces
 from bert_core.corpus.pieces import line_spans
-from bert_core.corpus.readers import plan_units
+from bert_core.corpus.units import plan_units
 from bert_core.kept_work import partial_dir
 
 UNIT = 20_000
@@ -102,7 +102,7 @@ def test_a_compressed_jsonl_file_is_one_unit(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", UNIT)
     spec = {"name": "mine", "kind": "jsonl", "path": "mine.jsonl.gz"}
     params = CorpusParams.model_validate({"sources": [spec], "local_sources": [spec]})
-    assert [u.span for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [None]
+    assert [u.inputs[0].span for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [None]
 
 
 def _parquet(root: Path) -> Path:

@@ -13,7 +13,8 @@ import pytest
 from corpus_builds import continued, corpus_files, crashed_build, one_reader_build
 
 from bert_core.corpus import CorpusError, CorpusParams, build_corpus, iter_documents
-from bert_core.corpus.readers import UnitStats, plan_units, read_unit
+from bert_core.corpus.readers import UnitStats, read_unit
+from bert_core.corpus.units import plan_units
 from bert_core.kept_work import partial_dir
 
 FILES = 4
@@ -63,7 +64,7 @@ def test_a_dataset_with_ids_is_read_one_data_file_per_unit_into_the_corpus_of_on
 ):
     _dataset(tmp_path)
     units = plan_units(_params().active_sources(tmp_path), tmp_path)
-    assert [u.shard for u in units] == [(k, FILES) for k in range(FILES)]
+    assert [u.inputs[0].shard for u in units] == [(k, FILES) for k in range(FILES)]
     one_reader_build(_params(), tmp_path / "whole", tmp_path, monkeypatch)
     caplog.set_level(logging.INFO, logger="bert_core.corpus")
     stats = build_corpus(_params(), tmp_path / "files", data_root=tmp_path, workers=2)
@@ -77,7 +78,7 @@ def test_a_dataset_with_ids_is_read_one_data_file_per_unit_into_the_corpus_of_on
 def test_rows_without_ids_are_named_by_their_data_file_and_row(tmp_path):
     _dataset(tmp_path)
     params = _params(id_field=None)
-    assert [u.shard for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [
+    assert [u.inputs[0].shard for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [
         (k, FILES) for k in range(FILES)
     ]
     build_corpus(params, tmp_path / "out", data_root=tmp_path, workers=2)
@@ -91,7 +92,7 @@ def test_rows_without_ids_are_named_by_their_data_file_and_row(tmp_path):
 def test_wikitext_articles_keep_the_dataset_one_unit(tmp_path):
     _dataset(tmp_path)
     params = _params(doc_split="wikitext")
-    assert [u.shard for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [None]
+    assert [u.inputs[0].shard for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [None]
 
 
 def test_a_crashed_build_keeps_the_data_files_it_finished(tmp_path, monkeypatch, caplog):

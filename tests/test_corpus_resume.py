@@ -1,4 +1,5 @@
-"""A corpus build stopped by a crash continues after the work units it finished and writes the same corpus."""
+"""A corpus build stopped by a crash continues after the work units it finished and writes the same corpus.
+Here each input file is a unit of its own (small files are grouped otherwise: ``test_corpus_small_files.py``)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ import pytest
 from corpus_builds import continued, corpus_files, crashed_build
 from test_corpus import make_root, small_params
 
-from bert_core.corpus import build, build_corpus
+from bert_core.corpus import build, build_corpus, units
 from bert_core.corpus.build import EmptyCorpusError, KeptUnits
 from bert_core.kept_work import BuildInUseError, partial_dir
+
+
+@pytest.fixture(autouse=True)
+def _a_unit_a_file(monkeypatch):
+    monkeypatch.setattr(units, "GROUP_FILES", 1)
 
 
 def _crashed_build(root: Path, out: Path, monkeypatch, index: int, workers: int = 1) -> None:

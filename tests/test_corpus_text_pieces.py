@@ -19,7 +19,8 @@ from corpus_builds import continued, corpus_files, crashed_build, one_reader_bui
 from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.corpus import pieces as corpus_pieces
 from bert_core.corpus.pieces import article_spans, document_spans
-from bert_core.corpus.readers import _wikitext_docs, plan_units
+from bert_core.corpus.readers import _wikitext_docs
+from bert_core.corpus.units import plan_units
 
 UNIT = 3_000
 

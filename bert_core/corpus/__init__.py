@@ -8,9 +8,9 @@ Public API::
 
 from bert_core.corpus.build import EmptyCorpusError, build_corpus
 from bert_core.corpus.params import CapParams, CleanParams, CorpusParams, HeldoutParams, SourceSpec
-from bert_core.corpus.readers import CorpusError, SourceNotFoundError
 from bert_core.corpus.shards import SCHEMA, iter_documents, read_manifest, shard_paths
 from bert_core.corpus.stats import CorpusStats
+from bert_core.corpus.units import CorpusError, SourceNotFoundError
 
 __all__ = [
     "SCHEMA",

@@ -2,8 +2,8 @@
 
 Pipeline (streaming; the corpus is never held in memory):
 
-1. :func:`~bert_core.corpus.readers.plan_units` resolves the sources to ordered work units (files, the
-   pieces of a large JSONL file or Wikipedia dump, the data files of a Hub dataset with ids of its own).
+1. :func:`~bert_core.corpus.units.plan_units` resolves the sources to ordered work units (files, small
+   files read together, the pieces of a large file, the data files of a Hub dataset).
 2. Worker processes clean and segment one unit each and write it to a Parquet file in the build's work
    directory, ``.<output>.partial/`` beside the output (:func:`process_unit`); at most ``2 * workers`` units
    are in flight. Each unit is recorded there as soon as it is finished, before its turn to be merged
@@ -39,10 +39,11 @@ from bert_core.checks import DataCheckError
 from bert_core.corpus.clean import normalize_text, paragraphs, strip_gutenberg
 from bert_core.corpus.merge import Merger, corpus_checks, h64
 from bert_core.corpus.params import CorpusParams, SourceSpec
-from bert_core.corpus.readers import CorpusError, SourceFile, UnitStats, plan_units, read_unit
+from bert_core.corpus.readers import UnitStats, read_unit
 from bert_core.corpus.segment import get_segmenter, segment_paragraphs
 from bert_core.corpus.shards import MANIFEST, SCHEMA, DocumentShardWriter
 from bert_core.corpus.stats import CorpusStats, UnitResult
+from bert_core.corpus.units import CorpusError, SourceFile, WorkUnit, plan_units
 from bert_core.kept_work import KeptWork, code_fingerprint, partial_dir
 from bert_core.progress import Progress
 from bert_core.tracking.fingerprint import json_fingerprint
@@ -88,7 +89,7 @@ def unit_read_limits(params: CorpusParams, src: SourceSpec) -> tuple[int | None,
     )
 
 
-def process_unit(unit: SourceFile, params: CorpusParams, work_dir: str, root: str | None) -> UnitResult:
+def process_unit(unit: WorkUnit, params: CorpusParams, work_dir: str, root: str | None) -> UnitResult:
     """Read, clean and segment one work unit into ``work_dir/unit-NNNNNN.parquet``.
 
     Runs in a worker process. Per-document filters (empty, too short/long, too few sentences) are
@@ -179,16 +180,20 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _unit_input(unit: SourceFile) -> dict[str, object]:
-    """What a unit reads, as its record keeps it: its file's path, size and modification time, and the byte
-    range of a piece of a file (a Hub dataset: its name in the plan and the data file; the source's settings
-    are in the build's params)."""
-    if unit.path is None:
-        hub = {"source": unit.source.name, "rel": unit.rel}
-        return hub if unit.shard is None else {**hub, "shard": list(unit.shard)}
-    st = os.stat(unit.path)
-    found = {"source": unit.source.name, "path": unit.path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    return found if unit.span is None else {**found, "span": list(unit.span)}
+def _unit_input(unit: WorkUnit) -> list[dict[str, object]]:
+    """What a unit reads, as its record keeps it: per input, its file's path, size and modification time, and
+    the byte range of a piece of a file (a Hub dataset: its name in the plan and the data file; the source's
+    settings are in the build's params)."""
+    return [_input(part) for part in unit.inputs]
+
+
+def _input(part: SourceFile) -> dict[str, object]:
+    if part.path is None:
+        hub = {"source": part.source.name, "rel": part.rel}
+        return hub if part.shard is None else {**hub, "shard": list(part.shard)}
+    st = os.stat(part.path)
+    found = {"source": part.source.name, "path": part.path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return found if part.span is None else {**found, "span": list(part.span)}
 
 
 class KeptUnits(KeptWork):
@@ -205,7 +210,7 @@ class KeptUnits(KeptWork):
             refused=(ValueError, EmptyCorpusError, DataCheckError),
         )
 
-    def finished(self, unit: SourceFile) -> UnitResult | None:  # type: ignore[override]
+    def finished(self, unit: WorkUnit) -> UnitResult | None:  # type: ignore[override]
         """The unit's result as an earlier build recorded it, when its input and file still match (a unit
         that kept no document has no file); else ``None``, with what a killed worker left of it removed."""
         path = self.dir / f"unit-{unit.index:06d}.parquet"
@@ -217,7 +222,7 @@ class KeptUnits(KeptWork):
         stats = UnitStats(**{**record["stats"], "dropped": Counter(record["stats"]["dropped"])})
         return UnitResult(unit.index, str(path) if record["files"] else None, record["documents"], stats)
 
-    def record(self, unit: SourceFile, result: UnitResult) -> None:  # type: ignore[override]
+    def record(self, unit: WorkUnit, result: UnitResult) -> None:  # type: ignore[override]
         files = [Path(result.path)] if result.path else []
         stats = {f.name: getattr(result.stats, f.name) for f in dataclasses.fields(result.stats)}
         super().record(

@@ -17,9 +17,10 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from bert_core.corpus.params import CorpusParams, SourceSpec
-from bert_core.corpus.readers import MAX_BAD_RECORD_EXAMPLES, SourceFile
+from bert_core.corpus.readers import MAX_BAD_RECORD_EXAMPLES
 from bert_core.corpus.shards import SCHEMA, DocumentShardWriter
 from bert_core.corpus.stats import CorpusStats, UnitResult
+from bert_core.corpus.units import WorkUnit
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class Merger:
         self.src_docs = Counter()
         self.src_bytes = Counter()
         self.src_done: set[int] = set()
-        self.utf8_error_paths: set[str | None] = set()
+        self.utf8_error_paths: set[str] = set()
         self.done = False
         self.check_rows: list[dict[str, Any]] = []
         self.pending: tuple[dict[str, Any], int] | None = None
@@ -95,30 +96,31 @@ class Merger:
             return True
         return False
 
-    def consume(self, unit: SourceFile, result: UnitResult) -> None:
+    def consume(self, unit: WorkUnit, result: UnitResult) -> None:
         st = self.stats
         st.input_files += result.stats.input_files
         st.input_bytes += result.stats.input_bytes
         st.records += result.stats.records
         st.utf8_replacements += result.stats.utf8_replacements
-        replaced, named = result.stats.utf8_replacements, st.utf8_error_files
-        first = replaced and unit.path not in self.utf8_error_paths  # a file read in several units: once
-        if first:
-            self.utf8_error_paths.add(unit.path)
-            st.files_with_utf8_errors += 1
-        binary = replaced > BINARY_SHARE * max(result.stats.input_bytes, 1)
-        if binary:
-            log.warning(
-                "%s: %d of its %d bytes are not UTF-8 (each replaced by U+FFFD in the corpus): is it a text "
-                "file? Leave it out (the source's exclude) or convert it to UTF-8",
-                unit.path,
-                result.stats.utf8_replacements,
-                result.stats.input_bytes,
-            )
-        if first and len(named) < MAX_BAD_RECORD_EXAMPLES:
-            named.append(str(unit.path))
-            if not binary:
-                log.info("%s: bytes that are not UTF-8, each sequence replaced by U+FFFD", unit.path)
+        named = st.utf8_error_files
+        for path, replaced, read in result.stats.utf8_files:
+            first = path not in self.utf8_error_paths  # a file read in several units: once
+            if first:
+                self.utf8_error_paths.add(path)
+                st.files_with_utf8_errors += 1
+            binary = replaced > BINARY_SHARE * max(read, 1)
+            if binary:
+                log.warning(
+                    "%s: %d of its %d bytes are not UTF-8 (each replaced by U+FFFD in the corpus): is it a "
+                    "text file? Leave it out (the source's exclude) or convert it to UTF-8",
+                    path,
+                    replaced,
+                    read,
+                )
+            if first and len(named) < MAX_BAD_RECORD_EXAMPLES:
+                named.append(str(path))
+                if not binary:
+                    log.info("%s: bytes that are not UTF-8, each sequence replaced by U+FFFD", path)
         st.gutenberg_stripped += result.stats.gutenberg_stripped
         st.units_stopped_early += int(result.stats.stopped_early)
         st.dropped.update(result.stats.dropped)

@@ -57,7 +57,7 @@ class SourceSpec(StrictModel):
         text_field: Field holding the text (``hf``, ``jsonl``, ``parquet``).
         id_field: Optional field with a stable record id (default: file and line/row number; for an ``hf``
             dataset of several data files, ``<split>:<data file>:<row in it>``: it is read one data file
-            per work unit, in parallel, kept file by file).
+            a work unit, in parallel, kept file by file).
         title_field: Optional field with the document title.
         doc_split: How records become documents (see ``DocSplit``); default depends on ``kind``.
         newlines: ``wrap``: lines are hard-wrapped, paragraphs are separated by blank lines (books);

@@ -1,0 +1,181 @@
+"""Planning: each configured source resolved to its files, and the files to *work units*, what one worker
+reads at a time.
+
+A work unit is one input: a file, a piece of a large one (:mod:`bert_core.corpus.pieces`), a Hub dataset or
+one of its data files; or several small files of one source, read one after the other (up to
+:data:`GROUP_BYTES`, :data:`GROUP_FILES`): a folder of a million 4 KB files is about a thousand units, not
+a million, each of which would cost a result file, a record and a turn of the merge. Units are processed
+in parallel and their results merged in unit order, so the output never depends on the worker count nor on
+how the inputs are grouped or cut.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bert_core.corpus import compressed
+from bert_core.corpus.params import SourceSpec
+from bert_core.corpus.pieces import file_pieces
+
+log = logging.getLogger(__name__)
+
+#: Small files of one source are read together, one after the other, up to this many file bytes a unit (about
+#: half a CPU-second of cleaning and segmenting) ...
+GROUP_BYTES = 4 << 20
+#: ... and this many files (the files a unit's record names).
+GROUP_FILES = 4096
+
+
+class CorpusError(RuntimeError):
+    """The corpus stage cannot do its job; the message names the source/file/line and what to do."""
+
+
+class SourceNotFoundError(CorpusError, FileNotFoundError):
+    """A configured source path matches no file."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One input of a source: a file, one piece of a large file (``span``: its byte range; ``before``: the
+    file's lines, rows or documents before it), or a Hub dataset (``path`` None), whole or one of its data
+    files (``shard``: its index and the dataset's number of data files)."""
+
+    source: SourceSpec
+    path: str | None
+    rel: str
+    span: tuple[int, int] | None = None
+    shard: tuple[int, int] | None = None
+    before: int = 0
+
+    @property
+    def first_of_its_file(self) -> bool:
+        """Whether this input starts its file (or Hub dataset): the one that counts it."""
+        return (self.span or (0, 0))[0] == 0 and (self.shard or (0, 0))[0] == 0
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """What one worker reads at a time: one input, or several small files of one source, in order."""
+
+    index: int
+    source_index: int
+    inputs: tuple[SourceFile, ...]
+
+    @property
+    def source(self) -> SourceSpec:
+        return self.inputs[0].source
+
+
+def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
+    raw = Path(source.path).expanduser()
+    base = raw if (raw.is_absolute() or root is None) else root / raw
+    if base.is_file():
+        files = [base]
+        anchor = base.parent
+    elif base.is_dir():
+        files = sorted({p for pattern in source.patterns for p in base.rglob(pattern) if p.is_file()})
+        anchor = base
+    else:
+        files = sorted(Path(p) for p in glob.glob(str(base), recursive=True) if Path(p).is_file())
+        anchor = Path(glob.escape(str(base)).split("*")[0].split("?")[0].split("[")[0])
+        anchor = anchor if anchor.is_dir() else anchor.parent
+    files = [p for p in files if not any(fnmatch.fnmatch(p.name, pat) for pat in source.exclude)]
+    if not files:
+        where = f" under data root {root}" if root is not None and not raw.is_absolute() else ""
+        if base.is_dir():
+            raise SourceNotFoundError(
+                f"source '{source.name}' ({source.kind}): folder '{source.path}'{where} ({base}) has no file "
+                f"matching {list(source.patterns)}; set the source's pattern (e.g. pattern: '*.md')"
+            )
+        raise SourceNotFoundError(
+            f"source '{source.name}' ({source.kind}): path '{source.path}'{where} matches no files "
+            f"({base}). Check the path, or set/unset BERT_DATA_ROOT."
+        )
+    return anchor, files
+
+
+def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: bool = True) -> list[WorkUnit]:
+    """Resolve every source to its ordered work units: with ``split`` false, one per file or Hub dataset.
+    With ``split``, small files of a source are grouped (:data:`GROUP_BYTES`, :data:`GROUP_FILES`); a large
+    uncompressed JSONL file, text file of documents separated by blank lines or of WikiText, Parquet file or
+    Wikipedia dump is one unit per :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece
+    (:mod:`bert_core.corpus.pieces`); and a Hub dataset of a document a row, one unit per data file (a row
+    without an id of its own is named by its data file and its row in it). WikiText articles of a Hub dataset
+    cross its data files: that dataset is one unit.
+
+    Raises:
+        SourceNotFoundError: a source path matches no file (names the source, the path and the root).
+        CorpusError: a Hub dataset to split cannot be loaded; a file whose bytes are compressed otherwise than
+            its name says (:func:`~bert_core.corpus.compressed.check_content`).
+    """
+    units: list[WorkUnit] = []
+    for si, source in enumerate(sources):
+        if source.kind == "hf":  # the Hub dataset, or a local dataset folder under the root
+            if root is not None and not (root / source.path).exists():
+                raise SourceNotFoundError(
+                    f"source '{source.name}' (hf): '{source.path}' does not exist under data root {root}; "
+                    "with BERT_DATA_ROOT set, Hub datasets must be given as local dataset folders"
+                )
+            rows = source.effective_doc_split == "row"
+            n = load_hf(source, root).num_shards if split and rows else 1
+            if n > 1:
+                log.info("%s: read as its %d data files (work units)", source.path, n)
+            for shard in [(k, n) for k in range(n)] if n > 1 else [None]:
+                units.append(WorkUnit(len(units), si, (SourceFile(source, None, source.split, shard=shard),)))
+            continue
+        group: list[SourceFile] = []  # small files read together, and their bytes
+        group_bytes = 0
+        anchor, files = _resolve(source, root)
+        for p in files:
+            if source.kind != "parquet":
+                try:
+                    compressed.check_content(p)
+                except ValueError as err:
+                    raise CorpusError(f"source '{source.name}' ({source.kind}): {err}") from None
+            try:
+                rel = p.relative_to(anchor).as_posix()
+            except ValueError:
+                rel = p.name
+            pieces = file_pieces(p, source) if split else []
+            if len(pieces) == 1 and (size := pieces[0][1]) < GROUP_BYTES:
+                if group and (group_bytes + size > GROUP_BYTES or len(group) == GROUP_FILES):
+                    units.append(WorkUnit(len(units), si, tuple(group)))
+                    group, group_bytes = [], 0
+                group.append(SourceFile(source, str(p), rel))
+                group_bytes += size
+                continue
+            if group:
+                units.append(WorkUnit(len(units), si, tuple(group)))
+                group, group_bytes = [], 0
+            if len(pieces) < 2:  # the file whole
+                units.append(WorkUnit(len(units), si, (SourceFile(source, str(p), rel),)))
+                continue
+            log.info(
+                "%s: read in %d pieces (work units) of its %s bytes", p, len(pieces), f"{pieces[-1][1]:,}"
+            )
+            for start, end, before in pieces:
+                piece = SourceFile(source, str(p), rel, (start, end), before=before)
+                units.append(WorkUnit(len(units), si, (piece,)))
+        if group:
+            units.append(WorkUnit(len(units), si, tuple(group)))
+    return units
+
+
+def load_hf(src: SourceSpec, root: Path | None) -> Any:
+    """The source's Hub dataset (a local dataset folder under ``root``), streamed."""
+    try:
+        import datasets
+
+        name = str(root / src.path) if root is not None else src.path
+        return datasets.load_dataset(name, src.config, split=src.split, streaming=True, revision=src.revision)
+    except Exception as err:
+        raise CorpusError(
+            f"source '{src.name}': cannot load Hugging Face dataset {src.path!r} "
+            f"(config {src.config!r}, split {src.split!r}): {err}. Check the name and your network, or set "
+            "BERT_DATA_ROOT to build from local files"
+        ) from None
