@@ -1,6 +1,6 @@
-"""A Hub dataset of a document a row is read one data file per work unit: in parallel, kept file by file after
-a crash, and, when its rows carry ids, the same corpus as one reader of the whole dataset; a row without one is
-named by its data file and its row in it."""
+"""A Hub dataset of a document a row is read one data file per work unit: in parallel, kept file by file
+after a crash, and, when its rows carry ids, the same corpus as one reader of the whole dataset; a row without
+one is named by its data file and its row in it."""
 
 from __future__ import annotations
 

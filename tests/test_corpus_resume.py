@@ -1,5 +1,6 @@
 """A corpus build stopped by a crash continues after the work units it finished and writes the same corpus.
-Here each input file is a unit of its own (small files are grouped otherwise: ``test_corpus_small_files.py``)."""
+Here each input file is a unit of its own (small files are grouped otherwise:
+``test_corpus_small_files.py``)."""
 
 from __future__ import annotations
 

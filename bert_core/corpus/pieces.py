@@ -118,8 +118,8 @@ def document_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
 
 
 def article_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
-    """The pieces of a WikiText file, of at least ``unit_bytes`` (the last may be shorter), each starting at an
-    article's ``" = Title = "`` line: ``(start, end, the articles before it)``, in one pass over the file
+    """The pieces of a WikiText file, of at least ``unit_bytes`` (the last may be shorter), each starting at
+    an article's ``" = Title = "`` line: ``(start, end, the articles before it)``, in one pass over the file
     reading each line as the reader does (an article is counted when it has a paragraph)."""
     size = path.stat().st_size
     pieces, articles, at, cut, paragraphs = [(0, size, 0)], 0, 0, unit_bytes, False

@@ -1,8 +1,8 @@
 """Source kinds: turn each input of a work unit (:mod:`bert_core.corpus.units`) into raw documents.
 
-Readers stream: a file is read line by line (JSONL, blank-line and WikiText layouts), batch by batch (Parquet) or page by
-page (XML dumps); only one-document-per-file text is read whole, and files too large to pass the
-``max_doc_chars`` filter are skipped without being read.
+Readers stream: a file is read line by line (JSONL, blank-line and WikiText layouts), batch by batch
+(Parquet) or page by page (XML dumps); only one-document-per-file text is read whole, and files too large to
+pass the ``max_doc_chars`` filter are skipped without being read.
 """
 
 from __future__ import annotations
