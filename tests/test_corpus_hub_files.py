@@ -4,6 +4,7 @@ one is named by its data file and its row in it."""
 
 from __future__ import annotations
 
+import csv
 import logging
 from pathlib import Path
 
@@ -117,3 +118,27 @@ def test_a_dataset_that_changed_since_the_plan_is_refused(tmp_path):
         CorpusError, match=rf"has {FILES + 1} data files, not the {FILES} .* set the source's revision"
     ):
         list(read_unit(unit, UnitStats(), max_doc_chars=10**6, on_bad_record="skip", root=tmp_path))
+
+
+def test_a_folder_of_csv_files_is_a_dataset_of_a_unit_per_file(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for k in range(3):
+        rows = [["id", "title", "text"]] + [
+            [
+                f"{k}-{i}",
+                f"Row {k}.{i}",
+                " ".join(f'Row {k}.{i}, sentence {j}, says "{j}".' for j in range(8)),
+            ]
+            for i in range(10)
+        ]
+        with (folder / f"part-{k}.csv").open("w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows(rows)
+    params = _params(path="mine")
+    assert [u.inputs[0].shard for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [
+        (k, 3) for k in range(3)
+    ]
+    stats = build_corpus(params, tmp_path / "out", data_root=tmp_path, workers=2)
+    docs = [d for split in ("train", "heldout") for d in iter_documents(tmp_path / "out", split)]
+    assert stats.documents == 30 and sorted(d["doc_id"] for d in docs)[:2] == ["wiki:0-0", "wiki:0-1"]
+    assert any('sentence 3, says "3".' in " ".join(d["sentences"]) for d in docs)
