@@ -27,10 +27,12 @@ SUFFIX = {"gzip": ".gz", "bz2": ".bz2", "xz": ".xz", "zstd": ".zst", "lzma": ".l
 #: What reading a corrupt or truncated compressed file raises.
 ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError, ZstdError)
 
+#: A bz2 stream's header and its first block's magic (a stream with text in it).
+BZ2_STREAM = rb"BZh[1-9]1AY&SY"
 #: The first bytes of the compressions read that have a signature, and of the formats that are not read.
 _MAGIC = {
     "gzip": re.compile(rb"\x1f\x8b"),
-    "bz2": re.compile(rb"BZh[1-9](?:1AY&SY|\x17rE8P\x90)"),
+    "bz2": re.compile(BZ2_STREAM + rb"|BZh[1-9]\x17rE8P\x90"),  # or an empty stream's end-of-stream magic
     "xz": re.compile(rb"\xfd7zXZ\x00"),
     "zstd": re.compile(rb"\x28\xb5\x2f\xfd"),
 }

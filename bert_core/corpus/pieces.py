@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 import fsspec
 
 from bert_core.corpus.clean import wikitext_line
+from bert_core.corpus.compressed import BZ2_STREAM
 from bert_core.corpus.params import SourceSpec
 
 #: The file bytes of one piece of a large file: 64 MB of JSONL is about 10 CPU-seconds of cleaning and
@@ -52,25 +53,31 @@ def file_pieces(path: Path, source: SourceSpec) -> list[tuple[int, int, int]]:
     return [(0, path.stat().st_size, 0)]
 
 
+def _spans(starts: list[tuple[int, int]], size: int) -> list[tuple[int, int, int]]:
+    """Pieces ``(start, end, records before it)`` from their ``(start, records before it)``, in order: each
+    ends where the next starts, the last at ``size``."""
+    ends = [start for start, _ in starts[1:]] + [size]
+    return [(start, end, before) for (start, before), end in zip(starts, ends, strict=True)]
+
+
 def line_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     """A text file's pieces of at least ``unit_bytes`` (the last may be shorter), cut after a newline:
     ``(start, end, the lines before it)``, in one pass over the file counting its lines."""
     size = path.stat().st_size
-    pieces, lines, at, cut = [(0, size, 0)], 0, 0, unit_bytes
+    starts, lines, at, cut = [(0, 0)], 0, 0, unit_bytes
     if size <= unit_bytes:
-        return pieces
+        return _spans(starts, size)
     with path.open("rb") as fh:
         while chunk := fh.read(_READ_BYTES):
             while cut < at + len(chunk) and (i := chunk.find(b"\n", max(0, cut - at))) != -1:
                 start = at + i + 1
                 if start >= size:
                     break
-                pieces[-1] = (pieces[-1][0], start, pieces[-1][2])
-                pieces.append((start, size, lines + chunk.count(b"\n", 0, i + 1)))
+                starts.append((start, lines + chunk.count(b"\n", 0, i + 1)))
                 cut = start + unit_bytes
             lines += chunk.count(b"\n")
             at += len(chunk)
-    return pieces
+    return _spans(starts, size)
 
 
 #: A line that ``str.strip()`` empties once decoded (the readers' blank line), as UTF-8 bytes: ASCII
@@ -91,9 +98,9 @@ def document_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     in one pass over the file counting the documents (one ends where blank lines follow a line that is not
     blank)."""
     size = path.stat().st_size
-    pieces, docs, at, cut = [(0, size, 0)], 0, 0, unit_bytes
+    starts, docs, at, cut = [(0, 0)], 0, 0, unit_bytes
     if size <= unit_bytes:
-        return pieces
+        return _spans(starts, size)
     rest, after_blank = b"", True  # the file's start counts as after a blank line: no document ends there
     with path.open("rb") as fh:
         while True:
@@ -102,19 +109,18 @@ def document_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
             whole = text.rfind(b"\n") + 1 if data else len(text)  # whole lines only, but at the end
             chunk, rest = text[:whole], text[whole:]
             head = _BLANK_START.match(chunk)
-            ends = [head.end()] if head and not after_blank else []
-            ends += [run.end() for run in _BLANK_RUN.finditer(chunk, head.end() if head else 0)]
-            for end in ends:
+            runs = [head.end()] if head else []
+            runs += [run.end() for run in _BLANK_RUN.finditer(chunk, runs[0] if runs else 0)]
+            for end in runs[1:] if head and after_blank else runs:  # blank lines going on end no document
                 docs += 1
                 if cut <= at + end < size:
-                    pieces[-1] = (pieces[-1][0], at + end, pieces[-1][2])
-                    pieces.append((at + end, size, docs))
+                    starts.append((at + end, docs))
                     cut = at + end + unit_bytes
             if chunk:
-                after_blank = (ends or [head.end() if head else 0])[-1] == len(chunk)
+                after_blank = bool(runs) and runs[-1] == len(chunk)
             at += len(chunk)
             if not data:
-                return pieces
+                return _spans(starts, size)
 
 
 def article_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
@@ -122,21 +128,20 @@ def article_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     an article's ``" = Title = "`` line: ``(start, end, the articles before it)``, in one pass over the file
     reading each line as the reader does (an article is counted when it has a paragraph)."""
     size = path.stat().st_size
-    pieces, articles, at, cut, paragraphs = [(0, size, 0)], 0, 0, unit_bytes, False
+    starts, articles, at, cut, paragraphs = [(0, 0)], 0, 0, unit_bytes, False
     if size <= unit_bytes:
-        return pieces
+        return _spans(starts, size)
     with path.open("rb") as fh:
         for raw in fh:
             kind, _ = wikitext_line(raw.decode("utf-8", "replace"))
             if kind == "title":
                 articles, paragraphs = articles + paragraphs, False
                 if at >= cut:
-                    pieces[-1] = (pieces[-1][0], at, pieces[-1][2])
-                    pieces.append((at, size, articles))
+                    starts.append((at, articles))
                     cut = at + unit_bytes
             paragraphs = paragraphs or kind == "paragraph"
             at += len(raw)
-    return pieces
+    return _spans(starts, size)
 
 
 def row_group_start(row_group: Any) -> int:
@@ -156,27 +161,26 @@ def row_group_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     import pyarrow.parquet as pq
 
     size = path.stat().st_size
-    pieces = [(0, size, 0)]
+    starts = [(0, 0)]
     if size <= unit_bytes:
-        return pieces
+        return _spans(starts, size)
     meta = pq.ParquetFile(path).metadata
     groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
-    starts = [row_group_start(group) for group in groups]
-    if starts != sorted(set(starts)):  # not written one after the other: the pieces would reorder the rows
-        return [(0, size, 0)]
+    offsets = [row_group_start(group) for group in groups]
+    if offsets != sorted(set(offsets)):  # not written one after the other: the pieces would reorder the rows
+        return _spans(starts, size)
     rows = 0
-    for i, (group, start) in enumerate(zip(groups, starts, strict=True)):
-        if i > 0 and start - pieces[-1][0] >= unit_bytes:
-            pieces[-1] = (pieces[-1][0], start, pieces[-1][2])
-            pieces.append((start, size, rows))
+    for i, (group, offset) in enumerate(zip(groups, offsets, strict=True)):
+        if i > 0 and offset - starts[-1][0] >= unit_bytes:
+            starts.append((offset, rows))
         rows += group.num_rows
-    return pieces
+    return _spans(starts, size)
 
 
 #: How far past each ``unit_bytes`` step of :func:`dump_spans` a piece's start is looked for.
 _SEARCH_BYTES = 16 << 20
 _CHUNK = 1 << 20
-_BZ2_STREAM = re.compile(rb"BZh[1-9]1AY&SY")  # a bz2 stream's header and its first block's magic
+_BZ2_STREAM = re.compile(BZ2_STREAM)
 _PAGE = b"<page>"
 _PAGE_TAG = re.compile(re.escape(_PAGE))
 
@@ -188,16 +192,15 @@ def dump_spans(path: str | Path, unit_bytes: int) -> list[tuple[int, int]]:
     path = Path(path)
     size = path.stat().st_size
     name = path.name.lower()
-    if size <= unit_bytes or not name.endswith((".xml", ".bz2")):
-        return [(0, size)]
-    starts = [0]
-    with path.open("rb") as fh:
-        # None: no start within _SEARCH_BYTES, so not a multistream file (which has one every ~100 KB)
-        while starts[-1] + unit_bytes < size and (
-            found := _piece_start(fh, starts[-1] + unit_bytes, name.endswith(".bz2"))
-        ):
-            starts.append(found)
-    return list(zip(starts, [*starts[1:], size], strict=True))
+    starts = [(0, 0)]
+    if size > unit_bytes and name.endswith((".xml", ".bz2")):
+        with path.open("rb") as fh:
+            # None: no start within _SEARCH_BYTES, so not a multistream file (which has one every ~100 KB)
+            while starts[-1][0] + unit_bytes < size and (
+                found := _piece_start(fh, starts[-1][0] + unit_bytes, name.endswith(".bz2"))
+            ):
+                starts.append((found, 0))
+    return [(start, end) for start, end, _ in _spans(starts, size)]
 
 
 def _piece_start(fh: BinaryIO, target: int, compressed: bool) -> int | None:

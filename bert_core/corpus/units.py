@@ -114,6 +114,11 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
             its name says (:func:`~bert_core.corpus.compressed.check_content`).
     """
     units: list[WorkUnit] = []
+
+    def add(si: int, inputs: list[SourceFile]) -> None:
+        if inputs:
+            units.append(WorkUnit(len(units), si, tuple(inputs)))
+
     for si, source in enumerate(sources):
         if source.kind == "hf":  # the Hub dataset, or a local dataset folder under the root
             if root is not None and not (root / source.path).exists():
@@ -126,7 +131,7 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
             if n > 1:
                 log.info("%s: read as its %d data files (work units)", source.path, n)
             for shard in [(k, n) for k in range(n)] if n > 1 else [None]:
-                units.append(WorkUnit(len(units), si, (SourceFile(source, None, source.split, shard=shard),)))
+                add(si, [SourceFile(source, None, source.split, shard=shard)])
             continue
         group: list[SourceFile] = []  # small files read together, and their bytes
         group_bytes = 0
@@ -142,27 +147,22 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
             except ValueError:
                 rel = p.name
             pieces = file_pieces(p, source) if split else []
-            if len(pieces) == 1 and (size := pieces[0][1]) < GROUP_BYTES:
-                if group and (group_bytes + size > GROUP_BYTES or len(group) == GROUP_FILES):
-                    units.append(WorkUnit(len(units), si, tuple(group)))
-                    group, group_bytes = [], 0
-                group.append(SourceFile(source, str(p), rel))
-                group_bytes += size
-                continue
-            if group:
-                units.append(WorkUnit(len(units), si, tuple(group)))
+            small = len(pieces) == 1 and pieces[0][1] < GROUP_BYTES
+            if group and (not small or group_bytes + pieces[0][1] > GROUP_BYTES or len(group) == GROUP_FILES):
+                add(si, group)
                 group, group_bytes = [], 0
-            if len(pieces) < 2:  # the file whole
-                units.append(WorkUnit(len(units), si, (SourceFile(source, str(p), rel),)))
-                continue
-            log.info(
-                "%s: read in %d pieces (work units) of its %s bytes", p, len(pieces), f"{pieces[-1][1]:,}"
-            )
-            for start, end, before in pieces:
-                piece = SourceFile(source, str(p), rel, (start, end), before=before)
-                units.append(WorkUnit(len(units), si, (piece,)))
-        if group:
-            units.append(WorkUnit(len(units), si, tuple(group)))
+            if small:
+                group.append(SourceFile(source, str(p), rel))
+                group_bytes += pieces[0][1]
+            elif len(pieces) < 2:  # the file whole
+                add(si, [SourceFile(source, str(p), rel)])
+            else:
+                log.info(
+                    "%s: read in %d pieces (work units) of its %s bytes", p, len(pieces), f"{pieces[-1][1]:,}"
+                )
+                for start, end, before in pieces:
+                    add(si, [SourceFile(source, str(p), rel, (start, end), before=before)])
+        add(si, group)
     return units
 
 
