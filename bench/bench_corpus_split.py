@@ -12,6 +12,8 @@ small files are grouped as in the stage (4 MB a unit).
   header, one per 100 pages, one for the closing tag).
 - ``jsonl``: one JSONL file of ``--jsonl-copies`` copies of the shared corpus's 11,570 Wikipedia articles
   (19.7 MB of text), ids suffixed by the copy's number.
+- ``jsonl.gz``, ``jsonl.zst``, ``jsonl.xz``, ``jsonl.bz2``: that JSONL file compressed (gzip, zstd, xz and
+  bzip2 at their default levels), cut in its decompressed text (at most :func:`bert_core.corpus.pieces.most_pieces`).
 - ``parquet``: the same rows as one Parquet file, in row groups of 1,000 rows (as ``datasets`` writes them).
 - ``text``: the same articles as one text file of documents separated by blank lines, a paragraph a line (the
   layout of Google's ``create_pretraining_data.py`` input); ids number the documents.
@@ -48,6 +50,10 @@ PAGE_ID = re.compile(rb"(<ns>\d+</ns>\s*<id>)(\d+)(</id>)")
 PIECE_BYTES = {
     "dump": 500_000,
     "jsonl": 8_000_000,
+    "jsonl.gz": 8_000_000,
+    "jsonl.zst": 8_000_000,
+    "jsonl.xz": 8_000_000,
+    "jsonl.bz2": 8_000_000,
     "parquet": 8_000_000,
     "text": 8_000_000,
     "wikitext": 8_000_000,
@@ -119,6 +125,26 @@ def make_jsonl(data_root: Path, out: Path, copies: int) -> Path:
         with path.open("w", encoding="utf-8") as fh:
             for k in range(copies):
                 fh.writelines(json.dumps({**row, "id": f"{row['id']}/{k}"}) + "\n" for row in rows)
+    return path
+
+
+def make_packed(jsonl: Path, suffix: str) -> Path:
+    """The JSONL file compressed beside it, the compression by ``suffix``."""
+    import bz2
+    import gzip
+    import lzma
+
+    try:
+        from compression import zstd
+    except ImportError:
+        from backports import zstd
+
+    path = jsonl.with_name(jsonl.name + suffix)
+    if not path.exists():
+        pack = {".gz": gzip.compress, ".zst": zstd.compress, ".xz": lzma.compress, ".bz2": bz2.compress}[
+            suffix
+        ]
+        path.write_bytes(pack(jsonl.read_bytes()))
     return path
 
 
@@ -200,7 +226,7 @@ def source_spec(case: str, path: Path) -> dict:
         "text": {"doc_split": "blank_lines", "newlines": "paragraph"},
         "wikitext": {"doc_split": "wikitext"},
     }.get(case, {"id_field": "id", "title_field": "title"})
-    return {"name": "input", "kind": kind.get(case, case), "path": path.name, **how}
+    return {"name": "input", "kind": kind.get(case, case.split(".")[0]), "path": path.name, **how}
 
 
 def run_case(args: argparse.Namespace, case: str) -> bool:
@@ -213,6 +239,10 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
     path = {
         "dump": lambda: make_dump(data_root, args.out, args.copies),
         "jsonl": lambda: make_jsonl(data_root, args.out, args.jsonl_copies),
+        "jsonl.gz": lambda: make_packed(make_jsonl(data_root, args.out, args.jsonl_copies), ".gz"),
+        "jsonl.zst": lambda: make_packed(make_jsonl(data_root, args.out, args.jsonl_copies), ".zst"),
+        "jsonl.xz": lambda: make_packed(make_jsonl(data_root, args.out, args.jsonl_copies), ".xz"),
+        "jsonl.bz2": lambda: make_packed(make_jsonl(data_root, args.out, args.jsonl_copies), ".bz2"),
         "parquet": lambda: make_parquet(make_jsonl(data_root, args.out, args.jsonl_copies)),
         "text": lambda: make_text(make_jsonl(data_root, args.out, args.jsonl_copies)),
         "wikitext": lambda: make_wikitext(make_jsonl(data_root, args.out, args.jsonl_copies)),
@@ -228,6 +258,10 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
     what = {
         "dump": f"{mb:.1f} MB multistream dump ({args.copies * 70:,} pages)",
         "jsonl": f"{mb:.1f} MB JSONL file (the real articles {args.jsonl_copies} times)",
+        "jsonl.gz": f"{mb:.1f} MB gzip JSONL file (the real articles {args.jsonl_copies} times)",
+        "jsonl.zst": f"{mb:.1f} MB zstd JSONL file (the real articles {args.jsonl_copies} times)",
+        "jsonl.xz": f"{mb:.1f} MB xz JSONL file (the real articles {args.jsonl_copies} times)",
+        "jsonl.bz2": f"{mb:.1f} MB bzip2 JSONL file (the real articles {args.jsonl_copies} times)",
         "parquet": f"{mb:.1f} MB Parquet file (the real articles {args.jsonl_copies} times)",
         "text": f"{mb:.1f} MB text file (the real articles {args.jsonl_copies} times)",
         "wikitext": f"{mb:.1f} MB WikiText file (the real articles {args.jsonl_copies} times)",
@@ -274,7 +308,23 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
         [r["wall_s"] for r in runs["planned"]]
     )
     print(f"wall-time ratio a unit an input / planned: {ratio:.2f}x; outputs byte-identical: {same}")
+    if "." in case:  # what pieces.DECOMPRESS_MB_S holds for this compression
+        print(f"decompression: {decompress_mb_s(path):.0f} MB of text a CPU-second (median of 3)")
     return same
+
+
+def decompress_mb_s(path: Path) -> float:
+    """Decompressed MB a CPU-second of reading ``path`` through, as the stage's readers open it."""
+    import fsspec
+
+    speeds = []
+    for _ in range(3):
+        t0, size = time.process_time(), 0
+        with fsspec.open(path, "rb", compression="infer") as fh:
+            while data := fh.read(1 << 24):
+                size += len(data)
+        speeds.append(size / 1e6 / (time.process_time() - t0))
+    return median(speeds)
 
 
 def main() -> None:
@@ -289,7 +339,7 @@ def main() -> None:
         "--jsonl-copies",
         type=int,
         default=4,
-        help="jsonl, parquet, text, wikitext: copies of the real articles",
+        help="jsonl (compressed too), parquet, text, wikitext: copies of the real articles",
     )
     ap.add_argument("--files-copies", type=int, default=2, help="files: copies of the real articles")
     ap.add_argument("--hub-files", type=int, default=8, help="hub: data files")

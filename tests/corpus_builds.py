@@ -1,16 +1,23 @@
 """Corpus builds the resume and piece tests share: a build that crashes as it merges a given unit, a build
 with every input read whole (one reader per file or dataset), the files of an output, and the rerun's
-"continuing" lines."""
+"continuing" lines; and the compressions a corpus file is read in, by suffix."""
 
 from __future__ import annotations
 
+import bz2
 import functools
+import gzip
+import lzma
 from pathlib import Path
 
 import pytest
+from backports import zstd
 
 from bert_core.corpus import CorpusParams, build, build_corpus
 from bert_core.corpus.units import plan_units
+
+#: A file's bytes as a file with this suffix holds them.
+COMPRESS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress, ".zst": zstd.compress}
 
 
 def corpus_files(out: Path) -> dict[str, bytes]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from backports import zstd
+from corpus_builds import COMPRESS
 
 from bert_core.corpus import CorpusError, CorpusParams, build_corpus, iter_documents
 from bert_core.corpus.compressed import check_content
@@ -22,7 +23,6 @@ from bert_core.corpus.units import plan_units
 from bert_core.corpus.wiki import iter_pages
 from bert_core.owned import mark_output
 
-COMPRESS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress, ".zst": zstd.compress}
 SENT = "The quick brown fox jumps over the lazy dog near the river bank. It was a sunny day in the old town. "
 
 

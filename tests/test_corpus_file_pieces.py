@@ -1,10 +1,9 @@
-"""A large uncompressed JSONL file is read in pieces (several work units) cut after a newline, a large Parquet
-file cut at row groups: the same corpus as one reader, its line and row numbers (in ids and bad-record
-messages) those of the file."""
+"""A large JSONL file is read in pieces (several work units) cut after a newline (a compressed one in its
+decompressed text), a large Parquet file cut at row groups: the same corpus as one reader, its line and row
+numbers (in ids and bad-record messages) those of the file."""
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import logging
@@ -12,12 +11,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from corpus_builds import continued, corpus_files, crashed_build, one_reader_build
+import pytest
+from corpus_builds import COMPRESS, continued, corpus_files, crashed_build, one_reader_build
 
-from bert_core.corpus import CorpusParams, build_corpus
+from bert_core.corpus import CorpusError, CorpusParams, build_corpus
 from bert_core.corpus import pieces as corpus_pieces
 from bert_core.corpus.pieces import line_spans
-from bert_core.corpus.units import plan_units
 from bert_core.kept_work import partial_dir
 
 UNIT = 20_000
@@ -43,11 +42,11 @@ def _corpus(root: Path) -> Path:
     return path
 
 
-def _params() -> CorpusParams:
+def _params(path: str = "mine.jsonl") -> CorpusParams:
     return CorpusParams.model_validate(
         {
             "sources": [{"name": "hub", "kind": "hf", "path": "x"}],
-            "local_sources": [{"name": "mine", "kind": "jsonl", "path": "mine.jsonl", "id_field": "id"}],
+            "local_sources": [{"name": "mine", "kind": "jsonl", "path": path, "id_field": "id"}],
             "heldout": {"fraction": 0.1, "max_documents": 20},
         }
     )
@@ -97,12 +96,47 @@ def test_a_crashed_build_keeps_the_pieces_it_finished(tmp_path, monkeypatch, cap
     assert not partial_dir(out).exists()
 
 
-def test_a_compressed_jsonl_file_is_one_unit(tmp_path, monkeypatch):
-    (tmp_path / "mine.jsonl.gz").write_bytes(gzip.compress(_corpus(tmp_path).read_bytes()))
-    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", UNIT)
-    spec = {"name": "mine", "kind": "jsonl", "path": "mine.jsonl.gz"}
-    params = CorpusParams.model_validate({"sources": [spec], "local_sources": [spec]})
-    assert [u.inputs[0].span for u in plan_units(params.active_sources(tmp_path), tmp_path)] == [None]
+def test_a_compressed_jsonl_file_is_read_in_pieces_of_its_text_and_a_crash_keeps_them(
+    tmp_path, monkeypatch, caplog
+):
+    data = _corpus(tmp_path).read_bytes()
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "mine.jsonl.gz").write_bytes(COMPRESS[".gz"](data))
+    params = _params("mine.jsonl.gz")
+    one_reader_build(params, packed / "whole", packed, monkeypatch)
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 5_000)
+    pieces = line_spans(packed / "mine.jsonl.gz", 5_000)
+    assert (
+        1 < len(pieces) <= corpus_pieces.most_pieces("gzip") < len(line_spans(tmp_path / "mine.jsonl", 5_000))
+    )
+    assert [
+        (s, e, b) for s, e, b in pieces[1:] if b != data[:s].count(b"\n") or data[s - 1 : s] != b"\n"
+    ] == []
+    out = packed / "out"
+    crashed_build(params, out, packed, monkeypatch, 3)
+    caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
+    stats = build_corpus(params, out, data_root=packed, workers=2)
+    assert continued(caplog) == [
+        f"corpus: continuing an unfinished build: 4 of {len(pieces)} work unit(s) kept"
+    ]
+    assert stats.input_bytes == len(
+        data
+    ) and f"{packed / 'mine.jsonl.gz'}:{97 * 3 + 13 + 1}: not valid JSON" in (
+        " ".join(stats.bad_record_examples)
+    )
+    assert corpus_files(out) == corpus_files(packed / "whole")  # ids by line number included
+
+
+def test_a_damaged_compressed_file_is_one_piece_its_reader_names(tmp_path, monkeypatch):
+    data = COMPRESS[".gz"](_corpus(tmp_path).read_bytes())
+    (tmp_path / "mine.jsonl.gz").write_bytes(data[: len(data) // 2])
+    path = tmp_path / "mine.jsonl.gz"
+    assert corpus_pieces.file_pieces(path, _params(path.name).local_sources[0]) == [(0, len(data) // 2, 0)]
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 5_000)
+    with pytest.raises(CorpusError, match=f"{path}: cannot read .*corrupt or truncated"):
+        build_corpus(_params(path.name), tmp_path / "out", data_root=tmp_path, workers=2)
+    assert not (tmp_path / "out").exists()
 
 
 def _parquet(root: Path) -> Path:

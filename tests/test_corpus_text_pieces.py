@@ -1,7 +1,7 @@
-"""A large uncompressed text file of documents separated by blank lines (the layout of Google's
+"""A large text file of documents separated by blank lines (the layout of Google's
 ``create_pretraining_data.py`` input) is read in pieces (several work units), each starting after blank lines,
 and a WikiText file in pieces starting at an article's title: the same corpus as one reader, its documents
-numbered (in ids) as in the whole file."""
+numbered (in ids) as in the whole file. A compressed one is cut in its decompressed text."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from corpus_builds import continued, corpus_files, crashed_build, one_reader_build
+from corpus_builds import COMPRESS, continued, corpus_files, crashed_build, one_reader_build
 
 from bert_core.corpus import CorpusParams, build_corpus
 from bert_core.corpus import pieces as corpus_pieces
-from bert_core.corpus.pieces import article_spans, document_spans
+from bert_core.corpus.compressed import SUFFIX
+from bert_core.corpus.pieces import article_spans, document_spans, most_pieces
 from bert_core.corpus.readers import _wikitext_docs
 from bert_core.corpus.units import plan_units
 
@@ -151,12 +152,36 @@ def test_a_crashed_build_keeps_the_pieces_it_finished(tmp_path, monkeypatch, cap
     assert corpus_files(tmp_path / "out") == corpus_files(tmp_path / "whole")
 
 
-def test_a_compressed_file_or_other_documents_stay_one_unit(tmp_path, monkeypatch):
-    path = _corpus(tmp_path)
+@pytest.mark.parametrize("compression", sorted(set(SUFFIX) - {"lzma"}))
+def test_a_compressed_text_file_is_cut_in_its_decompressed_text(tmp_path, monkeypatch, caplog, compression):
+    data = _corpus(tmp_path).read_bytes()
+    name = f"books.txt{SUFFIX[compression]}"
+    (tmp_path / name).write_bytes(COMPRESS[SUFFIX[compression]](data))
+    params = _params(path=name)
+    one_reader_build(params, tmp_path / "whole", tmp_path, monkeypatch)
+    plain = document_spans(tmp_path / "books.txt", UNIT)
+    pieces = document_spans(tmp_path / name, UNIT)
+    # where the uncompressed file is cut (the documents before numbered alike), fewer of them for a slow one
+    assert 1 < len(pieces) <= min(most_pieces(compression), len(plain))
+    assert {(start, before) for start, _, before in pieces} <= {(start, before) for start, _, before in plain}
+    assert pieces[-1][1] == len(data) and all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", UNIT)
+    caplog.set_level(logging.INFO, logger="bert_core.corpus")
+    stats = build_corpus(params, tmp_path / "pieces", data_root=tmp_path, workers=2)
+    assert any(f"{name}: decompressing it once" in r.getMessage() for r in caplog.records)
+    assert any(f"read in {len(pieces)} pieces" in r.getMessage() for r in caplog.records)
+    assert stats.input_files == 1 and stats.input_bytes == len(data) and stats.utf8_replacements > 0
+    assert corpus_files(tmp_path / "pieces") == corpus_files(tmp_path / "whole")  # ids books.txt.<ext>#<n>
+
+
+def test_a_small_compressed_file_or_other_documents_stay_one_unit(tmp_path, monkeypatch):
+    path = _corpus(tmp_path)
     gz = tmp_path / "books.txt.gz"
     gz.write_bytes(gzip.compress(path.read_bytes()))
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 4 * gz.stat().st_size)  # the file is a quarter of it
+    assert document_spans(gz, corpus_pieces.UNIT_BYTES) == [(0, gz.stat().st_size, 0)]
     assert len(plan_units(_params(path="books.txt.gz").active_sources(tmp_path), tmp_path)) == 1
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", UNIT)
     assert len(plan_units(_params(doc_split="file").active_sources(tmp_path), tmp_path)) == 1
     assert len(plan_units(_params().active_sources(tmp_path), tmp_path)) > 20
 
@@ -174,14 +199,18 @@ def test_article_spans_cut_at_titles_and_count_the_articles_before(tmp_path, uni
         assert end - start >= unit or end == len(data)
 
 
-def test_a_large_wikitext_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp_path, monkeypatch):
+@pytest.mark.parametrize("suffix", ["", ".zst"])
+def test_a_large_wikitext_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp_path, monkeypatch, suffix):
     path = _wikitext(tmp_path)
+    if suffix:
+        path = path.with_name(path.name + suffix)
+        path.write_bytes(COMPRESS[suffix](path.with_suffix("").read_bytes()))
+        assert article_spans(path, 3_000) == article_spans(path.with_suffix(""), 3_000)
     params = _params(path=path.name, doc_split="wikitext")
     one_reader_build(params, tmp_path / "whole", tmp_path, monkeypatch)
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 3_000)
     assert len(plan_units(params.active_sources(tmp_path), tmp_path)) > 5
     stats = build_corpus(params, tmp_path / "pieces", data_root=tmp_path, workers=2)
-    assert (
-        stats.input_files == 1 and stats.input_bytes == path.stat().st_size and stats.utf8_replacements == 2
-    )
+    size = path.with_suffix("").stat().st_size if suffix else path.stat().st_size
+    assert stats.input_files == 1 and stats.input_bytes == size and stats.utf8_replacements == 2
     assert corpus_files(tmp_path / "pieces") == corpus_files(tmp_path / "whole")  # ids wiki.train.tokens#<n>

@@ -8,76 +8,118 @@ documents separated by blank lines (:func:`document_spans`, which counts the doc
 title line in a WikiText file (:func:`article_spans`, which counts the articles); at a row group in a
 Parquet file (:func:`row_group_spans`, the row numbers from its footer); at a ``<page>`` tag in a Wikipedia
 ``.xml`` dump, and at a bz2 stream whose text starts with one in a multistream ``.xml.bz2``
-(:func:`dump_spans`). A compressed file with no such starts (``.gz``, a single-stream ``.bz2``) is one piece.
+(:func:`dump_spans`). A Wikipedia dump with no such starts (``.gz``, a single-stream ``.bz2``) is one piece.
+
+A compressed JSONL or text file (gzip, zstd, xz, bz2) is cut in its decompressed bytes: its pieces are ranges
+of the decompressed text, found in one decompressing pass at planning, and a piece's reader decompresses the
+file from its start and drops what comes before its piece (a compressed stream cannot be entered in the
+middle). So ``n`` pieces decompress the file about ``n / 2`` times over in all, and a file is cut into at
+most :func:`most_pieces` of them, by how fast its compression decompresses.
 """
 
 from __future__ import annotations
 
 import bz2
+import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import fsspec
 
 from bert_core.corpus.clean import wikitext_line
-from bert_core.corpus.compressed import BZ2_STREAM
+from bert_core.corpus.compressed import BZ2_STREAM, ERRORS
 from bert_core.corpus.params import SourceSpec
 
-#: The file bytes of one piece of a large file: 64 MB of JSONL is about 10 CPU-seconds of cleaning and
-#: segmenting, 64 MB of a multistream ``.bz2`` Wikipedia dump (about 300 MB of XML) a few CPU-minutes of
-#: rendering; what a crash can cost a worker, and what one worker takes of a file.
+log = logging.getLogger(__name__)
+
+#: The file bytes of one piece of a large file (of a compressed JSONL or text file, of its decompressed
+#: text): 64 MB of JSONL is about 10 CPU-seconds of cleaning and segmenting, 64 MB of a multistream ``.bz2``
+#: Wikipedia dump (about 300 MB of XML) a few CPU-minutes of rendering; what a crash can cost a worker, and
+#: what one worker takes of a file.
 UNIT_BYTES = 64 << 20
 #: What the passes that count lines or documents read at a time.
 _READ_BYTES = 1 << 24
+#: Decompressed MB of text a CPU-second, by compression (Python's own decompressors, as
+#: ``bench_corpus_split`` measures them), and what the stage cleans and segments a CPU-second.
+DECOMPRESS_MB_S = {"gzip": 300, "zstd": 1000, "xz": 90, "lzma": 90, "bz2": 40}
+CLEAN_MB_S = 8
+
+
+def most_pieces(compression: str) -> int:
+    """The most pieces a file of ``compression`` is cut into. ``n`` pieces decompress it ``1 + (n - 1) / 2``
+    extra times in all (the planning pass, and each reader from the file's start), which ``n = D / 2C - 1``
+    keeps under a quarter of the cleaning's CPU time (``D``: :data:`DECOMPRESS_MB_S`, ``C``:
+    :data:`CLEAN_MB_S`); at least 2 (bzip2: two readers, at about a third more CPU)."""
+    return max(2, int(DECOMPRESS_MB_S[compression] / CLEAN_MB_S / 2) - 1)
 
 
 def file_pieces(path: Path, source: SourceSpec) -> list[tuple[int, int, int]]:
     """The pieces a file of ``source`` is read in: ``(start, end, the lines, rows or documents before it)``.
     A file that cannot be read here (a damaged footer, no permission) is one piece, whose reader names the
     fault as it would."""
-    uncompressed = fsspec.utils.infer_compression(path.name) is None
+    spans = {"jsonl": line_spans, "parquet": row_group_spans}.get(source.kind)
+    if source.kind == "text":
+        spans = {"blank_lines": document_spans, "wikitext": article_spans}.get(source.effective_doc_split)
     try:
         if source.kind == "wikipedia_xml":
             return [(a, b, 0) for a, b in dump_spans(path, UNIT_BYTES)]
-        if source.kind == "jsonl" and uncompressed:
-            return line_spans(path, UNIT_BYTES)
-        if source.kind == "text" and source.effective_doc_split == "blank_lines" and uncompressed:
-            return document_spans(path, UNIT_BYTES)
-        if source.kind == "text" and source.effective_doc_split == "wikitext" and uncompressed:
-            return article_spans(path, UNIT_BYTES)
-        if source.kind == "parquet":
-            return row_group_spans(path, UNIT_BYTES)
-    except (OSError, ValueError):  # pyarrow's errors are of these kinds too
+        if spans is not None:
+            return spans(path, UNIT_BYTES)
+    except (OSError, ValueError, *ERRORS):  # pyarrow's errors are of these kinds too
         pass
     return [(0, path.stat().st_size, 0)]
 
 
 def _spans(starts: list[tuple[int, int]], size: int) -> list[tuple[int, int, int]]:
     """Pieces ``(start, end, records before it)`` from their ``(start, records before it)``, in order: each
-    ends where the next starts, the last at ``size``."""
+    ends where the next starts, the last at ``size`` (a start there begins no piece)."""
+    starts = starts[:1] + [s for s in starts[1:] if s[0] < size]
     ends = [start for start, _ in starts[1:]] + [size]
     return [(start, end, before) for (start, before), end in zip(starts, ends, strict=True)]
+
+
+def _text_spans(
+    path: Path, unit_bytes: int, find: Callable[[BinaryIO, int], tuple[list[tuple[int, int]], int]]
+) -> list[tuple[int, int, int]]:
+    """The pieces ``find`` finds in ``path``'s text (``(start, records before it)`` of at least ``unit_bytes``
+    apart, and the text's size, from a stream): in the file's bytes, or in its decompressed bytes if its
+    name gives a compression, then no more than :func:`most_pieces` of about equal size. A file of at most
+    ``unit_bytes`` (compressed: a quarter of it) is one piece, without a pass."""
+    size = path.stat().st_size
+    compression = fsspec.utils.infer_compression(path.name)
+    if size <= (unit_bytes if compression is None else unit_bytes // 4):
+        return _spans([(0, 0)], size)
+    if compression is None:
+        with path.open("rb") as fh:
+            return _spans(*find(fh, unit_bytes))
+    log.info("%s: decompressing it once (%s bytes) to find where its pieces start", path, f"{size:,}")
+    with fsspec.open(path, "rb", compression=compression) as fh:
+        starts, size = find(fh, unit_bytes)
+    step = size / most_pieces(compression)  # the k-th piece starts at the first start after k steps
+    kept = starts[:1]
+    for start in starts[1:]:
+        if start[0] >= len(kept) * step:
+            kept.append(start)
+    return _spans(kept, size)
 
 
 def line_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     """A text file's pieces of at least ``unit_bytes`` (the last may be shorter), cut after a newline:
     ``(start, end, the lines before it)``, in one pass over the file counting its lines."""
-    size = path.stat().st_size
+    return _text_spans(path, unit_bytes, _line_starts)
+
+
+def _line_starts(fh: BinaryIO, unit_bytes: int) -> tuple[list[tuple[int, int]], int]:
     starts, lines, at, cut = [(0, 0)], 0, 0, unit_bytes
-    if size <= unit_bytes:
-        return _spans(starts, size)
-    with path.open("rb") as fh:
-        while chunk := fh.read(_READ_BYTES):
-            while cut < at + len(chunk) and (i := chunk.find(b"\n", max(0, cut - at))) != -1:
-                start = at + i + 1
-                if start >= size:
-                    break
-                starts.append((start, lines + chunk.count(b"\n", 0, i + 1)))
-                cut = start + unit_bytes
-            lines += chunk.count(b"\n")
-            at += len(chunk)
-    return _spans(starts, size)
+    while chunk := fh.read(_READ_BYTES):
+        while cut < at + len(chunk) and (i := chunk.find(b"\n", max(0, cut - at))) != -1:
+            starts.append((at + i + 1, lines + chunk.count(b"\n", 0, i + 1)))
+            cut = at + i + 1 + unit_bytes
+        lines += chunk.count(b"\n")
+        at += len(chunk)
+    return starts, at
 
 
 #: A line that ``str.strip()`` empties once decoded (the readers' blank line), as UTF-8 bytes: ASCII
@@ -97,51 +139,51 @@ def document_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     may be shorter), each starting at the line after blank lines: ``(start, end, the documents before it)``,
     in one pass over the file counting the documents (one ends where blank lines follow a line that is not
     blank)."""
-    size = path.stat().st_size
+    return _text_spans(path, unit_bytes, _document_starts)
+
+
+def _document_starts(fh: BinaryIO, unit_bytes: int) -> tuple[list[tuple[int, int]], int]:
     starts, docs, at, cut = [(0, 0)], 0, 0, unit_bytes
-    if size <= unit_bytes:
-        return _spans(starts, size)
     rest, after_blank = b"", True  # the file's start counts as after a blank line: no document ends there
-    with path.open("rb") as fh:
-        while True:
-            data = fh.read(_READ_BYTES)
-            text = rest + data
-            whole = text.rfind(b"\n") + 1 if data else len(text)  # whole lines only, but at the end
-            chunk, rest = text[:whole], text[whole:]
-            head = _BLANK_START.match(chunk)
-            runs = [head.end()] if head else []
-            runs += [run.end() for run in _BLANK_RUN.finditer(chunk, runs[0] if runs else 0)]
-            for end in runs[1:] if head and after_blank else runs:  # blank lines going on end no document
-                docs += 1
-                if cut <= at + end < size:
-                    starts.append((at + end, docs))
-                    cut = at + end + unit_bytes
-            if chunk:
-                after_blank = bool(runs) and runs[-1] == len(chunk)
-            at += len(chunk)
-            if not data:
-                return _spans(starts, size)
+    while True:
+        data = fh.read(_READ_BYTES)
+        text = rest + data
+        whole = text.rfind(b"\n") + 1 if data else len(text)  # whole lines only, but at the end
+        chunk, rest = text[:whole], text[whole:]
+        head = _BLANK_START.match(chunk)
+        runs = [head.end()] if head else []
+        runs += [run.end() for run in _BLANK_RUN.finditer(chunk, runs[0] if runs else 0)]
+        for end in runs[1:] if head and after_blank else runs:  # blank lines going on end no document
+            docs += 1
+            if cut <= at + end:
+                starts.append((at + end, docs))
+                cut = at + end + unit_bytes
+        if chunk:
+            after_blank = bool(runs) and runs[-1] == len(chunk)
+        at += len(chunk)
+        if not data:
+            return starts, at
 
 
 def article_spans(path: Path, unit_bytes: int) -> list[tuple[int, int, int]]:
     """The pieces of a WikiText file, of at least ``unit_bytes`` (the last may be shorter), each starting at
     an article's ``" = Title = "`` line: ``(start, end, the articles before it)``, in one pass over the file
     reading each line as the reader does (an article is counted when it has a paragraph)."""
-    size = path.stat().st_size
+    return _text_spans(path, unit_bytes, _article_starts)
+
+
+def _article_starts(fh: BinaryIO, unit_bytes: int) -> tuple[list[tuple[int, int]], int]:
     starts, articles, at, cut, paragraphs = [(0, 0)], 0, 0, unit_bytes, False
-    if size <= unit_bytes:
-        return _spans(starts, size)
-    with path.open("rb") as fh:
-        for raw in fh:
-            kind, _ = wikitext_line(raw.decode("utf-8", "replace"))
-            if kind == "title":
-                articles, paragraphs = articles + paragraphs, False
-                if at >= cut:
-                    starts.append((at, articles))
-                    cut = at + unit_bytes
-            paragraphs = paragraphs or kind == "paragraph"
-            at += len(raw)
-    return _spans(starts, size)
+    for raw in fh:
+        kind, _ = wikitext_line(raw.decode("utf-8", "replace"))
+        if kind == "title":
+            articles, paragraphs = articles + paragraphs, False
+            if at >= cut:
+                starts.append((at, articles))
+                cut = at + unit_bytes
+        paragraphs = paragraphs or kind == "paragraph"
+        at += len(raw)
+    return starts, at
 
 
 def row_group_start(row_group: Any) -> int:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec
+
 from bert_core.corpus import compressed
 from bert_core.corpus.params import SourceSpec
 from bert_core.corpus.pieces import file_pieces
@@ -102,8 +104,9 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
 def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: bool = True) -> list[WorkUnit]:
     """Resolve every source to its ordered work units: with ``split`` false, one per file or Hub dataset.
     With ``split``, small files of a source are grouped (:data:`GROUP_BYTES`, :data:`GROUP_FILES`); a large
-    uncompressed JSONL file, text file of documents separated by blank lines or of WikiText, Parquet file or
-    Wikipedia dump is one unit per :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece
+    JSONL file, text file of documents separated by blank lines or of WikiText (compressed or not: a
+    compressed one in its decompressed text), Parquet file or Wikipedia dump is one unit per
+    :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece
     (:mod:`bert_core.corpus.pieces`); and a Hub dataset of a document a row, one unit per data file (a row
     without an id of its own is named by its data file and its row in it). WikiText articles of a Hub dataset
     cross its data files: that dataset is one unit.
@@ -157,8 +160,13 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
             elif len(pieces) < 2:  # the file whole
                 add(si, [SourceFile(source, str(p), rel)])
             else:
+                text = "decompressed " if fsspec.utils.infer_compression(p.name) else ""
                 log.info(
-                    "%s: read in %d pieces (work units) of its %s bytes", p, len(pieces), f"{pieces[-1][1]:,}"
+                    "%s: read in %d pieces (work units) of its %s %sbytes",
+                    p,
+                    len(pieces),
+                    f"{pieces[-1][1]:,}",
+                    text,
                 )
                 for start, end, before in pieces:
                     add(si, [SourceFile(source, str(p), rel, (start, end), before=before)])
