@@ -17,6 +17,7 @@ from corpus_builds import COMPRESS, continued, corpus_files, crashed_build, one_
 from bert_core.corpus import CorpusError, CorpusParams, build_corpus
 from bert_core.corpus import pieces as corpus_pieces
 from bert_core.corpus.pieces import line_spans
+from bert_core.corpus.units import plan_units
 from bert_core.kept_work import partial_dir
 
 UNIT = 20_000
@@ -126,6 +127,36 @@ def test_a_compressed_jsonl_file_is_read_in_pieces_of_its_text_and_a_crash_keeps
         " ".join(stats.bad_record_examples)
     )
     assert corpus_files(out) == corpus_files(packed / "whole")  # ids by line number included
+
+
+def test_a_compressed_file_is_cut_only_when_it_holds_a_large_share_of_its_source(tmp_path, monkeypatch):
+    data = COMPRESS[".gz"](_corpus(tmp_path).read_bytes())
+    many, one = tmp_path / "many", tmp_path / "one"
+    for k in range(17):  # a sixteenth each at most: the files keep the workers busy, none is decompressed
+        (many / f"part-{k:02}.jsonl.gz").parent.mkdir(exist_ok=True)
+        (many / f"part-{k:02}.jsonl.gz").write_bytes(data)
+    for k in range(30):  # one large file among small ones: cut
+        (one / f"small-{k:02}.jsonl.gz").parent.mkdir(exist_ok=True)
+        (one / f"small-{k:02}.jsonl.gz").write_bytes(COMPRESS[".gz"](b'{"text": "A small one."}\n'))
+    (one / "large.jsonl.gz").write_bytes(data)
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 5_000)
+    monkeypatch.setattr(corpus_pieces, "_text_spans", _counted(corpus_pieces._text_spans))
+    spans = {}
+    for folder in (many, one):
+        params = _params(folder.name)
+        inputs = [i for u in plan_units(params.active_sources(tmp_path), tmp_path) for i in u.inputs]
+        spans[folder.name] = {Path(i.path).name for i in inputs if i.span is not None}
+    assert spans == {"many": set(), "one": {"large.jsonl.gz"}}
+    assert corpus_pieces._text_spans.calls == 1  # only the large file was decompressed to plan it
+
+
+def _counted(function):
+    def counted(*args, **kwargs):
+        counted.calls += 1
+        return function(*args, **kwargs)
+
+    counted.calls = 0
+    return counted
 
 
 def test_a_damaged_compressed_file_is_one_piece_its_reader_names(tmp_path, monkeypatch):

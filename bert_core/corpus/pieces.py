@@ -55,13 +55,16 @@ def most_pieces(compression: str) -> int:
     return max(2, int(DECOMPRESS_MB_S[compression] / CLEAN_MB_S / 2) - 1)
 
 
-def file_pieces(path: Path, source: SourceSpec) -> list[tuple[int, int, int]]:
-    """The pieces a file of ``source`` is read in: ``(start, end, the lines, rows or documents before it)``.
-    A file that cannot be read here (a damaged footer, no permission) is one piece, whose reader names the
+def file_pieces(path: Path, source: SourceSpec, *, decompress: bool = True) -> list[tuple[int, int, int]]:
+    """The pieces a file of ``source`` is read in: ``(start, end, the lines, rows or documents before it)``;
+    with ``decompress`` false, a compressed JSONL or text file is one piece, without the planning pass. A
+    file that cannot be read here (a damaged footer, no permission) is one piece, whose reader names the
     fault as it would."""
     spans = {"jsonl": line_spans, "parquet": row_group_spans}.get(source.kind)
     if source.kind == "text":
         spans = {"blank_lines": document_spans, "wikitext": article_spans}.get(source.effective_doc_split)
+    if not decompress and fsspec.utils.infer_compression(path.name) is not None:
+        spans = None
     try:
         if source.kind == "wikipedia_xml":
             return [(a, b, 0) for a, b in dump_spans(path, UNIT_BYTES)]

@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 GROUP_BYTES = 4 << 20
 #: ... and this many files (the files a unit's record names).
 GROUP_FILES = 4096
+#: A compressed JSONL or text file is cut (:mod:`bert_core.corpus.pieces`) only when it holds at least this
+#: share of its source's bytes: a source of more files of about its size keeps as many workers busy with
+#: its files (a C4 or Pile folder), and each file's planning pass, one after the other before any work
+#: starts, would cost more than the cutting gains.
+CUT_COMPRESSED_SHARE = 1 / 16
 
 
 class CorpusError(RuntimeError):
@@ -105,7 +110,7 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
     """Resolve every source to its ordered work units: with ``split`` false, one per file or Hub dataset.
     With ``split``, small files of a source are grouped (:data:`GROUP_BYTES`, :data:`GROUP_FILES`); a large
     JSONL file, text file of documents separated by blank lines or of WikiText (compressed or not: a
-    compressed one in its decompressed text), Parquet file or Wikipedia dump is one unit per
+    compressed one in its decompressed text, if :data:`CUT_COMPRESSED_SHARE` of its source), Parquet file or Wikipedia dump is one unit per
     :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece
     (:mod:`bert_core.corpus.pieces`); and a Hub dataset of a document a row, one unit per data file (a row
     without an id of its own is named by its data file and its row in it). WikiText articles of a Hub dataset
@@ -139,7 +144,9 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
         group: list[SourceFile] = []  # small files read together, and their bytes
         group_bytes = 0
         anchor, files = _resolve(source, root)
-        for p in files:
+        sizes = [p.stat().st_size for p in files]
+        cut_from = CUT_COMPRESSED_SHARE * sum(sizes)  # the bytes of a compressed file that is cut
+        for p, size in zip(files, sizes, strict=True):
             if source.kind != "parquet":
                 try:
                     compressed.check_content(p)
@@ -149,7 +156,7 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
                 rel = p.name
-            pieces = file_pieces(p, source) if split else []
+            pieces = file_pieces(p, source, decompress=size >= cut_from) if split else []
             small = len(pieces) == 1 and pieces[0][1] < GROUP_BYTES
             if group and (not small or group_bytes + pieces[0][1] > GROUP_BYTES or len(group) == GROUP_FILES):
                 add(si, group)
