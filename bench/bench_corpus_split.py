@@ -10,6 +10,8 @@ small files are grouped as in the stage (4 MB a unit).
   (``wikipedia_dump/enwiki-20250201-tiny.xml.bz2``, 70 pages, 6 articles): ``--copies`` copies of its pages,
   each copy's page ids shifted, written as dumps.wikimedia.org writes a multistream file (a stream for the
   header, one per 100 pages, one for the closing tag).
+- ``dump.bz2``: the same dump as one bz2 stream (as ``*-pages-articles.xml.bz2``, not multistream), cut in
+  its decompressed text.
 - ``jsonl``: one JSONL file of ``--jsonl-copies`` copies of the shared corpus's 11,570 Wikipedia articles
   (19.7 MB of text), ids suffixed by the copy's number.
 - ``jsonl.gz``, ``jsonl.zst``, ``jsonl.xz``, ``jsonl.bz2``: that JSONL file compressed (gzip, zstd, xz and
@@ -49,6 +51,7 @@ PAGE_ID = re.compile(rb"(<ns>\d+</ns>\s*<id>)(\d+)(</id>)")
 #: stage's own is 64 MB); a Hub dataset is cut at its data files whatever this is.
 PIECE_BYTES = {
     "dump": 500_000,
+    "dump.bz2": 2_000_000,
     "jsonl": 8_000_000,
     "jsonl.gz": 8_000_000,
     "jsonl.zst": 8_000_000,
@@ -82,6 +85,14 @@ def make_dump(data_root: Path, out: Path, copies: int) -> Path:
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"".join(bz2.compress(s) for s in streams))
+    return path
+
+
+def make_single_stream(dump: Path) -> Path:
+    """The multistream dump's text as one bz2 stream beside it."""
+    path = dump.with_name(dump.name.replace("-multistream", ""))
+    if not path.exists():
+        path.write_bytes(bz2.compress(bz2.decompress(dump.read_bytes())))
     return path
 
 
@@ -219,6 +230,7 @@ def files(out: Path) -> dict[str, bytes]:
 
 
 def source_spec(case: str, path: Path) -> dict:
+    case = case.split(".")[0]  # jsonl.gz: a jsonl source
     kind = {"dump": "wikipedia_xml", "text": "text", "wikitext": "text", "files": "text", "hub": "hf"}
     how = {
         "dump": {},
@@ -226,7 +238,7 @@ def source_spec(case: str, path: Path) -> dict:
         "text": {"doc_split": "blank_lines", "newlines": "paragraph"},
         "wikitext": {"doc_split": "wikitext"},
     }.get(case, {"id_field": "id", "title_field": "title"})
-    return {"name": "input", "kind": kind.get(case, case.split(".")[0]), "path": path.name, **how}
+    return {"name": "input", "kind": kind.get(case, case), "path": path.name, **how}
 
 
 def run_case(args: argparse.Namespace, case: str) -> bool:
@@ -238,6 +250,7 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
     data_root = args.data_root.resolve()
     path = {
         "dump": lambda: make_dump(data_root, args.out, args.copies),
+        "dump.bz2": lambda: make_single_stream(make_dump(data_root, args.out, args.copies)),
         "jsonl": lambda: make_jsonl(data_root, args.out, args.jsonl_copies),
         "jsonl.gz": lambda: make_packed(make_jsonl(data_root, args.out, args.jsonl_copies), ".gz"),
         "jsonl.zst": lambda: make_packed(make_jsonl(data_root, args.out, args.jsonl_copies), ".zst"),
@@ -257,6 +270,7 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
     mb = sum(f.stat().st_size for f in (path.iterdir() if path.is_dir() else [path])) / 1e6
     what = {
         "dump": f"{mb:.1f} MB multistream dump ({args.copies * 70:,} pages)",
+        "dump.bz2": f"{mb:.1f} MB single-stream dump ({args.copies * 70:,} pages)",
         "jsonl": f"{mb:.1f} MB JSONL file (the real articles {args.jsonl_copies} times)",
         "jsonl.gz": f"{mb:.1f} MB gzip JSONL file (the real articles {args.jsonl_copies} times)",
         "jsonl.zst": f"{mb:.1f} MB zstd JSONL file (the real articles {args.jsonl_copies} times)",

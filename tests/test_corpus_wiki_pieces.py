@@ -1,5 +1,6 @@
 """A large Wikipedia dump is read in pieces (several work units): the same pages and the same corpus as one
-reader of the whole file, in parallel and kept piece by piece after a crash."""
+reader of the whole file, in parallel and kept piece by piece after a crash. A multistream ``.bz2`` is cut
+at its streams; a dump compressed otherwise, in its decompressed text."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import logging
 from pathlib import Path
 
 import pytest
-from corpus_builds import continued, corpus_files, crashed_build
+from corpus_builds import COMPRESS, continued, corpus_files, crashed_build
 
 from bert_core.corpus import CorpusError, CorpusParams, build_corpus, wiki
 from bert_core.corpus import pieces as corpus_pieces
-from bert_core.corpus.pieces import dump_spans
+from bert_core.corpus.pieces import RENDER_MB_S, dump_spans, most_pieces, multistream
 from bert_core.corpus.wiki import iter_pages
 from bert_core.kept_work import partial_dir
 
@@ -75,11 +76,21 @@ def test_the_pieces_of_a_dump_hold_its_pages_once_each_in_order(shared_data, dum
         assert _pages(dumps[kind], spans) == whole
 
 
-def test_a_dump_without_page_starts_to_cut_at_is_one_piece(shared_data, dumps):
-    whole = _pages(shared_data / DUMP)
-    for path in (shared_data / DUMP, dumps["gz"], dumps["cut_anywhere"]):  # one stream; gzip; pbzip2-like
-        assert dump_spans(path, 1_000) == [(0, path.stat().st_size)], path.name
-        assert _pages(path) == whole
+def test_a_dump_compressed_otherwise_is_cut_in_its_text(shared_data, dumps, tmp_path):
+    xml, whole = _xml(shared_data), _pages(shared_data / DUMP)
+    (tmp_path / "enwiki.xml.zst").write_bytes(COMPRESS[".zst"](xml))
+    paths = [shared_data / DUMP, dumps["gz"], dumps["cut_anywhere"], tmp_path / "enwiki.xml.zst"]
+    assert multistream(dumps["multistream"]) and not any(multistream(path) for path in paths)
+    for path, compression in zip(
+        paths, ["bz2", "gzip", "bz2", "zstd"], strict=True
+    ):  # one stream; pbzip2-like
+        spans = dump_spans(path, 1_000)
+        assert 3 < len(spans) <= most_pieces(compression, RENDER_MB_S), path.name
+        assert spans[0][0] == 0 and spans[-1][1] == len(xml)
+        assert all(a[1] == b[0] and xml[b[0] :].startswith(b"<page>") for a, b in itertools.pairwise(spans))
+        assert _pages(path, spans) == whole
+        assert dump_spans(path, 1_000, decompress=False) == [(0, path.stat().st_size)]
+        assert dump_spans(path, path.stat().st_size * 4) == [(0, path.stat().st_size)]  # small: no pass
 
 
 def test_a_damaged_piece_is_named_by_its_bytes(dumps):
@@ -98,13 +109,11 @@ def test_a_damaged_piece_is_named_by_its_bytes(dumps):
         _pages(truncated, [(a, b - 10)])
 
 
-def _params() -> CorpusParams:
+def _params(path: str = "enwiki-multistream.xml.bz2") -> CorpusParams:
     return CorpusParams.model_validate(
         {
             "sources": [{"name": "hub", "kind": "hf", "path": "x"}],
-            "local_sources": [
-                {"name": "enwiki", "kind": "wikipedia_xml", "path": "enwiki-multistream.xml.bz2"}
-            ],
+            "local_sources": [{"name": "enwiki", "kind": "wikipedia_xml", "path": path}],
             "heldout": {"fraction": 0.2, "max_documents": 2},
         }
     )
@@ -124,6 +133,35 @@ def test_a_dump_read_in_pieces_gives_the_corpus_of_one_reader(dumps, tmp_path, m
     assert corpus_files(tmp_path / "pieces") == corpus_files(
         tmp_path / "whole"
     )  # the manifest's statistics included
+
+
+def test_a_single_stream_dump_read_in_pieces_of_its_text_gives_the_corpus_of_one_reader(
+    shared_data, tmp_path, monkeypatch, caplog
+):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "enwiki.xml.bz2").write_bytes((shared_data / DUMP).read_bytes())
+    build_corpus(_params("enwiki.xml.bz2"), tmp_path / "whole", data_root=root, workers=1)
+    monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 30_000)
+    caplog.set_level(logging.INFO, logger="bert_core.corpus")
+    crashed_build(_params("enwiki.xml.bz2"), tmp_path / "pieces", root, monkeypatch, 2)
+    stats = build_corpus(_params("enwiki.xml.bz2"), tmp_path / "pieces", data_root=root, workers=2)
+    pieces = len(dump_spans(root / "enwiki.xml.bz2", corpus_pieces.UNIT_BYTES))
+    assert 3 < pieces <= most_pieces("bz2", RENDER_MB_S)
+    assert any(f"read in {pieces} pieces (work units)" in r.getMessage() for r in caplog.records)
+    assert continued(caplog) == [f"corpus: continuing an unfinished build: 3 of {pieces} work unit(s) kept"]
+    assert stats.documents == 6 and stats.input_bytes == (shared_data / DUMP).stat().st_size
+    assert corpus_files(tmp_path / "pieces") == corpus_files(tmp_path / "whole")  # the manifest included
+
+    path = root / "enwiki.xml.gz"  # damaged: its planning stops there (one piece); a piece after it is named
+    path.write_bytes(gzip.compress(_xml(shared_data)))
+    a, b = dump_spans(path, 30_000)[-1]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    path.write_bytes(bytes(data))
+    assert corpus_pieces.file_pieces(path, _params().local_sources[0]) == [(0, len(data), 0)]
+    with pytest.raises(wiki.WikiDumpError, match=rf"enwiki\.xml\.gz \(bytes {a:,}-{b:,} of its text\): "):
+        _pages(path, [(a, b)])
 
 
 def test_a_crashed_build_keeps_the_pieces_it_finished(dumps, tmp_path, monkeypatch, caplog):

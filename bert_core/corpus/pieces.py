@@ -8,9 +8,10 @@ documents separated by blank lines (:func:`document_spans`, which counts the doc
 title line in a WikiText file (:func:`article_spans`, which counts the articles); at a row group in a
 Parquet file (:func:`row_group_spans`, the row numbers from its footer); at a ``<page>`` tag in a Wikipedia
 ``.xml`` dump, and at a bz2 stream whose text starts with one in a multistream ``.xml.bz2``
-(:func:`dump_spans`). A Wikipedia dump with no such starts (``.gz``, a single-stream ``.bz2``) is one piece.
+(:func:`dump_spans`).
 
-A compressed JSONL or text file (gzip, zstd, xz, bz2) is cut in its decompressed bytes: its pieces are ranges
+A compressed JSONL or text file (gzip, zstd, xz, bz2), and a compressed dump in another form than multistream
+(a single-stream ``.bz2``, ``.gz``), is cut in its decompressed bytes: its pieces are ranges
 of the decompressed text, found in one decompressing pass at planning, and a piece's reader decompresses the
 file from its start and drops what comes before its piece (a compressed stream cannot be entered in the
 middle). So ``n`` pieces decompress the file about ``n / 2`` times over in all, and a file is cut into at
@@ -45,19 +46,23 @@ _READ_BYTES = 1 << 24
 #: ``bench_corpus_split`` measures them), and what the stage cleans and segments a CPU-second.
 DECOMPRESS_MB_S = {"gzip": 300, "zstd": 1000, "xz": 90, "lzma": 90, "bz2": 40}
 CLEAN_MB_S = 8
+#: What the stage renders of a Wikipedia dump's XML to passages a CPU-second (``bench_corpus_split``'s dump).
+RENDER_MB_S = 1.5
 
 
-def most_pieces(compression: str) -> int:
+def most_pieces(compression: str, clean_mb_s: float = CLEAN_MB_S) -> int:
     """The most pieces a file of ``compression`` is cut into. ``n`` pieces decompress it ``1 + (n - 1) / 2``
     extra times in all (the planning pass, and each reader from the file's start), which ``n = D / 2C - 1``
-    keeps under a quarter of the cleaning's CPU time (``D``: :data:`DECOMPRESS_MB_S`, ``C``:
-    :data:`CLEAN_MB_S`); at least 2 (bzip2: two readers, at about a third more CPU)."""
-    return max(2, int(DECOMPRESS_MB_S[compression] / CLEAN_MB_S / 2) - 1)
+    holds to about a quarter of the cleaning's CPU time (``D``: :data:`DECOMPRESS_MB_S`, ``C``: ``clean_mb_s``,
+    :data:`CLEAN_MB_S` or a dump's :data:`RENDER_MB_S`); at least 2 (bzip2 text: two readers, at about a
+    third more CPU)."""
+    return max(2, int(DECOMPRESS_MB_S[compression] / clean_mb_s / 2) - 1)
 
 
 def file_pieces(path: Path, source: SourceSpec, *, decompress: bool = True) -> list[tuple[int, int, int]]:
     """The pieces a file of ``source`` is read in: ``(start, end, the lines, rows or documents before it)``;
-    with ``decompress`` false, a compressed JSONL or text file is one piece, without the planning pass. A
+    with ``decompress`` false, a file that would be cut in its decompressed text is one piece, without the
+    planning pass. A
     file that cannot be read here (a damaged footer, no permission) is one piece, whose reader names the
     fault as it would."""
     spans = {"jsonl": line_spans, "parquet": row_group_spans}.get(source.kind)
@@ -67,7 +72,7 @@ def file_pieces(path: Path, source: SourceSpec, *, decompress: bool = True) -> l
         spans = None
     try:
         if source.kind == "wikipedia_xml":
-            return [(a, b, 0) for a, b in dump_spans(path, UNIT_BYTES)]
+            return [(a, b, 0) for a, b in dump_spans(path, UNIT_BYTES, decompress=decompress)]
         if spans is not None:
             return spans(path, UNIT_BYTES)
     except (OSError, ValueError, *ERRORS):  # pyarrow's errors are of these kinds too
@@ -84,7 +89,10 @@ def _spans(starts: list[tuple[int, int]], size: int) -> list[tuple[int, int, int
 
 
 def _text_spans(
-    path: Path, unit_bytes: int, find: Callable[[BinaryIO, int], tuple[list[tuple[int, int]], int]]
+    path: Path,
+    unit_bytes: int,
+    find: Callable[[BinaryIO, int], tuple[list[tuple[int, int]], int]],
+    clean_mb_s: float = CLEAN_MB_S,
 ) -> list[tuple[int, int, int]]:
     """The pieces ``find`` finds in ``path``'s text (``(start, records before it)`` of at least ``unit_bytes``
     apart, and the text's size, from a stream): in the file's bytes, or in its decompressed bytes if its
@@ -100,7 +108,9 @@ def _text_spans(
     log.info("%s: decompressing it once (%s bytes) to find where its pieces start", path, f"{size:,}")
     with fsspec.open(path, "rb", compression=compression) as fh:
         starts, size = find(fh, unit_bytes)
-    step = size / most_pieces(compression)  # the k-th piece starts at the first start after k steps
+    step = size / most_pieces(
+        compression, clean_mb_s
+    )  # the k-th piece starts at the first start after k steps
     kept = starts[:1]
     for start in starts[1:]:
         if start[0] >= len(kept) * step:
@@ -230,11 +240,17 @@ _PAGE = b"<page>"
 _PAGE_TAG = re.compile(re.escape(_PAGE))
 
 
-def dump_spans(path: str | Path, unit_bytes: int) -> list[tuple[int, int]]:
-    """The byte ranges a dump file is read in, in order and covering the whole file: one range for a small
-    file, a single-stream ``.bz2`` or a ``.gz``; else ranges of at least ``unit_bytes`` (the last may be
-    shorter), each starting at a ``<page>`` tag (``.xml``) or at a bz2 stream whose text starts with one."""
+def dump_spans(path: str | Path, unit_bytes: int, *, decompress: bool = True) -> list[tuple[int, int]]:
+    """The ranges a dump file is read in, in order and covering the whole file: one range for a small file;
+    else ranges of at least ``unit_bytes`` (the last may be shorter), each starting at a ``<page>`` tag: of
+    the file's bytes for an ``.xml`` file, at a bz2 stream whose text starts with a page for a
+    :func:`multistream` ``.bz2``; of the decompressed text for a dump compressed otherwise (:func:`in_text`,
+    at most :func:`most_pieces`; with ``decompress`` false, one range)."""
     path = Path(path)
+    if in_text(path):
+        if not decompress:
+            return [(0, path.stat().st_size)]
+        return [(a, b) for a, b, _ in _text_spans(path, unit_bytes, _page_starts, RENDER_MB_S)]
     size = path.stat().st_size
     name = path.name.lower()
     starts = [(0, 0)]
@@ -246,6 +262,45 @@ def dump_spans(path: str | Path, unit_bytes: int) -> list[tuple[int, int]]:
             ):
                 starts.append((found, 0))
     return [(start, end) for start, end, _ in _spans(starts, size)]
+
+
+def multistream(path: Path) -> bool:
+    """Whether a ``.bz2`` dump is in the multistream form dumps.wikimedia.org writes: its header in a bz2
+    stream of its own, which ends before the first ``<page>``. Its pieces are runs of its streams.
+
+    Raises:
+        OSError: the first stream is corrupt (what its reader names).
+    """
+    if not path.name.lower().endswith(".bz2"):
+        return False
+    decompressor, text = bz2.BZ2Decompressor(), b""
+    with path.open("rb") as fh:
+        while not decompressor.eof and _PAGE not in text and len(text) < _SEARCH_BYTES:
+            if not (data := fh.read(1 << 16)):
+                break
+            text += decompressor.decompress(data)
+    return decompressor.eof and _PAGE not in text
+
+
+def in_text(path: Path) -> bool:
+    """Whether the pieces of a dump file are ranges of its decompressed text (a compressed dump that is not
+    :func:`multistream`), not of its bytes."""
+    return fsspec.utils.infer_compression(path.name) is not None and not multistream(path)
+
+
+def _page_starts(fh: BinaryIO, unit_bytes: int) -> tuple[list[tuple[int, int]], int]:
+    """``<page>`` tags at least ``unit_bytes`` apart in a dump's text, and the text's size."""
+    starts, at, cut, tail = [(0, 0)], 0, unit_bytes, b""
+    while chunk := fh.read(_READ_BYTES):
+        text, base = tail + chunk, at - len(tail)  # a tag cut in two between reads is found whole
+        i = text.find(_PAGE, max(0, cut - base))
+        while i != -1:
+            starts.append((base + i, 0))
+            cut = base + i + unit_bytes
+            i = text.find(_PAGE, max(i + 1, cut - base))
+        at += len(chunk)
+        tail = text[-(len(_PAGE) - 1) :]
+    return starts, at
 
 
 def _piece_start(fh: BinaryIO, target: int, compressed: bool) -> int | None:

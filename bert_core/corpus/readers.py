@@ -19,7 +19,7 @@ import fsspec
 
 from bert_core.corpus import compressed
 from bert_core.corpus.clean import wikitext_detokenize, wikitext_line
-from bert_core.corpus.pieces import row_groups_in
+from bert_core.corpus.pieces import in_text, row_groups_in
 from bert_core.corpus.units import CorpusError, SourceFile, SourceNotFoundError, WorkUnit, load_hf
 from bert_core.corpus.wiki import WikiDumpError, is_disambiguation, iter_pages, wikitext_to_passages
 
@@ -254,7 +254,10 @@ def _read_parquet(part: SourceFile, stats: UnitStats, on_bad_record: str) -> Ite
 
 def _read_wiki(part: SourceFile, stats: UnitStats) -> Iterator[RawDoc]:
     path = Path(part.path)
-    stats.input_bytes += path.stat().st_size if part.span is None else part.span[1] - part.span[0]
+    if part.span is not None and not in_text(path):
+        stats.input_bytes += part.span[1] - part.span[0]
+    elif part.first_of_its_file:  # the whole file, or the first of its pieces in its decompressed text
+        stats.input_bytes += path.stat().st_size
     try:
         for page in iter_pages(path, part.span):
             if page.redirect:

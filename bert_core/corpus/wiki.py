@@ -5,9 +5,10 @@ through ``xml.etree.ElementTree.XMLPullParser`` (``.xml``, ``.xml.bz2``, ``.xml.
 ``<page>`` is cleared, so memory does not grow with the dump. Redirects and pages outside namespace 0
 (articles) are skipped.
 
-A large dump is read in pieces, byte ranges that start where a page does
+A large dump is read in pieces, ranges that start where a page does
 (:func:`bert_core.corpus.pieces.dump_spans`: in a multistream ``.xml.bz2``, the form dumps.wikimedia.org
-recommends, at a bz2 stream of 100 pages), each by :func:`iter_pages` on its own. The wikitext is parsed
+recommends, at a bz2 stream of 100 pages; in a dump compressed otherwise, ranges of its decompressed text),
+each by :func:`iter_pages` on its own. The wikitext is parsed
 with mwparserfromhell and rendered to plain text:
 
 * dropped: templates (infoboxes, citations, navboxes), tables, ``<ref>`` and other non-prose tags, comments,
@@ -40,6 +41,7 @@ from mwparserfromhell.nodes import (
 )
 
 from bert_core.corpus import compressed
+from bert_core.corpus.pieces import in_text
 
 # Tags whose whole content is not prose.
 _DROP_TAGS = {
@@ -158,13 +160,21 @@ def _bz2_streams(chunks: Iterator[bytes]) -> Iterator[bytes]:
         raise EOFError("a bz2 stream ends before its end of stream marker")
 
 
-def _text_chunks(path: Path, span: tuple[int, int] | None) -> Iterator[bytes]:
-    """The XML text of a dump file, or of one of its pieces (:func:`~bert_core.corpus.pieces.dump_spans`)
-    wrapped in the root element that the first piece opens and the last one closes."""
-    if span is None:
+def _text_chunks(path: Path, span: tuple[int, int] | None, of_text: bool) -> Iterator[bytes]:
+    """The XML text of a dump file, or of one of its pieces (:func:`~bert_core.corpus.pieces.dump_spans`; a
+    range of its decompressed text if ``of_text``) wrapped in the root element that the first piece opens
+    and the last one closes."""
+    if span is None or of_text:
+        at, end = span or (0, None)
         with fsspec.open(path, "rb", compression="infer") as text:
-            while chunk := text.read(_CHUNK):
+            text.seek(at)  # decompressing what comes before
+            if at > 0:
+                yield b"<mediawiki>"
+            while (end is None or at < end) and (chunk := text.read(min(_CHUNK, (end or 1 << 62) - at))):
+                at += len(chunk)
                 yield chunk
+            if end is not None and text.read(1):
+                yield b"</mediawiki>"
         return
     if span[0] > 0:
         yield b"<mediawiki>"
@@ -183,12 +193,14 @@ def iter_pages(path: str | Path, span: tuple[int, int] | None = None) -> Iterato
             names the file (and the piece's bytes) and the last page read.
     """
     path = Path(path)
-    where = f"{path}" if span is None else f"{path} (bytes {span[0]:,}-{span[1]:,})"
     last = "<none yet>"
     parser = ET.XMLPullParser(events=("start", "end"))
     root = None
+    where = f"{path}" if span is None else f"{path} (bytes {span[0]:,}-{span[1]:,})"
     try:
-        for chunk in _text_chunks(path, span):
+        of_text = span is not None and in_text(path)
+        where = where.removesuffix(")") + " of its text)" if of_text else where
+        for chunk in _text_chunks(path, span, of_text):
             parser.feed(chunk)
             for event, elem in parser.read_events():
                 if root is None and event == "start":
