@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -117,7 +118,11 @@ def test_a_compressed_jsonl_file_is_read_in_pieces_of_its_text_and_a_crash_keeps
     out = packed / "out"
     crashed_build(params, out, packed, monkeypatch, 3)
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
-    stats = build_corpus(params, out, data_root=packed, workers=2)
+    with monkeypatch.context() as patch:  # the plan kept with the units: no second decompressing pass
+        patch.setattr(corpus_pieces, "_text_spans", _counted(corpus_pieces._text_spans))
+        stats = build_corpus(params, out, data_root=packed, workers=2)
+        assert corpus_pieces._text_spans.calls == 0
+    assert "corpus: 1 large file(s) cut as the unfinished build planned them" in caplog.messages
     assert continued(caplog) == [
         f"corpus: continuing an unfinished build: 4 of {len(pieces)} work unit(s) kept"
     ]
@@ -127,6 +132,16 @@ def test_a_compressed_jsonl_file_is_read_in_pieces_of_its_text_and_a_crash_keeps
         " ".join(stats.bad_record_examples)
     )
     assert corpus_files(out) == corpus_files(packed / "whole")  # ids by line number included
+
+    crashed_build(params, packed / "again", packed, monkeypatch, 3)  # the file changed since: planned again
+    os.utime(packed / "mine.jsonl.gz", ns=(1, 1))
+    caplog.clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(corpus_pieces, "_text_spans", _counted(corpus_pieces._text_spans))
+        build_corpus(params, packed / "again", data_root=packed, workers=2)
+        assert corpus_pieces._text_spans.calls == 1
+    assert not any("as the unfinished build planned" in m for m in caplog.messages)
+    assert corpus_files(packed / "again") == corpus_files(packed / "whole")
 
 
 def test_a_compressed_file_is_cut_only_when_it_holds_a_large_share_of_its_source(tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bert_core.atomic import atomic_path
+from bert_core.atomic import atomic_path, write_json_atomic
 from bert_core.checks import DataCheckError
 from bert_core.corpus.clean import normalize_text, paragraphs, strip_gutenberg
 from bert_core.corpus.merge import Merger, corpus_checks, h64
@@ -196,6 +196,23 @@ def _input(part: SourceFile) -> dict[str, object]:
     return found if part.span is None else {**found, "span": list(part.span)}
 
 
+#: The pieces of the large files, as planned (:func:`~bert_core.corpus.units.plan_units`), in the work
+#: directory.
+PLAN = "plan.json"
+
+
+def kept_plan(out_dir: Path, identity: dict[str, object]) -> dict[str, list[list[int]]]:
+    """The pieces the unfinished build of ``out_dir`` planned, if it has the same identity (each file's are
+    taken only while the file is unchanged: :func:`~bert_core.corpus.units.plan_key`); else none."""
+    work = partial_dir(out_dir)
+    try:
+        if json.loads((work / "identity.json").read_text(encoding="utf-8")) == identity:
+            return dict(json.loads((work / PLAN).read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        pass
+    return {}
+
+
 class KeptUnits(KeptWork):
     """The corpus build's work directory: one record per finished work unit under ``units/``."""
 
@@ -268,19 +285,24 @@ def build_corpus(
         raise ValueError(f"workers must be >= 1, got {workers}")
     out_dir = Path(out_dir)
     sources = params.active_sources(data_root)
-    units = plan_units(sources, data_root)
     stats = CorpusStats(workers=workers, params_hash=params_hash(params, data_root))
-    stats.data_root = "local" if data_root is not None else "hub"
-    root_s = str(data_root) if data_root is not None else None
-    log.info("corpus: %d work units from %d sources, %d workers", len(units), len(sources), workers)
-    progress = Progress("corpus", len(units), noun="work unit", unit="units", logger=log)
-
     identity = {
         "format": FORMAT,
         "params_hash": stats.params_hash,
         "code": code_fingerprint(Path(__file__).parent),
     }
+    earlier = kept_plan(out_dir, identity)
+    units = plan_units(sources, data_root, planned=(planned := dict(earlier)))
+    if reused := len(planned.keys() & earlier.keys()):
+        log.info("corpus: %d large file(s) cut as the unfinished build planned them", reused)
+    stats.data_root = "local" if data_root is not None else "hub"
+    root_s = str(data_root) if data_root is not None else None
+    log.info("corpus: %d work units from %d sources, %d workers", len(units), len(sources), workers)
+    progress = Progress("corpus", len(units), noun="work unit", unit="units", logger=log)
+
     with atomic_path(out_dir, is_dir=True) as tmp, KeptUnits(out_dir, identity, len(units)) as kept:
+        if planned:  # kept with the finished units, for a build that continues them
+            write_json_atomic(kept.dir / PLAN, planned)
         work, merger = str(kept.dir), Merger(params, sources, tmp, stats)
         earlier = {unit.index: result for unit in units if (result := kept.finished(unit)) is not None}
         if earlier:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +22,8 @@ from typing import Any
 import fsspec
 
 from bert_core.corpus import compressed
+from bert_core.corpus import pieces as piece_plan
 from bert_core.corpus.params import SourceSpec
-from bert_core.corpus.pieces import file_pieces
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +107,25 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
     return anchor, files
 
 
-def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: bool = True) -> list[WorkUnit]:
+def plan_units(
+    sources: tuple[SourceSpec, ...],
+    root: Path | None,
+    *,
+    split: bool = True,
+    planned: dict[str, list[list[int]]] | None = None,
+) -> list[WorkUnit]:
     """Resolve every source to its ordered work units: with ``split`` false, one per file or Hub dataset.
     With ``split``, small files of a source are grouped (:data:`GROUP_BYTES`, :data:`GROUP_FILES`); a large
     JSONL file, text file of documents separated by blank lines or of WikiText (compressed or not: a
-    compressed one in its decompressed text, if :data:`CUT_COMPRESSED_SHARE` of its source), Parquet file or Wikipedia dump is one unit per
-    :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece
+    compressed one in its decompressed text, if :data:`CUT_COMPRESSED_SHARE` of its source), Parquet file or
+    Wikipedia dump is one unit per :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece
     (:mod:`bert_core.corpus.pieces`); and a Hub dataset of a document a row, one unit per data file (a row
     without an id of its own is named by its data file and its row in it). WikiText articles of a Hub dataset
     cross its data files: that dataset is one unit.
+
+    ``planned`` holds the pieces of the files large enough to be cut, by :func:`plan_key`: those of a file
+    found there are taken as they are (a compressed file's planning pass is not repeated when a build
+    continues), and on return it holds this plan's.
 
     Raises:
         SourceNotFoundError: a source path matches no file (names the source, the path and the root).
@@ -122,6 +133,9 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
             its name says (:func:`~bert_core.corpus.compressed.check_content`).
     """
     units: list[WorkUnit] = []
+    earlier = None if planned is None else dict(planned)
+    if planned is not None:
+        planned.clear()
 
     def add(si: int, inputs: list[SourceFile]) -> None:
         if inputs:
@@ -156,7 +170,7 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
                 rel = p.name
-            pieces = file_pieces(p, source, decompress=size >= cut_from) if split else []
+            pieces = _file_pieces(p, source, size >= cut_from, earlier, planned) if split else []
             small = len(pieces) == 1 and pieces[0][1] < GROUP_BYTES
             if group and (not small or group_bytes + pieces[0][1] > GROUP_BYTES or len(group) == GROUP_FILES):
                 add(si, group)
@@ -179,6 +193,30 @@ def plan_units(sources: tuple[SourceSpec, ...], root: Path | None, *, split: boo
                     add(si, [SourceFile(source, str(p), rel, (start, end), before=before)])
         add(si, group)
     return units
+
+
+def plan_key(path: Path, source: SourceSpec, decompress: bool) -> str:
+    """What a file's pieces are planned from: the file (path, size, modification time), how its records are
+    told apart, the piece size and whether it may be decompressed to plan it."""
+    st = path.stat()
+    how = [source.kind, source.effective_doc_split, piece_plan.UNIT_BYTES, decompress]
+    return json.dumps([str(path), st.st_size, st.st_mtime_ns, *how])
+
+
+def _file_pieces(
+    path: Path,
+    source: SourceSpec,
+    decompress: bool,
+    earlier: dict[str, list[list[int]]] | None,
+    planned: dict[str, list[list[int]]] | None,
+) -> list[tuple[int, int, int]]:
+    if earlier is None or planned is None or path.stat().st_size <= piece_plan.UNIT_BYTES // 4:  # no pass
+        return piece_plan.file_pieces(path, source, decompress=decompress)
+    key = plan_key(path, source, decompress)
+    if key not in earlier:
+        earlier[key] = [list(piece) for piece in piece_plan.file_pieces(path, source, decompress=decompress)]
+    planned[key] = earlier[key]
+    return [(start, end, before) for start, end, before in planned[key]]
 
 
 def load_hf(src: SourceSpec, root: Path | None) -> Any:
