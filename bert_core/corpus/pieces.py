@@ -53,18 +53,17 @@ RENDER_MB_S = 1.5
 def most_pieces(compression: str, clean_mb_s: float = CLEAN_MB_S) -> int:
     """The most pieces a file of ``compression`` is cut into. ``n`` pieces decompress it ``1 + (n - 1) / 2``
     extra times in all (the planning pass, and each reader from the file's start), which ``n = D / 2C - 1``
-    holds to about a quarter of the cleaning's CPU time (``D``: :data:`DECOMPRESS_MB_S`, ``C``: ``clean_mb_s``,
-    :data:`CLEAN_MB_S` or a dump's :data:`RENDER_MB_S`); at least 2 (bzip2 text: two readers, at about a
-    third more CPU)."""
+    holds to about a quarter of the cleaning's CPU time (``D``: :data:`DECOMPRESS_MB_S`; ``C``:
+    ``clean_mb_s``, :data:`CLEAN_MB_S` or a dump's :data:`RENDER_MB_S`); at least 2 (bzip2 text: two
+    readers, at about a third more CPU)."""
     return max(2, int(DECOMPRESS_MB_S[compression] / clean_mb_s / 2) - 1)
 
 
 def file_pieces(path: Path, source: SourceSpec, *, decompress: bool = True) -> list[tuple[int, int, int]]:
     """The pieces a file of ``source`` is read in: ``(start, end, the lines, rows or documents before it)``;
     with ``decompress`` false, a file that would be cut in its decompressed text is one piece, without the
-    planning pass. A
-    file that cannot be read here (a damaged footer, no permission) is one piece, whose reader names the
-    fault as it would."""
+    planning pass. A file that cannot be read here (a damaged footer, no permission) is one piece, whose
+    reader names the fault as it would."""
     spans = {"jsonl": line_spans, "parquet": row_group_spans}.get(source.kind)
     if source.kind == "text":
         spans = {"blank_lines": document_spans, "wikitext": article_spans}.get(source.effective_doc_split)
@@ -108,9 +107,7 @@ def _text_spans(
     log.info("%s: decompressing it once (%s bytes) to find where its pieces start", path, f"{size:,}")
     with fsspec.open(path, "rb", compression=compression) as fh:
         starts, size = find(fh, unit_bytes)
-    step = size / most_pieces(
-        compression, clean_mb_s
-    )  # the k-th piece starts at the first start after k steps
+    step = size / most_pieces(compression, clean_mb_s)  # piece k: the first start after k steps
     kept = starts[:1]
     for start in starts[1:]:
         if start[0] >= len(kept) * step:

@@ -133,7 +133,7 @@ def plan_units(
             its name says (:func:`~bert_core.corpus.compressed.check_content`).
     """
     units: list[WorkUnit] = []
-    earlier = None if planned is None else dict(planned)
+    earlier = dict(planned or {})
     if planned is not None:
         planned.clear()
 
@@ -207,10 +207,10 @@ def _file_pieces(
     path: Path,
     source: SourceSpec,
     decompress: bool,
-    earlier: dict[str, list[list[int]]] | None,
+    earlier: dict[str, list[list[int]]],
     planned: dict[str, list[list[int]]] | None,
 ) -> list[tuple[int, int, int]]:
-    if earlier is None or planned is None or path.stat().st_size <= piece_plan.UNIT_BYTES // 4:  # no pass
+    if planned is None or path.stat().st_size <= piece_plan.UNIT_BYTES // 4:  # not kept, or no planning pass
         return piece_plan.file_pieces(path, source, decompress=decompress)
     key = plan_key(path, source, decompress)
     if key not in earlier:

@@ -8,8 +8,8 @@ through ``xml.etree.ElementTree.XMLPullParser`` (``.xml``, ``.xml.bz2``, ``.xml.
 A large dump is read in pieces, ranges that start where a page does
 (:func:`bert_core.corpus.pieces.dump_spans`: in a multistream ``.xml.bz2``, the form dumps.wikimedia.org
 recommends, at a bz2 stream of 100 pages; in a dump compressed otherwise, ranges of its decompressed text),
-each by :func:`iter_pages` on its own. The wikitext is parsed
-with mwparserfromhell and rendered to plain text:
+each by :func:`iter_pages` on its own. The wikitext is parsed with mwparserfromhell and rendered to plain
+text:
 
 * dropped: templates (infoboxes, citations, navboxes), tables, ``<ref>`` and other non-prose tags, comments,
   headings, list items (``*``, ``#``, ``;``, ``:`` lines), file/image/category/interlanguage links, and the
