@@ -265,7 +265,7 @@ def run_case(args: argparse.Namespace, case: str) -> bool:
     spec = source_spec(case, path)
     params = CorpusParams.model_validate({"sources": [spec], "local_sources": [spec]})
     with mock.patch.object(corpus_pieces, "UNIT_BYTES", PIECE_BYTES[case]):
-        planned = len(plan_units(params.active_sources(path.parent), path.parent))
+        planned = len(plan_units(params.active_sources(path.parent), path.parent, workers=args.workers))
     apart = len(plan_units(params.active_sources(path.parent), path.parent, split=False))
     mb = sum(f.stat().st_size for f in (path.iterdir() if path.is_dir() else [path])) / 1e6
     what = {

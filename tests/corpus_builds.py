@@ -8,6 +8,7 @@ import bz2
 import functools
 import gzip
 import lzma
+import re
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,13 @@ def one_reader_build(params: CorpusParams, out: Path, root: Path, monkeypatch) -
 def continued(caplog) -> list[str]:
     """The rerun's ``continuing an unfinished build: <k> of <n> work unit(s) kept`` lines."""
     return [r.getMessage() for r in caplog.records if "continuing an unfinished build" in r.getMessage()]
+
+
+def kept_of(caplog) -> tuple[int, int]:
+    """``(k, n)`` of the rerun's one ``continuing`` line: with two workers, a crash as unit *i* is merged
+    keeps at least ``i + 1`` units (more, when the other worker finished one after it)."""
+    (line,) = continued(caplog)
+    kept, total = re.fullmatch(
+        r"corpus: continuing an unfinished build: (\d+) of (\d+) work unit\(s\) kept", line
+    ).groups()
+    return int(kept), int(total)

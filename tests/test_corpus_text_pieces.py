@@ -180,7 +180,7 @@ def test_a_small_compressed_file_or_other_documents_stay_one_unit(tmp_path, monk
     gz.write_bytes(gzip.compress(path.read_bytes()))
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 4 * gz.stat().st_size)  # the file is a quarter of it
     assert document_spans(gz, corpus_pieces.UNIT_BYTES) == [(0, gz.stat().st_size, 0)]
-    assert len(plan_units(_params(path="books.txt.gz").active_sources(tmp_path), tmp_path)) == 1
+    assert len(plan_units(_params(path="books.txt.gz").active_sources(tmp_path), tmp_path, workers=2)) == 1
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", UNIT)
     assert len(plan_units(_params(doc_split="file").active_sources(tmp_path), tmp_path)) == 1
     assert len(plan_units(_params().active_sources(tmp_path), tmp_path)) > 20
@@ -209,7 +209,7 @@ def test_a_large_wikitext_file_read_in_pieces_gives_the_corpus_of_one_reader(tmp
     params = _params(path=path.name, doc_split="wikitext")
     one_reader_build(params, tmp_path / "whole", tmp_path, monkeypatch)
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 3_000)
-    assert len(plan_units(params.active_sources(tmp_path), tmp_path)) > 5
+    assert len(plan_units(params.active_sources(tmp_path), tmp_path, workers=2)) > 5
     stats = build_corpus(params, tmp_path / "pieces", data_root=tmp_path, workers=2)
     size = path.with_suffix("").stat().st_size if suffix else path.stat().st_size
     assert stats.input_files == 1 and stats.input_bytes == size and stats.utf8_replacements == 2

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from corpus_builds import COMPRESS, continued, corpus_files, crashed_build
+from corpus_builds import COMPRESS, continued, corpus_files, crashed_build, kept_of
 
 from bert_core.corpus import CorpusError, CorpusParams, build_corpus, wiki
 from bert_core.corpus import pieces as corpus_pieces
@@ -144,12 +144,13 @@ def test_a_single_stream_dump_read_in_pieces_of_its_text_gives_the_corpus_of_one
     build_corpus(_params("enwiki.xml.bz2"), tmp_path / "whole", data_root=root, workers=1)
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 30_000)
     caplog.set_level(logging.INFO, logger="bert_core.corpus")
-    crashed_build(_params("enwiki.xml.bz2"), tmp_path / "pieces", root, monkeypatch, 2)
+    crashed_build(_params("enwiki.xml.bz2"), tmp_path / "pieces", root, monkeypatch, 2, workers=2)
     stats = build_corpus(_params("enwiki.xml.bz2"), tmp_path / "pieces", data_root=root, workers=2)
     pieces = len(dump_spans(root / "enwiki.xml.bz2", corpus_pieces.UNIT_BYTES))
     assert 3 < pieces <= most_pieces("bz2", RENDER_MB_S)
     assert any(f"read in {pieces} pieces (work units)" in r.getMessage() for r in caplog.records)
-    assert continued(caplog) == [f"corpus: continuing an unfinished build: 3 of {pieces} work unit(s) kept"]
+    kept, total = kept_of(caplog)
+    assert kept >= 3 and total == pieces
     assert stats.documents == 6 and stats.input_bytes == (shared_data / DUMP).stat().st_size
     assert corpus_files(tmp_path / "pieces") == corpus_files(tmp_path / "whole")  # the manifest included
 

@@ -292,7 +292,7 @@ def build_corpus(
         "code": code_fingerprint(Path(__file__).parent),
     }
     earlier = kept_plan(out_dir, identity)
-    units = plan_units(sources, data_root, planned=(planned := dict(earlier)))
+    units = plan_units(sources, data_root, workers=workers, planned=(planned := dict(earlier)))
     if reused := len(planned.keys() & earlier.keys()):
         log.info("corpus: %d large file(s) cut as the unfinished build planned them", reused)
     stats.data_root = "local" if data_root is not None else "hub"

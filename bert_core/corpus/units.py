@@ -32,11 +32,6 @@ log = logging.getLogger(__name__)
 GROUP_BYTES = 4 << 20
 #: ... and this many files (the files a unit's record names).
 GROUP_FILES = 4096
-#: A compressed JSONL or text file is cut (:mod:`bert_core.corpus.pieces`) only when it holds at least this
-#: share of its source's bytes: a source of more files of about its size keeps as many workers busy with
-#: its files (a C4 or Pile folder), and each file's planning pass, one after the other before any work
-#: starts, would cost more than the cutting gains.
-CUT_COMPRESSED_SHARE = 1 / 16
 
 
 class CorpusError(RuntimeError):
@@ -112,16 +107,22 @@ def plan_units(
     root: Path | None,
     *,
     split: bool = True,
+    workers: int = 1,
     planned: dict[str, list[list[int]]] | None = None,
 ) -> list[WorkUnit]:
     """Resolve every source to its ordered work units: with ``split`` false, one per file or Hub dataset.
     With ``split``, small files of a source are grouped (:data:`GROUP_BYTES`, :data:`GROUP_FILES`); a large
-    JSONL file, text file of documents separated by blank lines or of WikiText (compressed or not: a
-    compressed one in its decompressed text, if :data:`CUT_COMPRESSED_SHARE` of its source), Parquet file or
-    Wikipedia dump is one unit per :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece
+    JSONL file, text file of documents separated by blank lines or of WikiText (compressed or not), Parquet
+    file or Wikipedia dump is one unit per :data:`~bert_core.corpus.pieces.UNIT_BYTES` piece
     (:mod:`bert_core.corpus.pieces`); and a Hub dataset of a document a row, one unit per data file (a row
     without an id of its own is named by its data file and its row in it). WikiText articles of a Hub dataset
     cross its data files: that dataset is one unit.
+
+    A file that is cut in its decompressed text (a compressed one) is cut only when it holds more than one of
+    the ``workers``' share of its source's bytes. Otherwise the source's files keep the workers busy as they
+    are (a C4 folder; two large files on two workers), and cutting would only cost: a planning pass over the
+    file, one file after the other before any work starts, and each piece decompressing the file up to its
+    start.
 
     ``planned`` holds the pieces of the files large enough to be cut, by :func:`plan_key`: those of a file
     found there are taken as they are (a compressed file's planning pass is not repeated when a build
@@ -159,7 +160,7 @@ def plan_units(
         group_bytes = 0
         anchor, files = _resolve(source, root)
         sizes = [p.stat().st_size for p in files]
-        cut_from = CUT_COMPRESSED_SHARE * sum(sizes)  # the bytes of a compressed file that is cut
+        fair_share = sum(sizes) / workers  # a compressed file of more is cut
         for p, size in zip(files, sizes, strict=True):
             if source.kind != "parquet":
                 try:
@@ -170,7 +171,7 @@ def plan_units(
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
                 rel = p.name
-            pieces = _file_pieces(p, source, size >= cut_from, earlier, planned) if split else []
+            pieces = _file_pieces(p, source, size > fair_share, earlier, planned) if split else []
             small = len(pieces) == 1 and pieces[0][1] < GROUP_BYTES
             if group and (not small or group_bytes + pieces[0][1] > GROUP_BYTES or len(group) == GROUP_FILES):
                 add(si, group)
