@@ -9,6 +9,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -119,9 +120,9 @@ def test_a_compressed_jsonl_file_is_read_in_pieces_of_its_text_and_a_crash_keeps
     crashed_build(params, out, packed, monkeypatch, 3, workers=2)  # on one worker, the file is one unit
     caplog.set_level(logging.INFO, logger="bert_core.corpus.build")
     with monkeypatch.context() as patch:  # the plan kept with the units: no second decompressing pass
-        patch.setattr(corpus_pieces, "_text_spans", _counted(corpus_pieces._text_spans))
+        patch.setattr(corpus_pieces, "_text_spans", mock.Mock(wraps=corpus_pieces._text_spans))
         stats = build_corpus(params, out, data_root=packed, workers=2)
-        assert corpus_pieces._text_spans.calls == 0
+        assert corpus_pieces._text_spans.call_count == 0
     assert "corpus: 1 large file(s) cut as the unfinished build planned them" in caplog.messages
     kept, total = kept_of(caplog)
     assert kept >= 4 and total == len(pieces)
@@ -138,9 +139,9 @@ def test_a_compressed_jsonl_file_is_read_in_pieces_of_its_text_and_a_crash_keeps
     os.utime(packed / "mine.jsonl.gz", ns=(1, 1))
     caplog.clear()
     with monkeypatch.context() as patch:
-        patch.setattr(corpus_pieces, "_text_spans", _counted(corpus_pieces._text_spans))
+        patch.setattr(corpus_pieces, "_text_spans", mock.Mock(wraps=corpus_pieces._text_spans))
         build_corpus(params, packed / "again", data_root=packed, workers=2)
-        assert corpus_pieces._text_spans.calls == 1
+        assert corpus_pieces._text_spans.call_count == 1
     assert not any("as the unfinished build planned" in m for m in caplog.messages)
     assert corpus_files(packed / "again") == corpus_files(packed / "whole")
 
@@ -157,7 +158,7 @@ def test_a_compressed_file_is_cut_only_when_it_holds_more_than_a_workers_share(t
         (one / f"small-{k:02}.jsonl.gz").write_bytes(COMPRESS[".gz"](b'{"text": "A small one."}\n'))
     (one / "large.jsonl.gz").write_bytes(data)
     monkeypatch.setattr(corpus_pieces, "UNIT_BYTES", 5_000)
-    monkeypatch.setattr(corpus_pieces, "_text_spans", _counted(corpus_pieces._text_spans))
+    monkeypatch.setattr(corpus_pieces, "_text_spans", mock.Mock(wraps=corpus_pieces._text_spans))
 
     def cut(folder: Path, workers: int) -> set[str]:
         sources = _params(folder.name).active_sources(tmp_path)
@@ -165,19 +166,10 @@ def test_a_compressed_file_is_cut_only_when_it_holds_more_than_a_workers_share(t
         return {Path(i.path).name for i in inputs if i.span is not None}
 
     assert cut(many, 16) == set() and cut(one, 16) == {"large.jsonl.gz"}
-    assert corpus_pieces._text_spans.calls == 1  # only the large file was decompressed to plan it
+    assert corpus_pieces._text_spans.call_count == 1  # only the large file was decompressed to plan it
     assert cut(one, 1) == set()  # one worker: nothing to gain
     (many / "part-00.jsonl.gz").write_bytes(COMPRESS[".gz"](raw * 2))  # more than its share: cut
     assert cut(many, 16) == {"part-00.jsonl.gz"}
-
-
-def _counted(function):
-    def counted(*args, **kwargs):
-        counted.calls += 1
-        return function(*args, **kwargs)
-
-    counted.calls = 0
-    return counted
 
 
 def test_a_damaged_compressed_file_is_one_piece_its_reader_names(tmp_path, monkeypatch):

@@ -254,12 +254,13 @@ def _read_parquet(part: SourceFile, stats: UnitStats, on_bad_record: str) -> Ite
 
 def _read_wiki(part: SourceFile, stats: UnitStats) -> Iterator[RawDoc]:
     path = Path(part.path)
-    if part.span is not None and not in_text(path):
+    of_text = part.span is not None and in_text(path)
+    if part.span is not None and not of_text:
         stats.input_bytes += part.span[1] - part.span[0]
     elif part.first_of_its_file:  # the whole file, or the first of its pieces in its decompressed text
         stats.input_bytes += path.stat().st_size
     try:
-        for page in iter_pages(path, part.span):
+        for page in iter_pages(path, part.span, of_text=of_text):
             if page.redirect:
                 stats.records += 1
                 stats.dropped["redirect"] += 1

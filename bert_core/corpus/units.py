@@ -15,6 +15,7 @@ import fnmatch
 import glob
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,9 +160,9 @@ def plan_units(
         group: list[SourceFile] = []  # small files read together, and their bytes
         group_bytes = 0
         anchor, files = _resolve(source, root)
-        sizes = [p.stat().st_size for p in files]
-        fair_share = sum(sizes) / workers  # a compressed file of more is cut
-        for p, size in zip(files, sizes, strict=True):
+        stats = [p.stat() for p in files]
+        fair_share = sum(st.st_size for st in stats) / workers  # a compressed file of more is cut
+        for p, st in zip(files, stats, strict=True):
             if source.kind != "parquet":
                 try:
                     compressed.check_content(p)
@@ -171,7 +172,7 @@ def plan_units(
                 rel = p.relative_to(anchor).as_posix()
             except ValueError:
                 rel = p.name
-            pieces = _file_pieces(p, source, size > fair_share, earlier, planned) if split else []
+            pieces = _file_pieces(p, st, source, st.st_size > fair_share, earlier, planned) if split else []
             small = len(pieces) == 1 and pieces[0][1] < GROUP_BYTES
             if group and (not small or group_bytes + pieces[0][1] > GROUP_BYTES or len(group) == GROUP_FILES):
                 add(si, group)
@@ -196,28 +197,29 @@ def plan_units(
     return units
 
 
-def plan_key(path: Path, source: SourceSpec, decompress: bool) -> str:
-    """What a file's pieces are planned from: the file (path, size, modification time), how its records are
-    told apart, the piece size and whether it may be decompressed to plan it."""
-    st = path.stat()
+def plan_key(path: Path, st: os.stat_result, source: SourceSpec, decompress: bool) -> str:
+    """What a file's pieces are planned from: the file (path, and ``st``: size, modification time), how its
+    records are told apart, the piece size and whether it may be decompressed to plan it."""
     how = [source.kind, source.effective_doc_split, piece_plan.UNIT_BYTES, decompress]
     return json.dumps([str(path), st.st_size, st.st_mtime_ns, *how])
 
 
 def _file_pieces(
     path: Path,
+    st: os.stat_result,
     source: SourceSpec,
     decompress: bool,
     earlier: dict[str, list[list[int]]],
     planned: dict[str, list[list[int]]] | None,
 ) -> list[tuple[int, int, int]]:
-    if planned is None or path.stat().st_size <= piece_plan.UNIT_BYTES // 4:  # not kept, or no planning pass
+    if planned is None or st.st_size <= piece_plan.UNIT_BYTES // 4:  # not kept, or no planning pass
         return piece_plan.file_pieces(path, source, decompress=decompress)
-    key = plan_key(path, source, decompress)
-    if key not in earlier:
-        earlier[key] = [list(piece) for piece in piece_plan.file_pieces(path, source, decompress=decompress)]
-    planned[key] = earlier[key]
-    return [(start, end, before) for start, end, before in planned[key]]
+    key = plan_key(path, st, source, decompress)
+    pieces = earlier.get(key) or [
+        list(p) for p in piece_plan.file_pieces(path, source, decompress=decompress)
+    ]
+    planned[key] = pieces
+    return [(start, end, before) for start, end, before in pieces]
 
 
 def load_hf(src: SourceSpec, root: Path | None) -> Any:

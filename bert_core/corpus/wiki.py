@@ -170,7 +170,9 @@ def _text_chunks(path: Path, span: tuple[int, int] | None, of_text: bool) -> Ite
             text.seek(at)  # decompressing what comes before
             if at > 0:
                 yield b"<mediawiki>"
-            while (end is None or at < end) and (chunk := text.read(min(_CHUNK, (end or 1 << 62) - at))):
+            while (end is None or at < end) and (
+                chunk := text.read(_CHUNK if end is None else min(_CHUNK, end - at))
+            ):
                 at += len(chunk)
                 yield chunk
             if end is not None and text.read(1):
@@ -184,9 +186,12 @@ def _text_chunks(path: Path, span: tuple[int, int] | None, of_text: bool) -> Ite
         yield b"</mediawiki>"
 
 
-def iter_pages(path: str | Path, span: tuple[int, int] | None = None) -> Iterator[WikiPage]:
+def iter_pages(
+    path: str | Path, span: tuple[int, int] | None = None, *, of_text: bool | None = None
+) -> Iterator[WikiPage]:
     """Stream the pages of a MediaWiki XML dump (``.xml``, ``.xml.bz2`` or ``.xml.gz``), in file order; with
-    ``span``, those of one piece of it (:func:`~bert_core.corpus.pieces.dump_spans`).
+    ``span``, those of one piece of it (:func:`~bert_core.corpus.pieces.dump_spans`), a range of its
+    decompressed text if ``of_text`` (default: :func:`~bert_core.corpus.pieces.in_text`).
 
     Raises:
         WikiDumpError: the compressed stream is corrupt or truncated, or the XML is malformed; the message
@@ -198,7 +203,7 @@ def iter_pages(path: str | Path, span: tuple[int, int] | None = None) -> Iterato
     root = None
     where = f"{path}" if span is None else f"{path} (bytes {span[0]:,}-{span[1]:,})"
     try:
-        of_text = span is not None and in_text(path)
+        of_text = span is not None and (in_text(path) if of_text is None else of_text)
         where = where.removesuffix(")") + " of its text)" if of_text else where
         for chunk in _text_chunks(path, span, of_text):
             parser.feed(chunk)
