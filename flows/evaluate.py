@@ -42,7 +42,8 @@ def evaluate_flow(
     from bert_core.evaluate.report import score_keys
 
     params: EvaluateParams = STAGE.load_params(params_file)
-    tasks = _tasks(finetune_params_file)
+    finetune = load_params(finetune_params_file, "finetune", FinetuneParams)
+    tasks = sorted(finetune.tasks) or None
     metrics = metrics_file("evaluate", metrics_path)
     report_dir = in_repo(params.report_dir, "evaluate.report_dir")
     outs = [report_dir / "evaluate.md", report_dir / "evaluate.html", report_dir / "evaluate"]
@@ -53,6 +54,7 @@ def evaluate_flow(
             metrics,
             report_dir,
             tasks=tasks,
+            own_tasks=finetune.own_tasks(),
             reference_size=params.reference_size,
             dpi=params.dpi,
             lock_path=DVC_LOCK,
@@ -66,13 +68,10 @@ def evaluate_flow(
     return s.details
 
 
-def _tasks(finetune_params_file: str) -> list[str] | None:
-    return sorted(load_params(finetune_params_file, "finetune", FinetuneParams).tasks) or None
-
-
 def _check(params: EvaluateParams, finetune_params_file: str, **_: object) -> None:
     """The command line's refusal before Prefect starts: a fine-tuning summary not there yet."""
-    summary_paths(in_repo(params.results_dir, "evaluate.results_dir"), _tasks(finetune_params_file))
+    tasks = load_params(finetune_params_file, "finetune", FinetuneParams).tasks
+    summary_paths(in_repo(params.results_dir, "evaluate.results_dir"), sorted(tasks) or None)
 
 
 #: The command line, ``main(argv)``: the stage runner itself (no call of its own between the command and the work).

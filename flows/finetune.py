@@ -22,7 +22,6 @@ from bert_core.finetune.params import FinetuneParams
 from bert_core.finetune.trials import discard_trials
 from bert_core.released import resolve_checkpoint
 from bert_core.serving.finetuned import FinetunedModel
-from bert_core.tasks import get_task
 from bert_core.tasks.datasource import split_tags
 from bert_core.tracking import FINETUNE_EXPERIMENT, MlflowTrialTracker
 from bert_core.tracking.ui import log_headline_metric, log_task_data
@@ -100,7 +99,8 @@ def finetune_flow(
     """Fine-tune one task; return its flat dev metrics.
 
     Args:
-        task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...; see ``bert_core.tasks.TASKS``).
+        task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...; see ``bert_core.tasks.TASKS``), or an own
+            task declared under ``finetune.tasks.<name>.define``.
         params_file: YAML file with a ``finetune`` section.
         model_source: Override ``finetune.model.source`` (a directory, ``models:/<name>@<alias>`` or a Hub id).
         out_dir: Predictions and summary (default ``results/finetune/<task>``).
@@ -112,7 +112,7 @@ def finetune_flow(
     from bert_core.finetune.run import finetune_task  # torch: not imported for --help
 
     params: FinetuneParams = STAGE.load_params(params_file)
-    spec = get_task(task)
+    spec = params.task(task)
     if params.tasks and spec.name not in params.tasks:
         log.warning("task %s is not under finetune.tasks in %s; using the defaults", spec.name, params_file)
     check_source_built(source := model_source or params.model.source)  # before the run opens: nothing to undo
@@ -157,7 +157,7 @@ def finetune_flow(
 def _check(params: FinetuneParams, task: str, model_source: str | None = None, **_: object) -> None:
     """The command line's refusals before Prefect starts: an unknown task, its data missing from the data
     root, a start not built yet."""
-    spec = get_task(task)
+    spec = params.task(task)
     params.for_task(spec.name).data_source(spec).check_files()
     check_source_built(model_source or params.model.source)
 

@@ -41,12 +41,22 @@ _PROFILE_NAMES = tuple(profiles.list_profiles(REPO_ROOT))
 ProfileName = Literal[_PROFILE_NAMES] if _PROFILE_NAMES else str  # type: ignore[valid-type]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 
-try:
-    from bert_core.tasks import TASKS as _TASKS
 
-    TaskName = Literal[tuple(_TASKS)]  # type: ignore[valid-type]
-except ImportError:  # pragma: no cover - the task registry is part of the package
-    TaskName = str  # type: ignore[misc,assignment]
+def _task_names() -> tuple[str, ...]:
+    """The form's tasks: the paper's, and the own tasks ``params/finetune.yaml`` declares (when it is valid:
+    else the stage names the problem)."""
+    from bert_core.finetune.params import FinetuneParams
+    from bert_core.params import load_params
+    from bert_core.tasks import TASKS
+
+    try:
+        own = load_params(REPO_ROOT / "params" / "finetune.yaml", "finetune", FinetuneParams).own_tasks()
+    except (OSError, ValueError):
+        own = {}
+    return (*TASKS, *own)
+
+
+TaskName = Literal[_task_names()]  # type: ignore[valid-type]
 
 
 _EXP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

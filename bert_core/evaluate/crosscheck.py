@@ -48,15 +48,19 @@ def rerun(task: str) -> str:
     return f"re-run `dvc repro finetune@{task}`"
 
 
-def check_summary(path: Path, task: str, result: FinetuneResult) -> str | None:
-    """The problem with the summary at ``path`` (expected to be ``task``'s), or ``None``."""
+def check_summary(
+    path: Path, task: str, result: FinetuneResult, own_tasks: Mapping[str, Any] | None = None
+) -> str | None:
+    """The problem with the summary at ``path`` (expected to be ``task``'s; an own task's definition is in
+    ``own_tasks``), or ``None``."""
     from bert_core.tasks import TASKS
 
-    spec = TASKS.get(task)
+    spec = TASKS.get(task) or (own_tasks or {}).get(task)
     if spec is None:
         return (
             f"{path} lies in a directory named {task!r}, which is no task of the registry (valid tasks: "
-            f"{', '.join(TASKS)}); remove that directory or list the task's stage in finetune.tasks"
+            f"{', '.join(TASKS)}) nor an own task of finetune.tasks; remove that directory or list the task's "
+            "stage in finetune.tasks"
         )
     if result.task != task:
         return (

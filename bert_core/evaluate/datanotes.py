@@ -66,8 +66,13 @@ def data_notes(results: Mapping[str, FinetuneResult]) -> list[str]:
                 "trained on one half of the official dev file and scored on the other (no article in both): "
                 "these are not official dev scores and do not compare with published ones."
             )
-        elif origin == "own_files":
+        elif origin == "own_files" and _label(result):
             notes.append(f"{task}: {_label(result)} (not the official splits).")
+        elif origin == "own_files":  # an own task: its files are its splits
+            info = result.data_split
+            notes.append(
+                f"{task}: an own task, trained on {info.get('train_source')}, scored on {info.get('eval_source')}."
+            )
         elif result.data_split.get("eval_set"):
             notes.append(
                 f"{task}: scored on the {result.data_split['eval_set']}, set by `eval_limit`: not the official "

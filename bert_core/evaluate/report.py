@@ -26,8 +26,10 @@ import base64
 import contextlib
 import html
 import math
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from tabulate import tabulate
 
@@ -263,6 +265,7 @@ def evaluate_results(
     report_dir: str | Path,
     *,
     tasks: list[str] | None = None,
+    own_tasks: Mapping[str, Any] | None = None,
     reference_size: str = "auto",
     dpi: int = 110,
     lock_path: str | Path | None = None,
@@ -275,6 +278,7 @@ def evaluate_results(
         metrics_path: The DVC metrics file to write (``metrics/evaluate.json``).
         report_dir: Where ``evaluate.md``, ``evaluate.html`` and ``evaluate/*.png`` go (``reports``).
         tasks: Only these tasks (the finetune stages of the pipeline); ``None``: every summary found.
+        own_tasks: The own tasks' definitions by name (:meth:`bert_core.finetune.FinetuneParams.own_tasks`).
         reference_size: ``auto`` (the pretrained model's size), a preset name, or ``none``.
         dpi: Plot resolution.
         lock_path: ``dvc.lock`` whose ``finetune@<task>`` outputs the results must match (``None``: not
@@ -286,7 +290,9 @@ def evaluate_results(
     Returns:
         ``(metrics, written paths)``.
     """
-    summary = summarize(results_dir, tasks=tasks, reference_size=reference_size, lock_path=lock_path)
+    summary = summarize(
+        results_dir, tasks=tasks, own_tasks=own_tasks, reference_size=reference_size, lock_path=lock_path
+    )
     # nothing is written before every check passed: a refused summary never leaves a partial report
     report_dir = Path(report_dir)
     paths = render_report(

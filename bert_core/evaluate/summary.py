@@ -6,6 +6,7 @@ as chart rows next to the published scores of the same model size, and the flat 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,11 @@ def summary_paths(results_dir: str | Path, tasks: list[str] | None = None) -> di
 
 
 def load_results(
-    results_dir: str | Path, tasks: list[str] | None = None, *, lock_path: str | Path | None = None
+    results_dir: str | Path,
+    tasks: list[str] | None = None,
+    *,
+    own_tasks: Mapping[str, Any] | None = None,
+    lock_path: str | Path | None = None,
 ) -> dict[str, FinetuneResult]:
     """The ``<task>/summary.json`` files under ``results_dir``, by task name (sorted), cross-checked.
 
@@ -140,6 +145,8 @@ def load_results(
     Args:
         results_dir: The finetune stages' results directory.
         tasks: Only these tasks (each must have a summary); ``None`` = every summary found.
+        own_tasks: The own tasks' definitions by name (their ``kind`` and ``main_metric`` stand for the
+            registry's).
         lock_path: ``dvc.lock`` to compare each task's results directory with (``None``: no comparison).
 
     Raises:
@@ -155,7 +162,7 @@ def load_results(
         except ValueError as err:
             problems.append(f"{err} (`dvc repro finetune@{name}`)")
             continue
-        problem = check_summary(path, name, result)
+        problem = check_summary(path, name, result, own_tasks)
         if problem is not None:
             problems.append(problem)
         else:
@@ -203,6 +210,7 @@ def summarize(
     results_dir: str | Path,
     *,
     tasks: list[str] | None = None,
+    own_tasks: Mapping[str, Any] | None = None,
     reference_size: str = "auto",
     lock_path: str | Path | None = None,
 ) -> EvaluationSummary:
@@ -211,10 +219,11 @@ def summarize(
     Args:
         results_dir: Directory of ``<task>/summary.json`` files.
         tasks: Only these tasks (``None``: all found).
+        own_tasks: The own tasks' definitions by name (:func:`load_results`).
         reference_size: ``auto`` (the size of the pretrained model), a preset name, or ``none``.
         lock_path: ``dvc.lock`` to cross-check the results with (:func:`load_results`).
     """
-    results = load_results(results_dir, tasks, lock_path=lock_path)
+    results = load_results(results_dir, tasks, own_tasks=own_tasks, lock_path=lock_path)
     presets = {r.model.get("preset") for r in results.values()}
     preset = next(iter(presets)) if len(presets) == 1 else None
     if reference_size == "none":

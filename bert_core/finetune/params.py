@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
@@ -27,9 +28,77 @@ if TYPE_CHECKING:
 PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
 SMALL_TASKS = ("rte", "mrpc", "stsb", "cola", "wnli")
 #: Settings that name one task's data (:mod:`bert_core.tasks.datasource`): allowed under ``tasks.<task>`` only.
-PER_TASK_DATA_KEYS = ("dev_split", "train_file", "dev_file")
+PER_TASK_DATA_KEYS = ("dev_split", "train_file", "dev_file", "define")
 #: The pretrain stage's output, the default starting checkpoint (its lineage is the upstream stages').
 PRETRAINED_DIR = "models/pretrained"
+
+
+class OwnTask(StrictModel):
+    """An own task (``finetune.tasks.<name>.define``, :mod:`bert_core.tasks.own`): classification,
+    regression or NER on the user's labelled files (``train_file``, ``dev_file``, read by
+    :mod:`bert_core.tasks.table`: CSV, TSV or JSON Lines; NER: CoNLL columns or JSON Lines).
+
+    Attributes:
+        kind: ``classification`` (one of ``labels`` per example), ``regression`` (a number) or
+            ``token_classification`` (an entity tag per word).
+        text: The field (CSV/TSV column, JSON key) of the text; NER's JSON Lines: of the word list
+            (default ``tokens``).
+        text_pair: The field of the second text, for a sentence-pair task (``None``: one text).
+        label: The field of the label, score or tag list (default ``label``; NER ``tags``).
+        labels: The classes in the model's output order (``f1``'s positive class is the second), or NER's
+            entity types; ``None``: those of the train file, sorted.
+        metric: The headline, which selects the learning rate and the registered model: ``accuracy``,
+            ``f1`` (two classes), ``macro_f1``, ``matthews_corr``; ``spearman``, ``pearson``
+            (regression); ``f1``, ``precision``, ``recall`` (NER). ``None``: the kind's first. The kind's
+            other metrics are reported beside it.
+    """
+
+    kind: Literal["classification", "regression", "token_classification"]
+    text: str | None = Field(None, min_length=1)
+    text_pair: str | None = Field(None, min_length=1)
+    label: str | None = Field(None, min_length=1)
+    labels: list[str] | None = Field(None, min_length=1)
+    metric: (
+        Literal["accuracy", "f1", "macro_f1", "matthews_corr", "spearman", "pearson", "precision", "recall"]
+        | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OwnTask:
+        from bert_core.tasks import own_task_spec
+
+        own_task_spec("own task", labels=self.labels or self._any_labels(), **self._fields())
+        return self
+
+    def _any_labels(self) -> list[str]:
+        """Stand-in labels to check the rest before the train file gives the real ones."""
+        if self.kind == "classification":
+            return ["a", "b"] if self.metric == "f1" else ["a", "b", "c"]
+        return ["X"] if self.kind == "token_classification" else []
+
+    @property
+    def main_metric(self) -> str:
+        """The headline metric key (the evaluate stage checks a summary's against it)."""
+        from bert_core.tasks.own import OWN_METRICS
+
+        return self.metric or OWN_METRICS[self.kind][0]
+
+    def _fields(self) -> dict[str, Any]:
+        return self.model_dump(include={"kind", "text", "text_pair", "label", "metric"})
+
+    def spec(self, name: str, train_file: os.PathLike[str] | None = None) -> TaskSpec:
+        """The task's :class:`TaskSpec`; the classes read from ``train_file`` when the params list none."""
+        from bert_core.tasks import own_task_spec
+        from bert_core.tasks.table import labels_of
+
+        labels = self.labels
+        if self.kind != "regression" and labels is None:
+            assert train_file is not None, "the labels come from the train file"
+            labels = labels_of(self.kind, Path(train_file), self.label)
+        try:
+            return own_task_spec(name, labels=labels or (), **self._fields())
+        except ValueError as err:
+            raise ValueError(f"finetune.tasks.{name}.define: {err}") from None
 
 
 class TaskSettings(StrictModel):
@@ -60,6 +129,8 @@ class TaskSettings(StrictModel):
             official dev scores; an error when the official train data is present. Per task only.
         train_file, dev_file: Own files in the task's official format instead of the official train / main
             dev split (absolute, or relative to the repository root). Per task only.
+        define: An own task's definition (:class:`OwnTask`); its rows are ``train_file`` and ``dev_file``.
+            Per task only.
         unpad: Encode the real tokens only (``bert_core.unpad``; same results, no compute on padding).
             Off by default: length-grouped dynamic padding leaves little padding in fine-tuning batches.
     """
@@ -88,6 +159,9 @@ class TaskSettings(StrictModel):
     dev_split: bool = False
     train_file: str | None = Field(None, min_length=1)
     dev_file: str | None = Field(None, min_length=1)
+    define: OwnTask | None = Field(
+        None, exclude_if=lambda v: v is None
+    )  # absent from the paper's tasks' records
     unpad: bool = False
 
     @field_validator("learning_rates")
@@ -297,9 +371,13 @@ class FinetuneParams(StrictModel):
     def _known_tasks(self) -> FinetuneParams:
         from bert_core.tasks import TASKS
 
-        unknown = [t for t in (*self.tasks, *self.small_tasks) if t not in TASKS]
+        own = [t for t, o in self.tasks.items() if o.define is not None]
+        unknown = [t for t in (*self.tasks, *self.small_tasks) if t not in TASKS and t not in own]
         if unknown:
-            raise ValueError(f"unknown task(s) {unknown}; valid tasks: {', '.join(TASKS)}")
+            raise ValueError(
+                f"unknown task(s) {unknown}; valid tasks: {', '.join(TASKS)}, or an own task declared with "
+                "tasks.<name>.define"
+            )
         return self
 
     @model_validator(mode="after")
@@ -311,6 +389,9 @@ class FinetuneParams(StrictModel):
             if getattr(self.defaults, name) not in (None, False):
                 raise ValueError(f"defaults.{name}: set it per task, under tasks.<task>.{name}")
         for task, overrides in self.tasks.items():
+            if overrides.define is not None:
+                _own_task_keys(task, overrides)
+                continue
             if overrides.dev_split and TASKS[task].dev_split is None:
                 with_split = [t for t, spec in TASKS.items() if spec.dev_split is not None]
                 raise ValueError(
@@ -322,6 +403,35 @@ class FinetuneParams(StrictModel):
                     f"tasks.{task}: dev_split and train_file/dev_file exclude each other; keep one"
                 )
         return self
+
+    def task(self, name: str) -> TaskSpec:
+        """The :class:`TaskSpec` of task ``name``: its definition under ``tasks.<name>.define``, else the
+        paper's task of that name (:func:`bert_core.tasks.get_task`).
+
+        Raises:
+            KeyError: an unknown task.
+            TaskDataError: an own task whose labels are read from a train file that is not there or holds a
+                row without one.
+        """
+        from bert_core.tasks import get_task
+
+        overrides = self.tasks.get(name)
+        if overrides is None or overrides.define is None:
+            return get_task(name)
+        from bert_core.constants import REPO_ROOT
+        from bert_core.tasks.datasource import own_file
+
+        own, key = overrides.define, f"finetune.tasks.{name}.train_file"
+        train = (
+            own_file(overrides.train_file, REPO_ROOT, key)
+            if own.labels is None and overrides.train_file
+            else None
+        )
+        return own.spec(name, train)
+
+    def own_tasks(self) -> dict[str, OwnTask]:
+        """The own tasks' definitions, by name."""
+        return {name: o.define for name, o in self.tasks.items() if o.define is not None}
 
     def for_task(self, task: str) -> TaskSettings:
         """The resolved settings of ``task``: defaults, small-task seeds, then the task's overrides."""
@@ -341,3 +451,18 @@ class FinetuneParams(StrictModel):
             **self.model_dump(mode="json", include={"model", "device", "precision"}),
             "settings": self.for_task(task).model_dump(mode="json"),
         }
+
+
+def _own_task_keys(task: str, overrides: Any) -> None:
+    """An own task names its own files, and nothing of the paper's tasks."""
+    from bert_core.tasks import TASKS
+
+    if task in TASKS:
+        raise ValueError(
+            f"tasks.{task}.define: {task} is one of the paper's tasks; give the own task another name"
+        )
+    missing = [k for k in ("train_file", "dev_file") if getattr(overrides, k) is None]
+    if missing:
+        raise ValueError(f"tasks.{task}: an own task reads its own files; set {' and '.join(missing)}")
+    if overrides.dev_split:
+        raise ValueError(f"tasks.{task}.dev_split: an own task has no official dev file to split; remove it")

@@ -94,7 +94,7 @@ def finetune_task(
     """Fine-tune ``task`` from the HF model in ``model_source`` and write its outputs.
 
     Args:
-        task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...).
+        task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...; an own task: ``params.task``).
         params: The stage params; ``params.for_task(task)`` gives the settings.
         model_source: Local Hugging Face BERT directory with tokenizer files (resolve MLflow URIs first,
             :func:`bert_core.tracking.resolve_model_source`).
@@ -116,10 +116,9 @@ def finetune_task(
     Returns:
         The :class:`FinetuneResult` (also written as ``out_dir/summary.json``).
     """
-    from bert_core.tasks import get_task
     from bert_core.tasks.datasource import split_tags
 
-    spec = get_task(task)
+    spec = params.task(task)
     settings = params.for_task(spec.name)
     source_dir = Path(model_source)
     out_dir, model_out = Path(out_dir), Path(model_out) if model_out is not None else Path(out_dir) / "model"

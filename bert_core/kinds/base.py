@@ -114,13 +114,13 @@ def score_per_row(
     """
     import numpy as np
 
-    from bert_core.metrics import glue_metrics
+    from bert_core.metrics import spec_metrics
 
     stacked = np.stack(outputs) if outputs else np.zeros((0, max(kind.num_labels(spec), 1)))
     preds, probs = predict(stacked)
     metrics = {}
     if kind.labelled(rows):
-        metrics = glue_metrics(spec.name, preds.tolist(), [r["label"] for r in rows])
+        metrics = spec_metrics(spec, preds.tolist(), [r["label"] for r in rows])
     return SplitScore(numeric_metrics(metrics), predictions={"preds": preds, "probs": probs})
 
 

@@ -140,7 +140,7 @@ def _fitted(task: str, name: str, fit: Callable[[], Any]) -> Any:
 
 
 def sequence_baselines(
-    task: str,
+    spec: Any,
     train_rows: Sequence[Row],
     rows: Sequence[Row],
     *,
@@ -151,7 +151,7 @@ def sequence_baselines(
     GLUE-style task.
 
     Args:
-        task: The task name (:func:`bert_core.metrics.glue_metrics` scores with its metric).
+        spec: The task (:func:`bert_core.metrics.spec_metrics` scores with its metrics).
         train_rows: The fine-tuning's training rows (``text_a``, ``text_b``, ``label``); unlabelled ones
             are left out.
         rows: The evaluated rows, all labelled (else no baseline is scored).
@@ -164,8 +164,9 @@ def sequence_baselines(
     from sklearn.dummy import DummyClassifier, DummyRegressor
     from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
 
-    from bert_core.metrics import glue_metrics
+    from bert_core.metrics import spec_metrics
 
+    task = spec.name
     train = [(r, label_of(r)) for r in train_rows]
     train = [(r, y) for r, y in train if y is not None]
     gold = [label_of(r) for r in rows]
@@ -197,7 +198,7 @@ def sequence_baselines(
         if fitted is None:
             continue
         preds = fitted.predict(x_eval)
-        scores = glue_metrics(task, preds.tolist(), gold)
+        scores = spec_metrics(spec, preds.tolist(), gold)
         if name == "mean":  # a constant: correlation 0, not undefined (the module docstring)
             scores = {k: 0.0 if np.isnan(v) else v for k, v in scores.items()}
         out[name] = numeric_metrics(scores)

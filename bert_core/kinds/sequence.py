@@ -36,10 +36,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-#: GLUE's single-sentence tasks (no ``text_b``).
-SINGLE_SENTENCE_TASKS = ("cola", "sst2")
-
-
 def _label_id(example: Mapping[str, Any], label2id: Mapping[str, int] | None) -> int | float | None:
     label = example.get("label")
     if label is None or label == "" or (isinstance(label, int) and label < 0):
@@ -187,7 +183,7 @@ class SequenceClassification(TaskKind):
 
         label2id = self.label2id(spec)
         return sequence_baselines(
-            spec.name, train_rows, rows, label_of=lambda r: _label_id(r, label2id), regression=self.regression
+            spec, train_rows, rows, label_of=lambda r: _label_id(r, label2id), regression=self.regression
         )
 
     # -- serving
@@ -200,7 +196,7 @@ class SequenceClassification(TaskKind):
         return [("label", "string", True), ("score", "double", True), ("probabilities", "double[]", True)]
 
     def serving_example(self, spec: TaskSpec) -> list[dict[str, Any]]:
-        if spec.name in SINGLE_SENTENCE_TASKS:
+        if spec.single_sentence:
             return [{"text": "a gripping, beautifully acted film."}]
         return [{"text": "A man is playing a guitar.", "text_pair": "Someone plays an instrument."}]
 
@@ -249,7 +245,7 @@ class SequenceClassification(TaskKind):
 
     def checks(self, spec: TaskSpec, labelled: bool) -> list[Check]:
         checks = [nonempty("text_a_len")]
-        if spec.name not in SINGLE_SENTENCE_TASKS:
+        if not spec.single_sentence:
             checks.append(nonempty("text_b_len"))
         return checks + self.label_checks(spec, labelled)
 
@@ -277,7 +273,10 @@ class SequenceRegression(SequenceClassification):
         if not labelled:
             return label_checks(labelled, ())
         E = expectations()
-        return [
-            Check(E.ExpectColumnValuesToNotBeNull(column="label")),
-            Check(E.ExpectColumnValuesToBeBetween(column="label", min_value=0.0, max_value=5.0)),
-        ]
+        checks = [Check(E.ExpectColumnValuesToNotBeNull(column="label"))]
+        if spec.score_range is not None:
+            low, high = spec.score_range
+            checks.append(
+                Check(E.ExpectColumnValuesToBeBetween(column="label", min_value=low, max_value=high))
+            )
+        return checks

@@ -1,5 +1,6 @@
 """The task JSON of a fine-tuned model: what serving needs besides the weights (task, kind, labels,
-lengths, SQuAD v2.0's null threshold).
+lengths, SQuAD v2.0's null threshold; an own task's definition, so that it is served without the params that
+declared it).
 
 It lives with the kinds because the finetune stage writes it beside the model it saves (``task.json`` in
 ``models/finetuned/<task>``) and the registered MLflow Model holds the same JSON
@@ -29,6 +30,7 @@ def serving_task(
         batch_size: Prediction batch size (default: the settings' ``eval_batch_size``, at most 64).
     """
     from bert_core.kinds.base import max_seq_length
+    from bert_core.tasks.own import own_task_json
 
     return {
         "format": TASK_FORMAT,
@@ -43,4 +45,5 @@ def serving_task(
         "null_threshold": None if null_threshold is None else float(null_threshold),
         "batch_size": batch_size or min(int(settings.eval_batch_size), 64),
         "max_text_chars": DEFAULT_MAX_TEXT_CHARS,
+        **({"own_task": own_task_json(spec)} if spec.own else {}),
     }

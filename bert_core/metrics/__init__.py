@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bert_core.metrics.glue import METRIC_KEYS as GLUE_METRIC_KEYS
-from bert_core.metrics.glue import glue_metrics
+from bert_core.metrics.glue import glue_metrics, label_metrics
 from bert_core.metrics.ner import ConllFormatError, conll_file_metrics, ner_metrics, read_conll_eval_file
 from bert_core.metrics.squad import (
     SquadGold,
@@ -58,6 +58,15 @@ def task_metrics(task: str, predictions: Any, references: Any, **kwargs: Any) ->
     return glue_metrics(name, predictions, references)
 
 
+def spec_metrics(spec: Any, predictions: Any, references: Any) -> dict[str, float]:
+    """Score a classification, regression or multiple-choice task (:class:`bert_core.tasks.TaskSpec`): the
+    official metrics of the paper's tasks, an own task's :attr:`~bert_core.tasks.TaskSpec.metric_keys`."""
+    if spec.own:
+        regression = spec.kind == "regression"
+        return label_metrics(spec.name, predictions, references, spec.metric_keys, regression=regression)
+    return glue_metrics(spec.name, predictions, references)
+
+
 __all__ = [
     "GLUE_METRIC_KEYS",
     "ConllFormatError",
@@ -66,9 +75,11 @@ __all__ = [
     "glue_metrics",
     "gold_from_json",
     "gold_from_rows",
+    "label_metrics",
     "ner_metrics",
     "normalize_answer",
     "read_conll_eval_file",
+    "spec_metrics",
     "squad_metrics",
     "squad_v1_evaluate",
     "squad_v2_evaluate",

@@ -86,11 +86,24 @@ def glue_metrics(task: str, predictions: Sequence[Any], references: Sequence[Any
         ValueError: unknown task, length mismatch, empty input, missing gold labels or non-index labels.
     """
     name = _canonical(task)
+    return label_metrics(task, predictions, references, METRIC_KEYS[name], regression=name == "stsb")
+
+
+def label_metrics(
+    task: str, predictions: Sequence[Any], references: Sequence[Any], keys: Sequence[str], *, regression: bool
+) -> dict[str, float]:
+    """Score predictions with the metrics ``keys``, defined as GLUE defines them (:func:`glue_metrics` is this
+    with a GLUE task's keys; an own task names its own): ``accuracy``, ``f1`` (binary, positive class 1),
+    ``macro_f1`` (the unweighted mean of the classes' F1), ``matthews_corr`` (multi-class too); ``pearson``
+    and ``spearman`` of scores (``regression``).
+
+    Raises:
+        ValueError: as :func:`glue_metrics`, naming ``task``.
+    """
     if len(predictions) != len(references):
         raise ValueError(f"{task}: {len(predictions)} predictions but {len(references)} references")
     if len(references) == 0:
         raise ValueError(f"{task}: no examples to score")
-    regression = name == "stsb"
     preds = _as_array(predictions, "predictions", task, regression=regression)
     refs = _as_array(references, "references", task, regression=regression)
 
@@ -102,16 +115,19 @@ def glue_metrics(task: str, predictions: Sequence[Any], references: Sequence[Any
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # constant input: SciPy warns and returns NaN
             constant = np.all(preds == preds[0]) or np.all(refs == refs[0])
-            out["pearson"] = math.nan if constant else 100.0 * float(stats.pearsonr(preds, refs)[0])
-            out["spearman"] = math.nan if constant else 100.0 * float(stats.spearmanr(preds, refs)[0])
+            for key in keys:
+                correlation = {"pearson": stats.pearsonr, "spearman": stats.spearmanr}[key]
+                out[key] = math.nan if constant else 100.0 * float(correlation(preds, refs)[0])
         return out
-    for key in METRIC_KEYS[name]:
+    for key in keys:
         if key == "accuracy":
             out[key] = 100.0 * float(skm.accuracy_score(refs, preds))
         elif key == "f1":
             out[key] = 100.0 * float(
                 skm.f1_score(refs, preds, pos_label=1, average="binary", zero_division=0)
             )
+        elif key == "macro_f1":
+            out[key] = 100.0 * float(skm.f1_score(refs, preds, average="macro", zero_division=0))
         elif key == "matthews_corr":
             out[key] = 100.0 * float(skm.matthews_corrcoef(refs, preds))
         else:  # pragma: no cover - METRIC_KEYS and this switch are kept in sync

@@ -50,9 +50,11 @@ SERVING_MODULES: tuple[str, ...] = (
     "tasks/conll.py",
     "tasks/glue.py",
     "tasks/loader.py",
+    "tasks/own.py",
     "tasks/registry.py",
     "tasks/squad.py",
     "tasks/swag.py",
+    "tasks/table.py",
 )
 
 #: Packages whose ``__init__`` is written as a stub (their modules are imported by full name).

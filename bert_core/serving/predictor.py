@@ -69,9 +69,9 @@ class Predictor:
         if self.task["kind"] == "fill_mask":
             self.spec = None
         else:
-            from bert_core.tasks import get_task
+            from bert_core.tasks import task_from_json
 
-            self.spec = get_task(self.task["task"])
+            self.spec = task_from_json(self.task)
         fields = ServingSettings.__dataclass_fields__
         self.settings = ServingSettings(**{k: v for k, v in self.task.items() if k in fields})
         self.max_text_chars = int(self.task.get("max_text_chars") or DEFAULT_MAX_TEXT_CHARS)

@@ -120,9 +120,9 @@ def save_model(path: str | Path, hf_dir: str | Path, task: dict[str, Any]) -> Pa
     component = get_component(task["kind"])
     spec = None
     if task["kind"] != "fill_mask":
-        from bert_core.tasks import get_task
+        from bert_core.tasks import task_from_json
 
-        spec = get_task(task["task"])
+        spec = task_from_json(task)
     from bert_core.serving.bundle import stage_code
 
     with tempfile.TemporaryDirectory(prefix="pyfunc-") as tmp:

@@ -13,7 +13,8 @@ Chosen per task (``finetune.tasks.<task>`` in ``params/finetune.yaml``; :func:`r
   preferring either would make a run's scores mean something else than its params say.
 * **own files** (``train_file`` / ``dev_file``): files in the task's official format (a SQuAD JSON, a GLUE
   TSV, ...), absolute or relative to the repository root; either one alone replaces only its split (the
-  other comes from the official source). ``dev_file`` is the task's main dev split (MNLI: matched).
+  other comes from the official source). ``dev_file`` is the task's main dev split (MNLI: matched). An own
+  task (:mod:`bert_core.tasks.own`) has both, and nothing else.
 
 DVC tracks none of these files (a data root lies outside the repository, like ``BERT_DATA_ROOT``): the
 stage re-runs when the keys change, not when a file's contents do; the rows' digest is logged to MLflow.
@@ -149,7 +150,8 @@ class TaskSource:
         elif self.origin == "own_files" and self.dev_file is not None:
             parts = [f"train {self.train_file}"] if self.train_file else []
             info["eval_set"] = f"own dev file {self.dev_file}{_cut(dev)}"
-            info["label"] = "own files: " + ", ".join([*parts, f"dev {self.dev_file}{_cut(dev)}"])
+            if not self.spec.own:  # an own task has no official splits to tell its files from
+                info["label"] = "own files: " + ", ".join([*parts, f"dev {self.dev_file}{_cut(dev)}"])
         elif self.origin == "own_files":
             info["label"] = f"own files: train {self.train_file}"
         if not info["eval_set"] and dev is not None and dev.cut:  # the official dev split, cut short
@@ -232,7 +234,7 @@ def resolve_task_source(
             )
         return TaskSource(spec, "dev_split", key, root, dev_file=path)
     own = {
-        name: _own_file(value, base_dir, f"{key}.{name}")
+        name: own_file(value, base_dir, f"{key}.{name}")
         for name, value in (("train_file", train_file), ("dev_file", dev_file))
         if value is not None
     }
@@ -241,7 +243,8 @@ def resolve_task_source(
     return TaskSource(spec, "official", key, root)
 
 
-def _own_file(value: str | os.PathLike[str], base_dir: str | os.PathLike[str], key: str) -> Path:
+def own_file(value: str | os.PathLike[str], base_dir: str | os.PathLike[str], key: str) -> Path:
+    """The own file ``value`` (relative: to ``base_dir``); :class:`TaskDataError` naming ``key`` when absent."""
     path = Path(value).expanduser()
     path = path if path.is_absolute() else Path(base_dir) / path
     if not path.is_file():

@@ -215,14 +215,16 @@ def glue_submission_text(spec: TaskSpec, ids: Sequence[str], predictions: Sequen
     Args:
         spec: The task (its ``submission_labels`` turn label indices into the official strings).
         ids: Row ids from the test split, in order (its ``index`` column).
-        predictions: Predicted label indices (floats for STS-B, written with 3 decimals, clipped to [0, 5]).
+        predictions: Predicted label indices (floats for a score, written with 3 decimals, clipped to the
+            task's ``score_range``: STS-B's [0, 5]).
     """
     if len(ids) != len(predictions):
         raise ValueError(f"{spec.name}: {len(ids)} ids but {len(predictions)} predictions")
     lines = ["index\tprediction"]
     for idx, pred in zip(ids, predictions):
         if is_score_task(spec):
-            value = f"{min(5.0, max(0.0, float(pred))):.3f}"
+            low, high = spec.score_range or (-math.inf, math.inf)
+            value = f"{min(high, max(low, float(pred))):.3f}"
         else:
             value = spec.submission_labels[int(pred)]
         lines.append(f"{idx}\t{value}")

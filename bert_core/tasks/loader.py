@@ -1,8 +1,8 @@
 """``load_task_split``: one entry point for every task's data, local or from the Hub.
 
 Each official distribution format has a reader module (``glue``, ``squad``, ``swag``, ``conll``) that turns
-its files, or its Hub copy, into the canonical rows of the task's kind; :data:`READERS` maps
-``TaskSpec.data_format`` to them.
+its files, or its Hub copy, into the canonical rows of the task's kind, and an own task's files are read by
+:mod:`bert_core.tasks.table`; :data:`READERS` maps ``TaskSpec.data_format`` to them.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import NamedTuple
 from bert_core.tasks.base import TaskDataError, TaskRows, require_file, resolve_data_root
 from bert_core.tasks.conll import load_conll_file, load_conll_hub
 from bert_core.tasks.glue import load_glue_hub, load_glue_tsv
-from bert_core.tasks.registry import CONLL_IOB2_FILES, TaskSpec, get_task
+from bert_core.tasks.registry import CONLL_IOB2_FILES, OWN_FORMAT, TaskSpec, get_task
 from bert_core.tasks.squad import load_squad_hub, load_squad_json
 from bert_core.tasks.swag import load_swag_csv, load_swag_hub
+from bert_core.tasks.table import load_table, load_table_hub
 
 
 class Reader(NamedTuple):
@@ -34,6 +35,7 @@ READERS: dict[str, Reader] = {
     "squad": Reader(load_squad_json, load_squad_hub),
     "swag": Reader(load_swag_csv, load_swag_hub),
     "conll": Reader(load_conll_file, load_conll_hub),
+    OWN_FORMAT: Reader(load_table, load_table_hub),
 }
 
 

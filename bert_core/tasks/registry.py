@@ -43,6 +43,10 @@ class DevSplit:
         return self.train_articles + self.eval_articles
 
 
+#: ``data_format`` of an own task, declared in the params (:mod:`bert_core.tasks.own`).
+OWN_FORMAT = "own"
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """Everything the pipeline needs to know about one downstream task.
@@ -69,6 +73,11 @@ class TaskSpec:
             empty for STS-B, which writes the float score).
         dev_split: How to split the official dev file into train and evaluation halves when the train file
             is unobtainable (``None``: the task has no such option).
+        single_sentence: One text per example (CoLA, SST-2, an own task without ``text_pair``): no
+            ``text_b``.
+        score_range: The range of a regression task's scores, checked on its rows (STS-B: 0-5).
+        fields: An own task's file fields (:mod:`bert_core.tasks.own`): ``text_a``, ``text_b``, ``label``
+            -> the column or JSON key that holds it.
     """
 
     name: str
@@ -87,6 +96,9 @@ class TaskSpec:
     submission_files: dict[str, str] = field(default_factory=dict)
     submission_labels: tuple[str, ...] = ()
     dev_split: DevSplit | None = None
+    single_sentence: bool = False
+    score_range: tuple[float, float] | None = None
+    fields: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = set(self.splits) - set(self.local_files)
@@ -98,6 +110,11 @@ class TaskSpec:
         log it as ``dev.main`` and reports headline it. F1 for QQP, MRPC, SQuAD and CoNLL-2003, Spearman
         for STS-B, Matthews correlation for CoLA, accuracy elsewhere."""
         return self.metric_keys[0]
+
+    @property
+    def own(self) -> bool:
+        """A task declared in the params (:mod:`bert_core.tasks.own`), not one of the paper's."""
+        return self.data_format == OWN_FORMAT
 
     @property
     def main_dev_split(self) -> str:
@@ -128,6 +145,8 @@ def _glue(
     kind: str = "classification",
 ) -> TaskSpec:
     return TaskSpec(
+        single_sentence=name in ("cola", "sst2"),
+        score_range=(0.0, 5.0) if name == "stsb" else None,
         name=name,
         kind=kind,
         labels=labels,

@@ -1,0 +1,135 @@
+"""Own tasks: the user's labelled data as a task of one of the paper's kinds, declared in the params
+(``finetune.tasks.<name>.define``, :class:`bert_core.finetune.params.OwnTask`), without code.
+
+* ``classification`` -- one of ``labels`` per text (or text pair); scored with accuracy, F1 (two classes,
+  the second being positive), macro F1 and Matthews correlation.
+* ``regression`` -- a number per text (or pair); Spearman and Pearson correlation.
+* ``token_classification`` -- an entity tag per word (NER); ``labels`` are the entity types, the tags ``O``
+  and ``B-``/``I-`` of each (IOB2; IOB1 files are converted); entity-level F1, precision and recall
+  (seqeval's conlleval rules, as CoNLL-2003).
+
+The rows are the task's ``train_file`` and ``dev_file`` (:mod:`bert_core.tasks.table` reads them); the
+headline ``metric`` (default: the kind's first) selects the learning rate and the registered model, and the
+kind's other metrics are reported beside it. A fine-tuned model's ``task.json`` holds the definition
+(:func:`own_task_json`), so a registered version is served without the params that declared it.
+"""
+
+from __future__ import annotations
+
+from bert_core.tasks.registry import OWN_FORMAT, TASKS, TaskSpec, get_task
+
+#: The kinds an own task can be, and the metric keys each is scored with (the default headline first).
+OWN_METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("accuracy", "f1", "macro_f1", "matthews_corr"),
+    "regression": ("spearman", "pearson"),
+    "token_classification": ("f1", "precision", "recall"),
+}
+#: A field's name when the definition gives none: ``(text, label)`` per kind.
+DEFAULT_FIELDS: dict[str, tuple[str | None, str]] = {
+    "classification": (None, "label"),
+    "regression": (None, "label"),
+    "token_classification": ("tokens", "tags"),
+}
+
+
+def tag_set(types: tuple[str, ...]) -> tuple[str, ...]:
+    """The IOB2 tags of entity ``types``: ``O``, then ``B-`` and ``I-`` of each (CoNLL-2003's order)."""
+    return ("O", *(f"{prefix}-{t}" for t in types for prefix in ("B", "I")))
+
+
+def own_task_spec(
+    name: str,
+    *,
+    kind: str,
+    text: str | None = None,
+    text_pair: str | None = None,
+    label: str | None = None,
+    labels: tuple[str, ...] | list[str] = (),
+    metric: str | None = None,
+) -> TaskSpec:
+    """The :class:`TaskSpec` of own task ``name`` (see the module docstring).
+
+    Args:
+        kind: A key of :data:`OWN_METRICS`.
+        text, text_pair, label: The fields (CSV/TSV column, JSON key) of the text, the second text of a
+            pair and the label; NER's JSON Lines: of the word list and the tag list (default ``tokens``,
+            ``tags``; CoNLL files have columns instead).
+        labels: The classes (classification) or entity types (NER), in the model's order.
+        metric: The headline (default: the kind's first of :data:`OWN_METRICS`).
+
+    Raises:
+        ValueError: a name of the paper's tasks, an unknown kind or metric, labels with a regression, fewer
+            than two classes, no entity type, a text pair with NER, ``f1`` with more than two classes.
+    """
+    if name in TASKS:
+        raise ValueError(f"{name!r} is one of the paper's tasks; give the own task another name")
+    if kind not in OWN_METRICS:
+        raise ValueError(f"kind {kind!r}: an own task is one of {list(OWN_METRICS)}")
+    labels = tuple(str(lab) for lab in labels)
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"labels must be distinct, got {list(labels)}")
+    if kind == "regression" and labels:
+        raise ValueError("a regression task has no labels (its label field holds a number); remove them")
+    if kind == "classification" and len(labels) < 2:
+        raise ValueError(f"a classification task needs two or more labels, got {list(labels)}")
+    if kind == "token_classification":
+        if not labels or any(not t or t == "O" or t[:2] in ("B-", "I-") for t in labels):
+            raise ValueError(
+                f"labels of a token_classification task are its entity types (PER, ...), got {list(labels)}"
+            )
+        if text_pair:
+            raise ValueError("a token_classification task reads one word sequence; remove text_pair")
+        labels = tag_set(labels)
+    default_text, default_label = DEFAULT_FIELDS[kind]
+    text, label = text or default_text, label or default_label
+    if text is None:
+        raise ValueError(f"a {kind} task needs the field of its text: set text")
+    keys = [k for k in OWN_METRICS[kind] if k != "f1" or kind != "classification" or len(labels) == 2]
+    metric = metric or keys[0]
+    if metric not in keys:
+        raise ValueError(f"metric {metric!r}: a {kind} task with these labels is scored with one of {keys}")
+    return TaskSpec(
+        name=name,
+        kind=kind,
+        labels=labels,
+        splits=("train", "dev"),
+        dev_splits=("dev",),
+        test_splits=(),
+        metric_keys=(metric, *(k for k in keys if k != metric)),
+        max_seq_length=128,
+        data_format=OWN_FORMAT,
+        hub_path="",
+        hub_config=None,
+        hub_splits={},
+        local_files={"train": "", "dev": ""},
+        submission_labels=labels,  # prediction files spell the labels as the task's files do
+        single_sentence=not text_pair,
+        fields={"text_a": text, "label": label, **({"text_b": text_pair} if text_pair else {})},
+    )
+
+
+def entity_types(spec: TaskSpec) -> tuple[str, ...]:
+    """The entity types of an NER task's tags (``B-PER`` ... -> ``PER``), in order."""
+    return tuple(t[2:] for t in spec.labels if t.startswith("B-"))
+
+
+def own_task_json(spec: TaskSpec) -> dict[str, object]:
+    """The definition :func:`task_from_json` rebuilds ``spec`` from (a fine-tuned model's ``task.json``)."""
+    ner = spec.kind == "token_classification"
+    return {
+        "kind": spec.kind,
+        "text": spec.fields["text_a"],
+        "text_pair": spec.fields.get("text_b"),
+        "label": spec.fields["label"],
+        "labels": list(entity_types(spec) if ner else spec.labels),
+        "metric": spec.main_metric,
+    }
+
+
+def task_from_json(task: dict[str, object]) -> TaskSpec:
+    """The :class:`TaskSpec` of a fine-tuned model's task JSON: its own task's definition when it has one,
+    else the paper's task of that name."""
+    own = task.get("own_task")
+    if isinstance(own, dict):
+        return own_task_spec(str(task["task"]), **own)
+    return get_task(str(task["task"]))

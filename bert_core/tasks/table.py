@@ -1,0 +1,248 @@
+"""An own task's files (:mod:`bert_core.tasks.own`): CSV, TSV or JSON Lines with named fields; NER also
+CoNLL columns.
+
+Classification and regression: the format is the file's suffix, ``.csv`` (comma-separated, a header line,
+quoted fields as spreadsheets and ``pandas.DataFrame.to_csv`` write them), ``.tsv`` (the same,
+tab-separated) or ``.jsonl`` / ``.json`` (one JSON object a line). Canonical rows are the GLUE loaders'::
+
+    {"id": str, "text_a": str, "text_b": str | None, "label": int | float}
+
+``id`` is the row's ``id`` field where the file has one, else its 0-based row number; ``label`` indexes the
+task's labels (a float for regression).
+
+NER (``token_classification``): JSON Lines with a word list and a tag list per sentence (``.jsonl`` /
+``.json``), or any other suffix as CoNLL columns (a word per line, its tag in the last whitespace-separated
+column, a blank line after each sentence, ``-DOCSTART-`` lines skipped: CoNLL-2003's and most NER
+corpora's layout). Rows are the CoNLL-2003 loader's, ``{"id", "tokens", "tags"}`` in IOB2 (IOB1 converted).
+
+Every row must be labelled: a missing field, an empty text, a label, score or tag that is not the task's
+raises :class:`TaskDataError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bert_core.tasks.base import TaskDataError, TaskRows, check_line_endings, excerpt
+from bert_core.tasks.conll import iob1_to_iob2
+from bert_core.tasks.registry import TaskSpec
+
+#: File suffix -> the csv module's delimiter (``None``: JSON Lines).
+SUFFIXES: dict[str, str | None] = {".csv": ",", ".tsv": "\t", ".jsonl": None, ".json": None}
+_EXTRA = "\0extra"  # where csv puts the fields of a row beyond its header's
+
+
+def records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` of every record of ``path`` (blank JSON lines skipped).
+
+    Raises:
+        TaskDataError: an unknown suffix, a record that is not a JSON object, a CSV row with more fields than
+            its header.
+    """
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise TaskDataError(
+            f"{path}: an own task reads {', '.join(SUFFIXES)} files (by their suffix); convert the file or "
+            "rename it for what it holds"
+        )
+    check_line_endings(path)
+    delimiter = SUFFIXES[suffix]
+    with path.open(encoding="utf-8-sig", newline="" if delimiter else None) as f:
+        if delimiter is None:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise TaskDataError(
+                        f"{path}:{lineno}: not JSON ({err.msg}); one JSON object a line"
+                    ) from None
+                if not isinstance(record, dict):
+                    raise TaskDataError(f"{path}:{lineno}: a JSON {type(record).__name__}, not an object")
+                yield lineno, record
+            return
+        reader = csv.DictReader(f, delimiter=delimiter, restkey=_EXTRA)
+        for record in reader:
+            extra = record.pop(_EXTRA, None)
+            header = len(reader.fieldnames or ())
+            if extra is not None or None in record.values():
+                found = (
+                    header + len(extra) if extra is not None else sum(v is not None for v in record.values())
+                )
+                raise TaskDataError(
+                    f"{path}:{reader.line_num}: {found} fields, the header has {header}; fix or remove the row "
+                    "(a text holding the delimiter must be quoted)"
+                )
+            yield reader.line_num, record
+
+
+def _field(spec: TaskSpec, path: Path, lineno: int, record: dict[str, Any], role: str) -> Any:
+    name = spec.fields[role]
+    value = record.get(name)
+    if value is None:
+        raise TaskDataError(
+            f"{path}:{lineno}: no field {name!r} (the task's {role.replace('_', ' ')}; the row has "
+            f"{excerpt(sorted(map(str, record)))}); fix the row, or finetune.tasks.{spec.name}.define"
+        )
+    return value
+
+
+def _text(spec: TaskSpec, path: Path, lineno: int, record: dict[str, Any], role: str) -> str:
+    value = _field(spec, path, lineno, record, role)
+    if not isinstance(value, str) or not value.strip():
+        raise TaskDataError(
+            f"{path}:{lineno}: field {spec.fields[role]!r} is {excerpt(value)}, not a text; fix or remove the row"
+        )
+    return value
+
+
+def _label(spec: TaskSpec, path: Path, lineno: int, record: dict[str, Any]) -> int | float:
+    value = _field(spec, path, lineno, record, "label")
+    if spec.kind == "regression":
+        try:
+            score = float(value)
+        except (TypeError, ValueError):
+            score = math.nan
+        if isinstance(value, bool) or not math.isfinite(score):
+            raise TaskDataError(
+                f"{path}:{lineno}: score {excerpt(value)} is not a number; fix or remove the row"
+            )
+        return score
+    key = label_text(value)
+    if key not in spec.labels:
+        raise TaskDataError(
+            f"{path}:{lineno}: label {excerpt(value)} is not one of the task's labels {list(spec.labels)}; fix "
+            f"the row, or add it to finetune.tasks.{spec.name}.define.labels"
+        )
+    return spec.labels.index(key)
+
+
+def label_text(value: Any) -> str:
+    """A label as the task's label list spells it (JSON ``1`` and ``true`` as ``1`` and ``true``)."""
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def load_table(spec: TaskSpec, split: str, path: Path, limit: int | None = None) -> TaskRows:
+    """Read an own task's file into canonical rows (see the module docstring)."""
+    if spec.kind == "token_classification":
+        return _load_tagged(spec, split, path, limit)
+    rows: list[dict[str, Any]] = []
+    for lineno, record in records(path):
+        if limit is not None and len(rows) >= limit:
+            break
+        rows.append(
+            {
+                "id": str(record["id"]) if record.get("id") not in (None, "") else str(len(rows)),
+                "text_a": _text(spec, path, lineno, record, "text_a"),
+                "text_b": _text(spec, path, lineno, record, "text_b") if "text_b" in spec.fields else None,
+                "label": _label(spec, path, lineno, record),
+            }
+        )
+    if not rows:
+        raise TaskDataError(f"{path}: no rows; an own task's {split} file needs labelled rows")
+    return TaskRows(rows, task=spec.name, split=split, source=str(path))
+
+
+def labels_of(kind: str, path: Path, field: str | None) -> list[str]:
+    """An own task's classes when the params list none: the distinct labels in ``field`` of ``path``, sorted;
+    NER: the entity types of its tags.
+
+    Raises:
+        TaskDataError: a record without the field; a tag that is neither ``O`` nor ``B-``/``I-`` + type.
+    """
+    found: set[str] = set()
+    if kind == "token_classification":
+        for lineno, _, tags in tagged_sentences(path, "tokens", field or "tags"):
+            found |= {_tag_type(path, lineno, tag) for tag in tags if tag != "O"}
+        return sorted(found)
+    for lineno, record in records(path):
+        if record.get(field) in (None, ""):
+            raise TaskDataError(f"{path}:{lineno}: no label in field {field!r}; fix or remove the row")
+        found.add(label_text(record[field]))
+    return sorted(found)
+
+
+# ---------------------------------------------------------------------------------------------- NER
+
+
+def _tag_type(path: Path, lineno: int, tag: str) -> str:
+    if tag[:2] not in ("B-", "I-") or not tag[2:]:
+        raise TaskDataError(
+            f"{path}:{lineno}: tag {excerpt(tag)} is not O, B-<type> or I-<type> (IOB); fix the tag"
+        )
+    return tag[2:]
+
+
+def tagged_sentences(path: Path, words: str, tags: str) -> Iterator[tuple[int, list[str], list[str]]]:
+    """``(line number, words, tags)`` of every sentence of an NER file: JSON Lines (the ``words`` and
+    ``tags`` lists of each record) or CoNLL columns (see the module docstring).
+
+    Raises:
+        TaskDataError: a record without the lists, lists of different lengths, a CoNLL line of one column.
+    """
+    if path.suffix.lower() in (".jsonl", ".json"):
+        for lineno, record in records(path):
+            got = [record.get(words), record.get(tags)]
+            if not all(
+                isinstance(v, list) and v and all(isinstance(x, str) and x.strip() for x in v) for v in got
+            ):
+                raise TaskDataError(
+                    f"{path}:{lineno}: fields {words!r} and {tags!r} must be non-empty lists of strings (the "
+                    f"words and their tags), got {excerpt(got)}; fix the row, or define.text / define.label"
+                )
+            if len(got[0]) != len(got[1]):
+                raise TaskDataError(
+                    f"{path}:{lineno}: {len(got[0])} words but {len(got[1])} tags; fix the row"
+                )
+            yield lineno, got[0], got[1]
+        return
+    check_line_endings(path)
+    sentence: tuple[int, list[str], list[str]] = (0, [], [])
+    with path.open(encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, start=1):
+            fields = line.split()
+            if not fields or fields[0] == "-DOCSTART-":
+                if sentence[1]:
+                    yield sentence
+                sentence = (0, [], [])
+                continue
+            if len(fields) < 2:
+                raise TaskDataError(
+                    f"{path}:{lineno}: one column {excerpt(line.strip())}; a CoNLL line is a word and its tag "
+                    "(the last column), a blank line after each sentence"
+                )
+            sentence = (sentence[0] or lineno, [*sentence[1], fields[0]], [*sentence[2], fields[-1]])
+    if sentence[1]:
+        yield sentence
+
+
+def _load_tagged(spec: TaskSpec, split: str, path: Path, limit: int | None) -> TaskRows:
+    rows: list[dict[str, Any]] = []
+    for lineno, words, tags in tagged_sentences(path, spec.fields["text_a"], spec.fields["label"]):
+        if limit is not None and len(rows) >= limit:
+            break
+        bad = next((t for t in tags if t not in spec.labels), None)
+        if bad is not None:
+            raise TaskDataError(
+                f"{path}:{lineno}: tag {excerpt(bad)} in the sentence starting here is not one of the task's "
+                f"(O, B-/I- of {sorted({t[2:] for t in spec.labels if t != 'O'})}); fix it, or add its type to "
+                f"finetune.tasks.{spec.name}.define.labels"
+            )
+        rows.append({"id": str(len(rows)), "tokens": words, "tags": iob1_to_iob2(tags)})
+    if not rows:
+        raise TaskDataError(f"{path}: no sentences; an own task's {split} file needs labelled rows")
+    return TaskRows(rows, task=spec.name, split=split, source=str(path))
+
+
+def load_table_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskRows:
+    """An own task has no Hub copy: its rows are its ``train_file`` and ``dev_file``."""
+    raise TaskDataError(
+        f"{spec.name}/{split}: an own task reads its own files; set finetune.tasks.{spec.name}.train_file and "
+        "dev_file"
+    )

@@ -1,0 +1,428 @@
+"""An own task: a classification or regression task on the user's CSV, TSV or JSON Lines files, declared
+under ``finetune.tasks.<name>.define``: its params, its reader, its metrics, and the whole way through the
+finetune and evaluate flows to a registered model that serves it.
+
+Every test runs against its own SQLite MLflow store (the autouse fixture in conftest.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bert_core.finetune.params import FinetuneParams
+from bert_core.tasks import TaskDataError, get_task, own_task_spec, task_from_json
+from bert_core.tasks.table import load_table
+
+REVIEWS = {"kind": "classification", "text": "review", "label": "sentiment"}
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list[str]], delimiter: str = ",") -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, delimiter=delimiter)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def _own(tmp_path: Path, define: dict, **keys) -> FinetuneParams:
+    train = _write_csv(tmp_path / "train.csv", ["review", "sentiment"], [["good", "pos"], ["bad", "neg"]])
+    return FinetuneParams(
+        tasks={"reviews": {"define": define, "train_file": str(train), "dev_file": str(train), **keys}}
+    )
+
+
+# ---------------------------------------------------------------------------------------------- params
+
+
+def test_an_own_task_is_declared_with_its_files_and_its_classes_default_to_the_train_files(tmp_path):
+    params = _own(tmp_path, REVIEWS)
+    spec = params.task("reviews")
+    assert spec.own and spec.kind == "classification" and spec.single_sentence
+    assert spec.labels == ("neg", "pos") == spec.submission_labels  # sorted, as the train file has them
+    assert spec.metric_keys == ("accuracy", "f1", "macro_f1", "matthews_corr")
+    given = _own(tmp_path, {**REVIEWS, "labels": ["pos", "neg"], "metric": "f1"}).task("reviews")
+    assert given.labels == ("pos", "neg") and given.main_metric == "f1"
+    assert params.task("sst2") is get_task("sst2")
+    assert set(params.own_tasks()) == {"reviews"} and params.own_tasks()["reviews"].main_metric == "accuracy"
+    # the paper's tasks' settings and records are as they were: no define key at all
+    assert "define" not in params.for_task("sst2").model_dump() and "define" not in params.run_params("sst2")
+    assert params.run_params("reviews")["settings"]["define"]["text"] == "review"
+
+
+@pytest.mark.parametrize(
+    ("tasks", "message"),
+    [
+        (
+            {"reviews": {"define": REVIEWS}},
+            r"tasks\.reviews: an own task reads its own files; set train_file and dev_file",
+        ),
+        (
+            {"sst2": {"define": REVIEWS, "train_file": "a", "dev_file": "b"}},
+            r"sst2 is one of the paper's tasks",
+        ),
+        (
+            {
+                "r": {
+                    "define": {**REVIEWS, "labels": ["a", "b", "c"], "metric": "f1"},
+                    "train_file": "a",
+                    "dev_file": "b",
+                }
+            },
+            r"metric 'f1': a classification task with these labels is scored with one of \['accuracy', 'macro_f1'",
+        ),
+        (
+            {
+                "r": {
+                    "define": {**REVIEWS, "kind": "regression", "labels": ["a", "b"]},
+                    "train_file": "a",
+                    "dev_file": "b",
+                }
+            },
+            "a regression task has no labels",
+        ),
+        (
+            {"r": {"define": {**REVIEWS, "labels": ["a", "a"]}, "train_file": "a", "dev_file": "b"}},
+            "labels must be distinct",
+        ),
+        (
+            {"r": {"define": {**REVIEWS, "labels": ["a"]}, "train_file": "a", "dev_file": "b"}},
+            "two or more labels",
+        ),
+        (
+            {"r": {"define": {"kind": "regression"}, "train_file": "a", "dev_file": "b"}},
+            "needs the field of its text",
+        ),
+        (
+            {
+                "r": {
+                    "define": {"kind": "token_classification", "labels": ["B-PER"]},
+                    "train_file": "a",
+                    "dev_file": "b",
+                }
+            },
+            r"entity types \(PER, \.\.\.\), got \['B-PER'\]",
+        ),
+        (
+            {
+                "r": {
+                    "define": {"kind": "token_classification", "text_pair": "x"},
+                    "train_file": "a",
+                    "dev_file": "b",
+                }
+            },
+            "remove text_pair",
+        ),
+        ({"r": {"define": {**REVIEWS, "kind": "ner"}, "train_file": "a", "dev_file": "b"}}, "kind"),
+        ({"nope": {}}, r"unknown task\(s\) \['nope'\].*or an own task declared with tasks\.<name>\.define"),
+    ],
+)
+def test_a_wrong_declaration_is_refused_naming_its_key(tasks, message):
+    with pytest.raises(ValueError, match=message):
+        FinetuneParams(tasks=tasks)
+
+
+def test_define_is_per_task_and_classes_from_a_train_file_that_is_missing_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"defaults\.define: set it per task"):
+        FinetuneParams(defaults={"define": REVIEWS})
+    params = FinetuneParams(
+        tasks={"reviews": {"define": REVIEWS, "train_file": "no/such.csv", "dev_file": "no/such.csv"}}
+    )
+    with pytest.raises(
+        TaskDataError, match=r"finetune\.tasks\.reviews\.train_file: .*no/such\.csv does not exist"
+    ):
+        params.task("reviews")
+    two = _write_csv(tmp_path / "two.csv", ["review", "sentiment"], [["a", "x"], ["b", "y"], ["c", "z"]])
+    three = FinetuneParams(
+        tasks={"r": {"define": {**REVIEWS, "metric": "f1"}, "train_file": str(two), "dev_file": str(two)}}
+    )
+    with pytest.raises(ValueError, match=r"finetune\.tasks\.r\.define: metric 'f1'"):
+        three.task("r")
+
+
+# ---------------------------------------------------------------------------------------------- reader
+
+
+def _spec(**define) -> object:
+    return own_task_spec("mine", **{"text_pair": None, "labels": ("neg", "pos"), **REVIEWS, **define})
+
+
+def test_csv_tsv_and_json_lines_read_into_the_glue_rows(tmp_path):
+    pair = _spec(text_pair="hypothesis", kind="regression", labels=(), label="score")
+    rows = [["a man plays", "someone plays", "4.5"], ['he said "no", twice', "a, b", "0"]]
+    for suffix, delimiter in ((".csv", ","), (".tsv", "\t")):
+        path = _write_csv(tmp_path / f"p{suffix}", ["review", "hypothesis", "score"], rows, delimiter)
+        got = load_table(pair, "train", path)
+        assert [(r["text_a"], r["text_b"], r["label"]) for r in got] == [
+            ("a man plays", "someone plays", 4.5),
+            ('he said "no", twice', "a, b", 0.0),
+        ]
+        assert [r["id"] for r in got] == ["0", "1"] and got.source == str(path)
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text(
+        '{"id": "x7", "review": "fine", "sentiment": "pos"}\n\n{"review": "meh", "sentiment": "neg"}\n',
+        "utf-8",
+    )
+    got = load_table(_spec(), "dev", jsonl)
+    assert [(r["id"], r["text_a"], r["text_b"], r["label"]) for r in got] == [
+        ("x7", "fine", None, 1),
+        ("1", "meh", None, 0),
+    ]
+    assert len(load_table(_spec(), "dev", jsonl, limit=1)) == 1
+    numbers = tmp_path / "n.jsonl"
+    numbers.write_text('{"review": "a", "sentiment": 1}\n{"review": "b", "sentiment": 0}\n', "utf-8")
+    assert [r["label"] for r in load_table(_spec(labels=("0", "1")), "dev", numbers)] == [1, 0]
+    from bert_core.tasks.table import labels_of
+
+    assert labels_of("classification", numbers, "sentiment") == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        (
+            "a.csv",
+            "review,sentiment\ngood,pos\nbad,meh\n",
+            r"a\.csv:3: label 'meh' is not one of the task's labels \['neg', 'pos'\]",
+        ),
+        (
+            "b.csv",
+            "text,sentiment\ngood,pos\n",
+            r"b\.csv:2: no field 'review' \(the task's text a; the row has \['sentiment', 'text'\]\)",
+        ),
+        ("c.csv", "review,sentiment\ngood,pos,extra\n", r"c\.csv:2: 3 fields, the header has 2"),
+        ("d.csv", "review,sentiment\ngood\n", r"d\.csv:2: 1 fields, the header has 2"),
+        (
+            "e.jsonl",
+            '{"review": "x", "sentiment": "pos"}\n[1, 2]\n',
+            r"e\.jsonl:2: a JSON list, not an object",
+        ),
+        ("f.jsonl", '{"review": "x", "sentiment": "pos"}\n{oops\n', r"f\.jsonl:2: not JSON"),
+        ("g.csv", 'review,sentiment\n"  ",pos\n', r"g\.csv:2: field 'review' is '  ', not a text"),
+        ("h.txt", "good\tpos\n", r"h\.txt: an own task reads \.csv, \.tsv, \.jsonl, \.json files"),
+        ("i.csv", "review,sentiment\n", r"i\.csv: no rows"),
+    ],
+)
+def test_a_bad_row_is_named_by_file_and_line(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(TaskDataError, match=message):
+        load_table(_spec(), "train", path)
+
+
+def test_a_score_that_is_not_a_number_is_named(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"review": "x", "score": "high"}\n', "utf-8")
+    with pytest.raises(TaskDataError, match=r"s\.jsonl:1: score 'high' is not a number"):
+        load_table(_spec(kind="regression", labels=(), label="score"), "train", path)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def test_own_metrics_are_sklearns_and_the_glue_tasks_are_scored_as_before():
+    from sklearn.metrics import f1_score, matthews_corrcoef
+
+    from bert_core.metrics import glue_metrics, label_metrics, spec_metrics
+
+    refs, preds = [0, 1, 2, 2, 1, 0, 2], [0, 2, 2, 1, 1, 0, 2]
+    three = own_task_spec(
+        "t", kind="classification", text="x", text_pair=None, label="y", labels="abc", metric="macro_f1"
+    )
+    got = spec_metrics(three, preds, refs)
+    assert list(got) == ["macro_f1", "accuracy", "matthews_corr"]
+    assert got["macro_f1"] == pytest.approx(100 * f1_score(refs, preds, average="macro"))
+    assert got["matthews_corr"] == pytest.approx(100 * matthews_corrcoef(refs, preds))
+    assert glue_metrics("stsb", [1.0, 2.0, 3.5], [1.0, 2.5, 3.0]) == label_metrics(
+        "stsb", [1.0, 2.0, 3.5], [1.0, 2.5, 3.0], ("pearson", "spearman"), regression=True
+    )
+    assert list(glue_metrics("mrpc", [1, 0, 1], [1, 1, 1])) == ["f1", "accuracy"]
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def tiny_model(shared_data, tmp_path_factory) -> Path:
+    import torch
+
+    from bert_core.config import BertConfig
+    from bert_core.model import BertForPreTraining
+
+    path = tmp_path_factory.mktemp("pretrained") / "model"
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    torch.manual_seed(0)
+    BertForPreTraining(config).save_pretrained(path)
+    shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
+    return path
+
+
+def _sst2_as_csv(shared_data: Path, split: str, path: Path, n: int) -> Path:
+    with open(shared_data / "glue" / "SST-2" / f"{split}.tsv", encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))[:n]
+    return _write_csv(
+        path, ["review", "sentiment"], [[r["sentence"], ("neg", "pos")[int(r["label"])]] for r in rows]
+    )
+
+
+def _stsb_as_jsonl(shared_data: Path, split: str, path: Path, n: int) -> Path:
+    with open(shared_data / "glue" / "STS-B" / f"{split}.tsv", encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))[:n]
+    lines = [
+        json.dumps({"a": r["sentence1"], "b": r["sentence2"], "similarity": float(r["score"])}) for r in rows
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_own_tasks_are_fine_tuned_registered_evaluated_and_served(
+    tiny_model, shared_data, tmp_path, monkeypatch
+):
+    """A sentiment task in CSV and a similarity task (sentence pairs, scores) in JSON Lines go through the
+    finetune flow (data checks, baselines, MLflow, the registry) and the evaluate flow, and the registered
+    versions predict with the task's own labels, loaded from the registry alone."""
+    import mlflow.pyfunc
+    from mlflow import MlflowClient
+
+    from flows.evaluate import evaluate_flow
+    from flows.finetune import finetune_flow
+
+    monkeypatch.delenv("BERT_DATA_ROOT", raising=False)  # own files only: nothing from a data root or the Hub
+    data = tmp_path / "data"
+    data.mkdir()
+
+    def conll_sentences(name: str, n: int) -> list[str]:
+        blocks = (shared_data / "conll2003" / name).read_text(encoding="utf-8").split("\n\n")
+        return [b.strip() for b in blocks if b.strip() and not b.startswith("-DOCSTART-")][:n]
+
+    (data / "ner_train.conll").write_text("\n\n".join(conll_sentences("eng.train", 120)) + "\n", "utf-8")
+    with open(data / "ner_dev.jsonl", "w", encoding="utf-8") as fh:
+        for block in conll_sentences("eng.testa", 24):
+            cols = [line.split() for line in block.splitlines()]
+            fh.write(json.dumps({"tokens": [c[0] for c in cols], "tags": [c[-1] for c in cols]}) + "\n")
+    files = {
+        "reviews": (
+            _sst2_as_csv(shared_data, "train", data / "train.csv", 48),
+            _sst2_as_csv(shared_data, "dev", data / "dev.csv", 24),
+        ),
+        "similar": (
+            _stsb_as_jsonl(shared_data, "train", data / "train.jsonl", 48),
+            _stsb_as_jsonl(shared_data, "dev", data / "dev.jsonl", 24),
+        ),
+    }
+    params = tmp_path / "finetune.yaml"
+    params.write_text(
+        f"""finetune:
+  model: {{source: {tiny_model}}}
+  defaults: {{learning_rates: [1.0e-3], epochs: 1, batch_size: 8, max_seq_length: 64}}
+  data_checks: true
+  tasks:
+    reviews:
+      define: {{kind: classification, text: review, label: sentiment, labels: [neg, pos], metric: f1}}
+      train_file: {files["reviews"][0]}
+      dev_file: {files["reviews"][1]}
+      random_init_baseline: true
+    similar:
+      define: {{kind: regression, text: a, text_pair: b, label: similarity}}
+      train_file: {files["similar"][0]}
+      dev_file: {files["similar"][1]}
+    entities:
+      define: {{kind: token_classification}}
+      train_file: {data / "ner_train.conll"}
+      dev_file: {data / "ner_dev.jsonl"}
+""",
+        encoding="utf-8",
+    )
+    results = tmp_path / "results" / "finetune"
+    scores = {}
+    for task in ("reviews", "similar", "entities"):
+        scores[task] = finetune_flow.fn(
+            task,
+            str(params),
+            out_dir=str(results / task),
+            model_out=str(tmp_path / "models" / task),
+            metrics_path=str(tmp_path / "metrics" / f"{task}.json"),
+            plots_dir=str(tmp_path / "plots" / task),
+        )
+    assert {"dev.f1", "dev.accuracy", "dev.macro_f1", "random_init.dev.f1", "baseline.majority.f1"} <= set(
+        scores["reviews"]
+    )
+    assert {"dev.spearman", "dev.pearson", "baseline.mean.spearman", "baseline.word_overlap.spearman"} <= set(
+        scores["similar"]
+    )
+    assert {"dev.f1", "dev.precision", "dev.recall", "baseline.lexicon.f1"} <= set(scores["entities"])
+    headline = json.loads((tmp_path / "metrics" / "reviews.json").read_text())
+    assert headline["main_metric"] == "f1" and headline["score"] == pytest.approx(scores["reviews"]["dev.f1"])
+    predictions = (results / "reviews" / "dev_predictions.tsv").read_text().splitlines()
+    assert predictions[0] == "index\tprediction" and {line.split("\t")[1] for line in predictions[1:]} <= {
+        "neg",
+        "pos",
+    }
+    assert len(predictions) == 25
+    summary = json.loads((results / "similar" / "summary.json").read_text())
+    assert summary["data_split"]["origin"] == "own_files" and summary["main_metric"] == "spearman"
+
+    client = MlflowClient()
+    for task, record in (
+        ("reviews", {"text": "a gripping film"}),
+        ("similar", {"text": "a dog runs", "text_pair": "a dog is running"}),
+        ("entities", {"text": "Peter Blackburn visited Paris"}),
+    ):
+        champion = client.get_model_version_by_alias(f"bert-{task}", "champion")
+        assert champion.tags["task"] == task
+        model = mlflow.pyfunc.load_model(f"models:/bert-{task}@champion")
+        out = model.predict([record])
+        if task == "reviews":
+            assert out["label"][0] in ("neg", "pos") and len(out["probabilities"][0]) == 2
+        elif task == "similar":
+            assert list(out.columns) == ["score"]
+        else:
+            assert out["words"][0] == ["Peter", "Blackburn", "visited", "Paris"]
+            assert set(out["tags"][0]) <= {
+                "O",
+                *(f"{p}-{t}" for p in "BI" for t in ("LOC", "MISC", "ORG", "PER")),
+            }
+        # the model's task JSON holds the definition: it is served without the params that declared it
+        task_json = json.loads((tmp_path / "models" / task / "task.json").read_text())
+        assert task_from_json(task_json) == FinetuneParams.model_validate(
+            __import__("yaml").safe_load(params.read_text())["finetune"]
+        ).task(task)
+
+    eval_params = tmp_path / "evaluate.yaml"
+    eval_params.write_text(f"evaluate: {{results_dir: {results}, report_dir: {tmp_path / 'reports'}}}\n")
+    summary = evaluate_flow.fn(
+        str(eval_params), str(params), metrics_path=str(tmp_path / "metrics" / "evaluate.json")
+    )
+    assert summary["reviews.f1"] == pytest.approx(scores["reviews"]["dev.f1"])
+    assert summary["similar.spearman"] == pytest.approx(scores["similar"]["dev.spearman"])
+    report = (tmp_path / "reports" / "evaluate.md").read_text()
+    assert all(task in report for task in ("reviews", "similar", "entities"))
+    assert summary["entities.f1"] == pytest.approx(scores["entities"]["dev.f1"])
+
+    # a summary whose main metric is not the declared one (the params changed after fine-tuning) is named
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(params.read_text().replace("metric: f1", "metric: macro_f1"), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"records main_metric 'f1' for task 'reviews'.*'macro_f1'"):
+        evaluate_flow.fn(str(eval_params), str(changed), metrics_path=str(tmp_path / "metrics" / "e2.json"))
+
+
+def test_the_readmes_own_task_example_is_valid_params():
+    import re
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("**Your own task**") :]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    params = FinetuneParams.model_validate(yaml.safe_load(block))
+    assert set(params.own_tasks()) == {"reviews", "chemicals"}
+    assert (
+        params.own_tasks()["reviews"].main_metric == "f1"
+        and params.own_tasks()["chemicals"].main_metric == "f1"
+    )
