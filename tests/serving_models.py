@@ -13,9 +13,10 @@ from pathlib import Path
 import torch
 
 #: served name -> (task, kind) of every kind: the GLUE classification / regression, SQuAD v2.0, SWAG,
-#: CoNLL-2003 and the pretrained model's fill-mask.
+#: CoNLL-2003, the pretrained model's fill-mask, and an own task (:data:`OWN`).
 SERVED = {
     "bert-sst2": "sst2",
+    "bert-tickets": "tickets",
     "bert-stsb": "stsb",
     "bert-squad_v2": "squad_v2",
     "bert-swag": "swag",
@@ -23,8 +24,25 @@ SERVED = {
     "bert-pretrained": "fill_mask",
 }
 
+#: Own tasks (bert_core.tasks.own) by name: a three-class sentence-pair classification, as the params
+#: would declare it; its served model knows it from its task JSON alone.
+OWN = {
+    "tickets": {
+        "kind": "classification",
+        "text": "subject",
+        "text_pair": "body",
+        "label": "queue",
+        "labels": ["billing", "bug", "other"],
+        "metric": "macro_f1",
+    }
+}
+
 #: Requests per task (records), answered in the tests by the loaded and the in-process model alike.
 REQUESTS = {
+    "tickets": [
+        {"text": "refund please", "text_pair": "i was charged twice."},
+        {"text": "app crashes on start"},
+    ],
     "sst2": [
         {"text": "a gripping, beautifully acted film."},
         {"text": "dull and far too long", "text_pair": "boring."},
@@ -84,7 +102,6 @@ def build_model(task: str, path: Path, seed: int = 0) -> Path:
     """A tiny random model for ``task`` (or ``fill_mask``: a pretraining checkpoint) in HF format."""
     from bert_core.config import BertConfig
     from bert_core.kinds import get_kind
-    from bert_core.tasks import get_task
 
     path.mkdir(parents=True, exist_ok=True)
     vocab_size = write_tokenizer(path)
@@ -102,23 +119,29 @@ def build_model(task: str, path: Path, seed: int = 0) -> Path:
 
         BertForPreTraining(config).save_pretrained(path)
     else:
-        spec = get_task(task)
+        spec = spec_of(task)
         kind = get_kind(spec)
         kind.model_class(kind.head_config(spec, config)).save_pretrained(path)
     write_tokenizer(path)  # save_pretrained may rewrite the directory
     return path
 
 
+def spec_of(task: str):
+    """The task's ``TaskSpec``: the paper's, or an own task of :data:`OWN`."""
+    from bert_core.tasks import get_task, own_task_spec
+
+    return own_task_spec(task, **OWN[task]) if task in OWN else get_task(task)
+
+
 def task_json(task: str) -> dict:
     """The task JSON the stages would register (SQuAD v2.0 with a tuned-looking null threshold)."""
     from bert_core.finetune.params import TaskSettings
     from bert_core.serving import fill_mask_task, serving_task
-    from bert_core.tasks import get_task
 
     if task == "fill_mask":
         return fill_mask_task()
     settings = TaskSettings(max_seq_length=64, doc_stride=16, max_query_length=16)
-    return serving_task(get_task(task), settings, null_threshold=0.5 if task == "squad_v2" else None)
+    return serving_task(spec_of(task), settings, null_threshold=0.5 if task == "squad_v2" else None)
 
 
 def register_all(root: Path, names: dict[str, str] | None = None) -> dict[str, Path]:

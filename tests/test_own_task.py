@@ -118,6 +118,10 @@ def test_an_own_task_is_declared_with_its_files_and_its_classes_default_to_the_t
             "remove text_pair",
         ),
         ({"r": {"define": {**REVIEWS, "kind": "ner"}, "train_file": "a", "dev_file": "b"}}, "kind"),
+        (
+            {"my task": {"define": REVIEWS, "train_file": "a", "dev_file": "b"}},
+            r"an own task's name is letters",
+        ),
         ({"nope": {}}, r"unknown task\(s\) \['nope'\].*or an own task declared with tasks\.<name>\.define"),
     ],
 )
@@ -426,3 +430,45 @@ def test_the_readmes_own_task_example_is_valid_params():
         params.own_tasks()["reviews"].main_metric == "f1"
         and params.own_tasks()["chemicals"].main_metric == "f1"
     )
+
+
+@pytest.mark.parametrize(
+    ("paper", "define", "files"),
+    [
+        (
+            "sst2",
+            {"kind": "classification", "text": "sentence", "labels": ["0", "1"]},
+            ("glue/SST-2/train.tsv", "glue/SST-2/dev.tsv"),
+        ),
+        (
+            "conll2003",
+            {"kind": "token_classification", "labels": ["PER", "ORG", "LOC", "MISC"]},
+            ("conll2003/eng.train", "conll2003/eng.testa"),
+        ),
+    ],
+)
+def test_an_own_task_on_a_papers_task_rows_is_fine_tuned_exactly_as_that_task(
+    paper, define, files, tiny_model, shared_data, tmp_path, monkeypatch
+):
+    """The same rows as an own task (the official files, declared with define) and as the paper's task give
+    the same trials and dev scores: an own task goes down the paper's tasks' path."""
+    from bert_core.finetune.run import finetune_task
+
+    monkeypatch.setenv("BERT_DATA_ROOT", str(shared_data))
+    base = dict(
+        train_limit=24, eval_limit=16, learning_rates=[1e-3], epochs=1, batch_size=8, max_seq_length=64
+    )
+    train, dev = (str(shared_data / f) for f in files)
+    params = FinetuneParams(
+        defaults=base,
+        data_checks=False,
+        tasks={paper: {}, "mine": {"define": define, "train_file": train, "dev_file": dev}},
+    )
+    theirs = finetune_task(paper, params, tiny_model, tmp_path / paper, model_out=tmp_path / "m1")
+    ours = finetune_task("mine", params, tiny_model, tmp_path / "mine", model_out=tmp_path / "m2")
+    # the same scores on the paper's metrics (an own classification also reports F1, macro F1, Matthews)
+    assert {k: ours.selected.dev[k] for k in theirs.selected.dev} == theirs.selected.dev
+    assert {b: {k: m[k] for k in theirs.baselines[b]} for b, m in ours.baselines.items()} == theirs.baselines
+    assert (tmp_path / "m1" / "model.safetensors").read_bytes() == (
+        tmp_path / "m2" / "model.safetensors"
+    ).read_bytes()

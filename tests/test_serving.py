@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serving_models import REQUESTS, SERVED, alias, register_all, task_json
+from serving_models import REQUESTS, SERVED, alias, register_all, spec_of, task_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,6 +134,10 @@ def test_answers_have_the_kinds_shape(store):
     sst2 = mlflow.pyfunc.load_model("models:/bert-sst2@champion").predict(REQUESTS["sst2"])
     assert set(sst2["label"]) <= {"negative", "positive"}
     assert all(abs(sum(p) - 1) < 1e-6 and len(p) == 2 for p in sst2["probabilities"])
+    tickets = mlflow.pyfunc.load_model("models:/bert-tickets@champion").predict(REQUESTS["tickets"])
+    assert set(tickets["label"]) <= {"billing", "bug", "other"} and all(
+        len(p) == 3 for p in tickets["probabilities"]
+    )
     squad = mlflow.pyfunc.load_model("models:/bert-squad_v2@champion").predict(REQUESTS["squad_v2"])
     for record, row in zip(REQUESTS["squad_v2"], squad.to_dict(orient="records")):
         if row["answer"]:
@@ -171,7 +175,6 @@ def test_signature_input_example_and_hf_directory(store, tmp_path):
     )
 
     from bert_core.kinds import get_kind
-    from bert_core.tasks import get_task
 
     for name, task in SERVED.items():
         local = Path(
@@ -183,7 +186,7 @@ def test_signature_input_example_and_hf_directory(store, tmp_path):
         inputs = meta.signature.inputs.to_dict()
         assert meta.saved_input_example_info is not None
         if task != "fill_mask":
-            expected = get_kind(get_task(task)).serving_inputs(get_task(task))
+            expected = get_kind(spec_of(task)).serving_inputs(spec_of(task))
             assert [(c["name"], c.get("required", True)) for c in inputs] == [(n, r) for n, _, r in expected]
         assert json.loads((local / "artifacts" / "task.json").read_text())["kind"] == task_json(task)["kind"]
         assert (local / "artifacts" / "hf_model" / "config.json").is_file()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -460,6 +461,11 @@ def _own_task_keys(task: str, overrides: Any) -> None:
     if task in TASKS:
         raise ValueError(
             f"tasks.{task}.define: {task} is one of the paper's tasks; give the own task another name"
+        )
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", task):  # a path, a DVC stage, an MLflow model name
+        raise ValueError(
+            f"tasks.{task!r}: an own task's name is letters, digits, '_' and '-' (at most 64), starting with a "
+            "letter or digit"
         )
     missing = [k for k in ("train_file", "dev_file") if getattr(overrides, k) is None]
     if missing:
