@@ -472,3 +472,20 @@ def test_an_own_task_on_a_papers_task_rows_is_fine_tuned_exactly_as_that_task(
     assert (tmp_path / "m1" / "model.safetensors").read_bytes() == (
         tmp_path / "m2" / "model.safetensors"
     ).read_bytes()
+
+
+def test_the_run_forms_task_choices_hold_the_own_tasks_the_params_declare(tmp_path, monkeypatch):
+    import flows.pipeline as pipeline
+    from bert_core.tasks import TASKS
+
+    (tmp_path / "params").mkdir()
+    params = tmp_path / "params" / "finetune.yaml"
+    params.write_text(
+        "finetune:\n  tasks:\n    sst2: {}\n"
+        "    reviews: {define: {kind: classification, text: t}, train_file: a.csv, dev_file: b.csv}\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setattr(pipeline, "REPO_ROOT", tmp_path)
+    assert pipeline._task_names() == (*TASKS, "reviews")
+    params.write_text("finetune:\n  tasks: {nope: {}}\n", encoding="utf-8")  # invalid: the stage will say so
+    assert pipeline._task_names() == tuple(TASKS)
