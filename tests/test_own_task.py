@@ -412,7 +412,10 @@ def test_own_tasks_are_fine_tuned_registered_evaluated_and_served(
     # a summary whose main metric is not the declared one (the params changed after fine-tuning) is named
     changed = tmp_path / "changed.yaml"
     changed.write_text(params.read_text().replace("metric: f1", "metric: macro_f1"), encoding="utf-8")
-    with pytest.raises(ValueError, match=r"records main_metric 'f1' for task 'reviews'.*'macro_f1'"):
+    with pytest.raises(
+        ValueError,
+        match=r"records main_metric 'f1' for task 'reviews', but finetune\.tasks\.reviews\.define says 'macro_f1'",
+    ):
         evaluate_flow.fn(str(eval_params), str(changed), metrics_path=str(tmp_path / "metrics" / "e2.json"))
 
 

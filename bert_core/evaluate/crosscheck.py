@@ -70,12 +70,13 @@ def check_summary(
     if not isinstance(result.model, dict) or not result.trials:
         what = "no trials" if isinstance(result.model, dict) else "no 'model' mapping"
         return f"{path}: not a complete fine-tuning summary ({what}); {rerun(task)}"
+    says = "the task registry (bert_core.tasks)" if task in TASKS else f"finetune.tasks.{task}.define"
     for field, expected in (("kind", spec.kind), ("main_metric", spec.main_metric)):
         found = getattr(result, field)
         if found != expected:
             return (
-                f"{path} records {field} {found!r} for task {task!r}, but the task registry (bert_core.tasks) "
-                f"says {expected!r} (written by another version of the code, or edited?); {rerun(task)}"
+                f"{path} records {field} {found!r} for task {task!r}, but {says} says {expected!r} (written by "
+                f"another version of the code or params, or edited?); {rerun(task)}"
             )
     return None
 
