@@ -13,9 +13,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bert_core.finetune.params import FinetuneParams
-from bert_core.tasks import TaskDataError, get_task, own_task_spec, task_from_json
+from bert_core.tasks import TaskDataError, get_task, own_task_json, own_task_spec, task_from_json
 from bert_core.tasks.table import load_table
 
 REVIEWS = {"kind": "classification", "text": "review", "label": "sentiment"}
@@ -59,7 +60,8 @@ def test_an_own_task_is_declared_with_its_files_and_its_classes_default_to_the_t
     [
         (
             {"reviews": {"define": REVIEWS}},
-            r"tasks\.reviews: an own task reads its own files; set train_file and dev_file",
+            r"tasks\.reviews: an own task reads its own files or a Hub dataset; set train_file and dev_file, or "
+            r"define\.hub",
         ),
         (
             {"sst2": {"define": REVIEWS, "train_file": "a", "dev_file": "b"}},
@@ -223,6 +225,69 @@ def test_a_score_that_is_not_a_number_is_named(tmp_path):
     path.write_text('{"review": "x", "score": "high"}\n', "utf-8")
     with pytest.raises(TaskDataError, match=r"s\.jsonl:1: score 'high' is not a number"):
         load_table(_spec(kind="regression", labels=(), label="score"), "train", path)
+
+
+def test_ner_files_read_as_conll_columns_or_json_lines_in_iob2(tmp_path):
+    from bert_core.tasks.table import labels_of
+
+    conll = tmp_path / "ner.conll"
+    conll.write_text(
+        "-DOCSTART- -X- O O\n\nEU NNP I-ORG\nrejects VBZ O\nGerman\tI-MISC\n\nPeter I-PER\nBlackburn I-PER\n",
+        "utf-8",
+    )
+    assert labels_of("token_classification", conll, "tags") == ["MISC", "ORG", "PER"]
+    spec = own_task_spec("ents", kind="token_classification", labels=["PER", "ORG", "MISC"])
+    assert spec.labels == ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-MISC", "I-MISC")
+    assert spec.metric_keys == ("f1", "precision", "recall")
+    rows = load_table(spec, "train", conll)
+    assert [(r["tokens"], r["tags"]) for r in rows] == [
+        (["EU", "rejects", "German"], ["B-ORG", "O", "B-MISC"]),
+        (["Peter", "Blackburn"], ["B-PER", "I-PER"]),
+    ]
+    jsonl = tmp_path / "ner.jsonl"
+    jsonl.write_text('{"words": ["Peter", "runs"], "ner": ["B-PER", "O"]}\n', "utf-8")
+    named = own_task_spec("ents", kind="token_classification", text="words", label="ner", labels=["PER"])
+    got = [(r["tokens"], r["tags"]) for r in load_table(named, "dev", jsonl)]
+    assert got == [(["Peter", "runs"], ["B-PER", "O"])]
+    assert labels_of("token_classification", jsonl, "ner", "words") == ["PER"]
+    assert task_from_json({"task": "ents", "own_task": own_task_json(named)}) == named
+    declared = {"define": {"kind": "token_classification", "text": "words", "label": "ner"}}
+    params = FinetuneParams(tasks={"ents": {**declared, "train_file": str(jsonl), "dev_file": str(jsonl)}})
+    assert params.task("ents") == named  # the entity types read from the train file's tag lists
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        (
+            "a.conll",
+            "Peter B-PER\nin O\n\nParis B-LOC\n",
+            r"a\.conll:4: tag 'B-LOC' in the sentence starting here is not one of the task's \(O, B-/I- of \['PER'\]\)",
+        ),
+        ("b.conll", "Peter\n", r"b\.conll:1: one column 'Peter'"),
+        ("c.jsonl", '{"tokens": ["a", "b"], "tags": ["O"]}\n', r"c\.jsonl:1: 2 words but 1 tags"),
+        (
+            "d.jsonl",
+            '{"tokens": "a b", "tags": ["O"]}\n',
+            r"d\.jsonl:1: fields 'tokens' and 'tags' must be non-empty lists of strings",
+        ),
+        ("e.conll", "\n\n", r"e\.conll: no sentences"),
+    ],
+)
+def test_a_bad_ner_row_is_named_by_file_and_line(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(TaskDataError, match=message):
+        load_table(own_task_spec("ents", kind="token_classification", labels=["PER"]), "train", path)
+
+
+def test_ner_types_from_a_file_with_a_tag_that_is_not_iob_are_refused(tmp_path):
+    from bert_core.tasks.table import labels_of
+
+    path = tmp_path / "x.conll"
+    path.write_text("Peter PERSON\n", "utf-8")
+    with pytest.raises(TaskDataError, match=r"x\.conll:1: tag 'PERSON' is not O, B-<type> or I-<type>"):
+        labels_of("token_classification", path, "tags")
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -395,7 +460,7 @@ def test_own_tasks_are_fine_tuned_registered_evaluated_and_served(
         # the model's task JSON holds the definition: it is served without the params that declared it
         task_json = json.loads((tmp_path / "models" / task / "task.json").read_text())
         assert task_from_json(task_json) == FinetuneParams.model_validate(
-            __import__("yaml").safe_load(params.read_text())["finetune"]
+            yaml.safe_load(params.read_text())["finetune"]
         ).task(task)
 
     eval_params = tmp_path / "evaluate.yaml"
@@ -428,7 +493,7 @@ def test_the_readmes_own_task_example_is_valid_params():
     section = readme[readme.index("**Your own task**") :]
     block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     params = FinetuneParams.model_validate(yaml.safe_load(block))
-    assert set(params.own_tasks()) == {"reviews", "chemicals"}
+    assert set(params.own_tasks()) == {"reviews", "chemicals", "imdb"}
     assert (
         params.own_tasks()["reviews"].main_metric == "f1"
         and params.own_tasks()["chemicals"].main_metric == "f1"
@@ -492,3 +557,109 @@ def test_the_run_forms_task_choices_hold_the_own_tasks_the_params_declare(tmp_pa
     assert pipeline._task_names() == (*TASKS, "reviews")
     params.write_text("finetune:\n  tasks: {nope: {}}\n", encoding="utf-8")  # invalid: the stage will say so
     assert pipeline._task_names() == tuple(TASKS)
+
+
+# ---------------------------------------------------------------------------------------------- the Hub
+
+
+def _fake_hub(monkeypatch, datasets_by_split: dict) -> list:
+    """``datasets.load_dataset`` answering from ``datasets_by_split`` (no network); returns the calls."""
+    import datasets
+
+    calls = []
+
+    def load_dataset(path, config=None, split=None):
+        calls.append((path, config, split))
+        name, _, cut = split.partition("[")
+        ds = datasets_by_split[(path, config, name)]
+        return ds.select(range(min(len(ds), int(cut.strip(":]"))))) if cut else ds
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+def test_an_own_task_reads_a_hub_dataset_by_its_class_names_even_with_a_data_root(
+    tiny_model, shared_data, tmp_path, monkeypatch
+):
+    """A Hub classification (labels a ClassLabel, no validation split: ``dev`` is its ``test``) and a Hub NER
+    set (tags a sequence of ClassLabel) are read by their names, with BERT_DATA_ROOT set, and fine-tuned."""
+    from datasets import ClassLabel, Dataset, Features, Sequence, Value
+
+    from bert_core.finetune.run import finetune_task
+
+    texts = ["a fine film", "dull and long", "great acting", "a waste of time", "loved it", "boring"]
+    imdb = Features({"text": Value("string"), "label": ClassLabel(names=["neg", "pos"])})
+    tags = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    ner = Features({"tokens": Sequence(Value("string")), "ner_tags": Sequence(ClassLabel(names=tags))})
+    sentences = {"tokens": [["Peter", "Blackburn", "in", "Paris"], ["Rome"]], "ner_tags": [[1, 2, 0, 3], [3]]}
+    calls = _fake_hub(
+        monkeypatch,
+        {
+            ("someone/imdb", None, "train"): Dataset.from_dict(
+                {"text": texts, "label": [1, 0, 1, 0, 1, 0]}, imdb
+            ),
+            ("someone/imdb", None, "test"): Dataset.from_dict(
+                {"text": texts[:4], "label": [1, 0, 1, 0]}, imdb
+            ),
+            ("someone/ner", "en", "train"): Dataset.from_dict(sentences, ner),
+            ("someone/ner", "en", "validation"): Dataset.from_dict(sentences, ner),
+        },
+    )
+    monkeypatch.setenv("BERT_DATA_ROOT", str(shared_data))  # an own Hub task does not look there
+    params = FinetuneParams(
+        defaults=dict(learning_rates=[1e-3], epochs=1, batch_size=4, max_seq_length=32),
+        data_checks=True,
+        tasks={
+            "reviews": {
+                "define": {
+                    "kind": "classification",
+                    "hub": "someone/imdb",
+                    "text": "text",
+                    "hub_splits": {"dev": "test"},
+                }
+            },
+            "places": {
+                "define": {
+                    "kind": "token_classification",
+                    "hub": "someone/ner",
+                    "hub_config": "en",
+                    "label": "ner_tags",
+                }
+            },
+        },
+    )
+    reviews, places = params.task("reviews"), params.task("places")
+    assert reviews.labels == ("neg", "pos") and places.labels == tuple(tags)  # the ClassLabel's order
+    assert task_from_json({"task": "reviews", "own_task": own_task_json(reviews)}) == reviews
+    result = finetune_task("reviews", params, tiny_model, tmp_path / "r", model_out=tmp_path / "mr")
+    assert result.data_split["train_source"] == "hf://someone/imdb:train"
+    assert (
+        result.data_split["eval_source"] == "hf://someone/imdb:test" and result.data_split["eval_rows"] == 4
+    )
+    assert {"dev.accuracy", "dev.f1"} <= set(result.metrics())
+    lines = (tmp_path / "r" / "dev_predictions.tsv").read_text().splitlines()[1:]
+    assert {line.split("\t")[1] for line in lines} <= {"neg", "pos"}
+    result = finetune_task("places", params, tiny_model, tmp_path / "p", model_out=tmp_path / "mp")
+    assert {"dev.f1", "dev.precision", "dev.recall"} <= set(result.metrics())
+    assert ("someone/ner", "en", "validation") in calls
+
+
+def test_a_hub_row_that_does_not_fit_is_named_by_dataset_split_and_row(monkeypatch):
+    from datasets import Dataset
+
+    from bert_core.tasks.table import load_table_hub
+
+    _fake_hub(
+        monkeypatch,
+        {("x/y", None, "train"): Dataset.from_dict({"text": ["ok", "also"], "label": ["a", "c"]})},
+    )
+    spec = own_task_spec("t", kind="classification", text="text", labels=["a", "b"], hub="x/y")
+    with pytest.raises(
+        TaskDataError, match=r"hf://x/y:train:2: label 'c' is not one of the task's labels \['a', 'b'\]"
+    ):
+        load_table_hub(spec, "train")
+    no_hub = own_task_spec("t", kind="classification", text="text", labels=["a", "b"])
+    with pytest.raises(
+        TaskDataError, match=r"set finetune\.tasks\.t\.train_file and dev_file, or define\.hub"
+    ):
+        load_table_hub(no_hub, "train")

@@ -52,6 +52,10 @@ class OwnTask(StrictModel):
             ``f1`` (two classes), ``macro_f1``, ``matthews_corr``; ``spearman``, ``pearson``
             (regression); ``f1``, ``precision``, ``recall`` (NER). ``None``: the kind's first. The kind's
             other metrics are reported beside it.
+        hub: A Hugging Face Hub dataset to read instead of files (``stanfordnlp/imdb``), whether or not
+            ``BERT_DATA_ROOT`` is set; ``hub_config`` its config, ``hub_splits`` which of its splits are
+            ``train`` and ``dev`` (default ``train`` and ``validation``). A ``ClassLabel`` is read by its
+            names, which are then the default ``labels``.
     """
 
     kind: Literal["classification", "regression", "token_classification"]
@@ -63,6 +67,9 @@ class OwnTask(StrictModel):
         Literal["accuracy", "f1", "macro_f1", "matthews_corr", "spearman", "pearson", "precision", "recall"]
         | None
     ) = None
+    hub: str | None = Field(None, min_length=1)
+    hub_config: str | None = Field(None, min_length=1)
+    hub_splits: dict[Literal["train", "dev"], str] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> OwnTask:
@@ -85,17 +92,27 @@ class OwnTask(StrictModel):
         return self.metric or OWN_METRICS[self.kind][0]
 
     def _fields(self) -> dict[str, Any]:
-        return self.model_dump(include={"kind", "text", "text_pair", "label", "metric"})
+        return self.model_dump(exclude={"labels"})
 
     def spec(self, name: str, train_file: os.PathLike[str] | None = None) -> TaskSpec:
-        """The task's :class:`TaskSpec`; the classes read from ``train_file`` when the params list none."""
+        """The task's :class:`TaskSpec`; the classes read from ``train_file`` (else the Hub's train split)
+        when the params list none."""
         from bert_core.tasks import own_task_spec
-        from bert_core.tasks.table import labels_of
+        from bert_core.tasks.own import DEFAULT_FIELDS, DEFAULT_HUB_SPLITS
+        from bert_core.tasks.table import hub_labels, labels_of
 
         labels = self.labels
         if self.kind != "regression" and labels is None:
-            assert train_file is not None, "the labels come from the train file"
-            labels = labels_of(self.kind, Path(train_file), self.label)
+            words, field = (
+                self.text or DEFAULT_FIELDS[self.kind][0],
+                self.label or DEFAULT_FIELDS[self.kind][1],
+            )
+            if train_file is not None:
+                labels = labels_of(self.kind, Path(train_file), field, words or "")
+            else:
+                assert self.hub is not None, "the labels come from the train file or the Hub"
+                split = {**DEFAULT_HUB_SPLITS, **(self.hub_splits or {})}["train"]
+                labels = hub_labels(self.kind, self.hub, self.hub_config, split, field)
         try:
             return own_task_spec(name, labels=labels or (), **self._fields())
         except ValueError as err:
@@ -468,7 +485,10 @@ def _own_task_keys(task: str, overrides: Any) -> None:
             "letter or digit"
         )
     missing = [k for k in ("train_file", "dev_file") if getattr(overrides, k) is None]
-    if missing:
-        raise ValueError(f"tasks.{task}: an own task reads its own files; set {' and '.join(missing)}")
+    if missing and overrides.define.hub is None:
+        raise ValueError(
+            f"tasks.{task}: an own task reads its own files or a Hub dataset; set {' and '.join(missing)}, or "
+            "define.hub"
+        )
     if overrides.dev_split:
         raise ValueError(f"tasks.{task}.dev_split: an own task has no official dev file to split; remove it")

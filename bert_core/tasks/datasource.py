@@ -206,7 +206,7 @@ def resolve_task_source(
             missing own file.
     """
     key = key or f"finetune.tasks.{spec.name}"
-    root = resolve_data_root(data_root)
+    root = None if spec.own else resolve_data_root(data_root)  # an own task: its files, else the Hub
     if dev_split:
         plan = spec.dev_split
         if plan is None:

@@ -83,7 +83,7 @@ def load_task_split(
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of rows, got {limit}")
     reader = READERS[spec.data_format]
-    root = resolve_data_root(data_root)
+    root = None if spec.own else resolve_data_root(data_root)  # an own task's files come as train/dev_file
     if root is None:
         return reader.hub(spec, split, limit)
 

@@ -8,8 +8,9 @@
   and ``B-``/``I-`` of each (IOB2; IOB1 files are converted); entity-level F1, precision and recall
   (seqeval's conlleval rules, as CoNLL-2003).
 
-The rows are the task's ``train_file`` and ``dev_file`` (:mod:`bert_core.tasks.table` reads them); the
-headline ``metric`` (default: the kind's first) selects the learning rate and the registered model, and the
+The rows are the task's ``train_file`` and ``dev_file``, or the splits of a Hugging Face Hub dataset
+(``hub``; a ``ClassLabel`` is read by its names), whether or not ``BERT_DATA_ROOT`` is set
+(:mod:`bert_core.tasks.table` reads both); the headline ``metric`` (default: the kind's first) selects the learning rate and the registered model, and the
 kind's other metrics are reported beside it. A fine-tuned model's ``task.json`` holds the definition
 (:func:`own_task_json`), so a registered version is served without the params that declared it.
 """
@@ -24,6 +25,8 @@ OWN_METRICS: dict[str, tuple[str, ...]] = {
     "regression": ("spearman", "pearson"),
     "token_classification": ("f1", "precision", "recall"),
 }
+#: An own Hub task's split names: ours -> the dataset's.
+DEFAULT_HUB_SPLITS = {"train": "train", "dev": "validation"}
 #: A field's name when the definition gives none: ``(text, label)`` per kind.
 DEFAULT_FIELDS: dict[str, tuple[str | None, str]] = {
     "classification": (None, "label"),
@@ -46,6 +49,9 @@ def own_task_spec(
     label: str | None = None,
     labels: tuple[str, ...] | list[str] = (),
     metric: str | None = None,
+    hub: str | None = None,
+    hub_config: str | None = None,
+    hub_splits: dict[str, str] | None = None,
 ) -> TaskSpec:
     """The :class:`TaskSpec` of own task ``name`` (see the module docstring).
 
@@ -56,6 +62,8 @@ def own_task_spec(
             ``tags``; CoNLL files have columns instead).
         labels: The classes (classification) or entity types (NER), in the model's order.
         metric: The headline (default: the kind's first of :data:`OWN_METRICS`).
+        hub, hub_config, hub_splits: A Hub dataset's id, config and split names (``train``, ``dev`` -> its
+            split; default ``train`` and ``validation``), when the rows come from the Hub.
 
     Raises:
         ValueError: a name of the paper's tasks, an unknown kind or metric, labels with a regression, fewer
@@ -98,9 +106,9 @@ def own_task_spec(
         metric_keys=(metric, *(k for k in keys if k != metric)),
         max_seq_length=128,
         data_format=OWN_FORMAT,
-        hub_path="",
-        hub_config=None,
-        hub_splits={},
+        hub_path=hub or "",
+        hub_config=hub_config,
+        hub_splits={**DEFAULT_HUB_SPLITS, **(hub_splits or {})},
         local_files={"train": "", "dev": ""},
         submission_labels=labels,  # prediction files spell the labels as the task's files do
         single_sentence=not text_pair,
@@ -123,6 +131,11 @@ def own_task_json(spec: TaskSpec) -> dict[str, object]:
         "label": spec.fields["label"],
         "labels": list(entity_types(spec) if ner else spec.labels),
         "metric": spec.main_metric,
+        **(
+            {"hub": spec.hub_path, "hub_config": spec.hub_config, "hub_splits": spec.hub_splits}
+            if spec.hub_path
+            else {}
+        ),
     }
 
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bert_core.tasks.base import TaskDataError, TaskRows, check_line_endings, excerpt
+from bert_core.tasks.base import TaskDataError, TaskRows, check_line_endings, excerpt, hub_source, hub_split
 from bert_core.tasks.conll import iob1_to_iob2
 from bert_core.tasks.registry import TaskSpec
 
@@ -82,7 +82,7 @@ def records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield reader.line_num, record
 
 
-def _field(spec: TaskSpec, path: Path, lineno: int, record: dict[str, Any], role: str) -> Any:
+def _field(spec: TaskSpec, path: str | Path, lineno: int, record: dict[str, Any], role: str) -> Any:
     name = spec.fields[role]
     value = record.get(name)
     if value is None:
@@ -93,7 +93,7 @@ def _field(spec: TaskSpec, path: Path, lineno: int, record: dict[str, Any], role
     return value
 
 
-def _text(spec: TaskSpec, path: Path, lineno: int, record: dict[str, Any], role: str) -> str:
+def _text(spec: TaskSpec, path: str | Path, lineno: int, record: dict[str, Any], role: str) -> str:
     value = _field(spec, path, lineno, record, role)
     if not isinstance(value, str) or not value.strip():
         raise TaskDataError(
@@ -102,7 +102,7 @@ def _text(spec: TaskSpec, path: Path, lineno: int, record: dict[str, Any], role:
     return value
 
 
-def _label(spec: TaskSpec, path: Path, lineno: int, record: dict[str, Any]) -> int | float:
+def _label(spec: TaskSpec, path: str | Path, lineno: int, record: dict[str, Any]) -> int | float:
     value = _field(spec, path, lineno, record, "label")
     if spec.kind == "regression":
         try:
@@ -131,9 +131,17 @@ def label_text(value: Any) -> str:
 def load_table(spec: TaskSpec, split: str, path: Path, limit: int | None = None) -> TaskRows:
     """Read an own task's file into canonical rows (see the module docstring)."""
     if spec.kind == "token_classification":
-        return _load_tagged(spec, split, path, limit)
+        words, tags = spec.fields["text_a"], spec.fields["label"]
+        return _tagged_rows(spec, split, str(path), tagged_sentences(path, words, tags), limit)
+    return _rows(spec, split, str(path), records(path), limit)
+
+
+def _rows(
+    spec: TaskSpec, split: str, path: str, numbered: Iterable[tuple[int, dict[str, Any]]], limit: int | None
+) -> TaskRows:
+    """The classification or regression rows of ``(line or row number, record)`` pairs read from ``path``."""
     rows: list[dict[str, Any]] = []
-    for lineno, record in records(path):
+    for lineno, record in numbered:
         if limit is not None and len(rows) >= limit:
             break
         rows.append(
@@ -145,20 +153,21 @@ def load_table(spec: TaskSpec, split: str, path: Path, limit: int | None = None)
             }
         )
     if not rows:
-        raise TaskDataError(f"{path}: no rows; an own task's {split} file needs labelled rows")
-    return TaskRows(rows, task=spec.name, split=split, source=str(path))
+        raise TaskDataError(f"{path}: no rows; an own task's {split} split needs labelled rows")
+    return TaskRows(rows, task=spec.name, split=split, source=path)
 
 
-def labels_of(kind: str, path: Path, field: str | None) -> list[str]:
+def labels_of(kind: str, path: Path, field: str, words: str = "tokens") -> list[str]:
     """An own task's classes when the params list none: the distinct labels in ``field`` of ``path``, sorted;
-    NER: the entity types of its tags.
+    NER: the entity types of its tags (JSON Lines: the tag lists in ``field``, beside the word lists in
+    ``words``).
 
     Raises:
         TaskDataError: a record without the field; a tag that is neither ``O`` nor ``B-``/``I-`` + type.
     """
     found: set[str] = set()
     if kind == "token_classification":
-        for lineno, _, tags in tagged_sentences(path, "tokens", field or "tags"):
+        for lineno, _, tags in tagged_sentences(path, words, field):
             found |= {_tag_type(path, lineno, tag) for tag in tags if tag != "O"}
         return sorted(found)
     for lineno, record in records(path):
@@ -171,7 +180,7 @@ def labels_of(kind: str, path: Path, field: str | None) -> list[str]:
 # ---------------------------------------------------------------------------------------------- NER
 
 
-def _tag_type(path: Path, lineno: int, tag: str) -> str:
+def _tag_type(path: str | Path, lineno: int, tag: str) -> str:
     if tag[:2] not in ("B-", "I-") or not tag[2:]:
         raise TaskDataError(
             f"{path}:{lineno}: tag {excerpt(tag)} is not O, B-<type> or I-<type> (IOB); fix the tag"
@@ -188,19 +197,7 @@ def tagged_sentences(path: Path, words: str, tags: str) -> Iterator[tuple[int, l
     """
     if path.suffix.lower() in (".jsonl", ".json"):
         for lineno, record in records(path):
-            got = [record.get(words), record.get(tags)]
-            if not all(
-                isinstance(v, list) and v and all(isinstance(x, str) and x.strip() for x in v) for v in got
-            ):
-                raise TaskDataError(
-                    f"{path}:{lineno}: fields {words!r} and {tags!r} must be non-empty lists of strings (the "
-                    f"words and their tags), got {excerpt(got)}; fix the row, or define.text / define.label"
-                )
-            if len(got[0]) != len(got[1]):
-                raise TaskDataError(
-                    f"{path}:{lineno}: {len(got[0])} words but {len(got[1])} tags; fix the row"
-                )
-            yield lineno, got[0], got[1]
+            yield _tagged_record(str(path), lineno, record, words, tags)
         return
     check_line_endings(path)
     sentence: tuple[int, list[str], list[str]] = (0, [], [])
@@ -222,9 +219,30 @@ def tagged_sentences(path: Path, words: str, tags: str) -> Iterator[tuple[int, l
         yield sentence
 
 
-def _load_tagged(spec: TaskSpec, split: str, path: Path, limit: int | None) -> TaskRows:
+def _tagged_record(
+    path: str, lineno: int, record: dict[str, Any], words: str, tags: str
+) -> tuple[int, list[str], list[str]]:
+    """A JSON record's (or Hub row's) sentence: its ``words`` and ``tags`` lists, checked."""
+    got = [record.get(words), record.get(tags)]
+    if not all(isinstance(v, list) and v and all(isinstance(x, str) and x.strip() for x in v) for v in got):
+        raise TaskDataError(
+            f"{path}:{lineno}: fields {words!r} and {tags!r} must be non-empty lists of strings (the words and "
+            f"their tags), got {excerpt(got)}; fix the row, or define.text / define.label"
+        )
+    if len(got[0]) != len(got[1]):
+        raise TaskDataError(f"{path}:{lineno}: {len(got[0])} words but {len(got[1])} tags; fix the row")
+    return lineno, got[0], got[1]
+
+
+def _tagged_rows(
+    spec: TaskSpec,
+    split: str,
+    path: str,
+    sentences: Iterable[tuple[int, list[str], list[str]]],
+    limit: int | None,
+) -> TaskRows:
     rows: list[dict[str, Any]] = []
-    for lineno, words, tags in tagged_sentences(path, spec.fields["text_a"], spec.fields["label"]):
+    for lineno, words, tags in sentences:
         if limit is not None and len(rows) >= limit:
             break
         bad = next((t for t in tags if t not in spec.labels), None)
@@ -236,13 +254,61 @@ def _load_tagged(spec: TaskSpec, split: str, path: Path, limit: int | None) -> T
             )
         rows.append({"id": str(len(rows)), "tokens": words, "tags": iob1_to_iob2(tags)})
     if not rows:
-        raise TaskDataError(f"{path}: no sentences; an own task's {split} file needs labelled rows")
-    return TaskRows(rows, task=spec.name, split=split, source=str(path))
+        raise TaskDataError(f"{path}: no sentences; an own task's {split} split needs labelled rows")
+    return TaskRows(rows, task=spec.name, split=split, source=path)
+
+
+# ---------------------------------------------------------------------------------------------- the Hub
+
+
+def _class_names(feature: Any) -> list[str] | None:
+    """The names of a ``ClassLabel`` feature, or of a sequence of them; ``None`` for any other feature."""
+    names = getattr(feature, "names", None) or getattr(getattr(feature, "feature", None), "names", None)
+    return list(names) if names else None
+
+
+def _hub_records(ds: Any, field: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(row number, row)`` of a Hub split, its ``field`` (a class id, or a list of them) as class names."""
+    names = _class_names(ds.features.get(field))
+    for number, example in enumerate(ds, start=1):
+        record = dict(example)
+        value = record.get(field)
+        if names is not None and value is not None:
+            name = lambda i: names[i] if isinstance(i, int) and 0 <= i < len(names) else None  # noqa: E731
+            record[field] = [name(v) for v in value] if isinstance(value, list) else name(value)
+        yield number, record
 
 
 def load_table_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskRows:
-    """An own task has no Hub copy: its rows are its ``train_file`` and ``dev_file``."""
-    raise TaskDataError(
-        f"{spec.name}/{split}: an own task reads its own files; set finetune.tasks.{spec.name}.train_file and "
-        "dev_file"
+    """An own task's split from the Hugging Face Hub (``define.hub``), read as its files would be; a
+    ``ClassLabel`` label (or tag) is read by its name."""
+    if not spec.hub_path:
+        raise TaskDataError(
+            f"{spec.name}/{split}: an own task reads its own files or a Hub dataset; set "
+            f"finetune.tasks.{spec.name}.train_file and dev_file, or define.hub"
+        )
+    hub_name = spec.hub_splits[split]
+    ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit)
+    source = hub_source(spec.hub_path, spec.hub_config, hub_name)
+    records = _hub_records(ds, spec.fields["label"])
+    if spec.kind == "token_classification":
+        words, tags = spec.fields["text_a"], spec.fields["label"]
+        sentences = (_tagged_record(source, n, r, words, tags) for n, r in records)
+        return _tagged_rows(spec, split, source, sentences, limit)
+    return _rows(spec, split, source, records, limit)
+
+
+def hub_labels(kind: str, hub: str, config: str | None, split: str, field: str) -> list[str]:
+    """An own Hub task's classes when the params list none: the names of its ``ClassLabel`` (in their
+    order), else the distinct labels of ``split``, sorted; NER: the entity types of its tags."""
+    ds = hub_split(hub, config, split, None)
+    names = _class_names(ds.features.get(field))
+    source = hub_source(hub, config, split)
+    if kind == "token_classification":
+        tags = names or sorted({t for r in ds for t in r.get(field) or ()})
+        return list(dict.fromkeys(_tag_type(source, 0, t) for t in tags if t != "O"))
+    if names is not None:
+        return names
+    return sorted(
+        {label_text(r[field]) for _, r in _hub_records(ds, field) if r.get(field) not in (None, "")}
     )
