@@ -663,3 +663,16 @@ def test_a_hub_row_that_does_not_fit_is_named_by_dataset_split_and_row(monkeypat
         TaskDataError, match=r"set finetune\.tasks\.t\.train_file and dev_file, or define\.hub"
     ):
         load_table_hub(no_hub, "train")
+
+
+def test_a_file_that_is_not_utf8_is_named_by_its_line_when_read_and_when_its_labels_are(tmp_path):
+    from bert_core.tasks.table import labels_of
+
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("review,sentiment\ngood,pos\ncaf\xe9,neg\n".encode("latin-1"))
+    for read in (
+        lambda: load_table(_spec(), "train", path),
+        lambda: labels_of("classification", path, "sentiment"),
+    ):
+        with pytest.raises(TaskDataError, match=r"latin1\.csv:3: not UTF-8 \(byte b'\\xe9' at offset"):
+            read()

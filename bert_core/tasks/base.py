@@ -129,3 +129,18 @@ def hub_split(path: str, config: str | None, split: str, limit: int | None) -> A
 
 def hub_source(path: str, config: str | None, split: str) -> str:
     return f"hf://{path}" + (f"/{config}" if config else "") + f":{split}"
+
+
+def not_utf8(path: Path) -> TaskDataError:
+    """The error for a task file that is not UTF-8, naming the line and byte offset of the first bad byte."""
+    raw = path.read_bytes()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        bad = raw[err.start : err.start + 1]
+        return TaskDataError(
+            f"{path}:{line}: not UTF-8 (byte {bad!r} at offset {err.start}); the official files are UTF-8: "
+            "re-encode the file (e.g. iconv -f latin1 -t utf-8) or fetch it again"
+        )
+    return TaskDataError(f"{path}: not UTF-8; re-encode the file or fetch it again")  # pragma: no cover

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from bert_core.tasks.base import TaskDataError, TaskRows, require_file, resolve_data_root
+from bert_core.tasks.base import TaskDataError, TaskRows, not_utf8, require_file, resolve_data_root
 from bert_core.tasks.conll import load_conll_file, load_conll_hub
 from bert_core.tasks.glue import load_glue_hub, load_glue_tsv
 from bert_core.tasks.registry import CONLL_IOB2_FILES, OWN_FORMAT, TaskSpec, get_task
@@ -108,21 +108,6 @@ def read_local(spec: TaskSpec, split: str, path: Path, limit: int | None = None)
     try:
         return READERS[spec.data_format].local(spec, split, path, limit)
     except UnicodeDecodeError:
-        raise _not_utf8(path) from None
+        raise not_utf8(path) from None
     except csv.Error as err:  # e.g. a field over the csv module's 128 KB limit
         raise TaskDataError(f"{path}: not a valid {spec.name} CSV file ({err}); check the file") from None
-
-
-def _not_utf8(path: Path) -> TaskDataError:
-    """The error for a task file that is not UTF-8, naming the line and byte offset of the first bad byte."""
-    raw = path.read_bytes()
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        bad = raw[err.start : err.start + 1]
-        return TaskDataError(
-            f"{path}:{line}: not UTF-8 (byte {bad!r} at offset {err.start}); the official files are UTF-8: "
-            "re-encode the file (e.g. iconv -f latin1 -t utf-8) or fetch it again"
-        )
-    return TaskDataError(f"{path}: not UTF-8; re-encode the file or fetch it again")  # pragma: no cover

@@ -28,7 +28,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bert_core.tasks.base import TaskDataError, TaskRows, check_line_endings, excerpt, hub_source, hub_split
+from bert_core.tasks.base import (
+    TaskDataError,
+    TaskRows,
+    check_line_endings,
+    excerpt,
+    hub_source,
+    hub_split,
+    not_utf8,
+)
 from bert_core.tasks.conll import iob1_to_iob2
 from bert_core.tasks.registry import TaskSpec
 
@@ -51,7 +59,13 @@ def records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             "rename it for what it holds"
         )
     check_line_endings(path)
-    delimiter = SUFFIXES[suffix]
+    try:
+        yield from _records(path, SUFFIXES[suffix])
+    except UnicodeDecodeError:  # as the paper's tasks' files: the line and byte
+        raise not_utf8(path) from None
+
+
+def _records(path: Path, delimiter: str | None) -> Iterator[tuple[int, dict[str, Any]]]:
     with path.open(encoding="utf-8-sig", newline="" if delimiter else None) as f:
         if delimiter is None:
             for lineno, line in enumerate(f, start=1):
