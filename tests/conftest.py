@@ -35,6 +35,26 @@ def shared_data() -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_model(shared_data, tmp_path_factory) -> Path:
+    """A tiny random BERT (2 layers of 32) with the real uncased vocab, as the pretrain stage writes one."""
+    import shutil
+
+    import torch
+
+    from bert_core.config import BertConfig
+    from bert_core.model import BertForPreTraining
+
+    path = tmp_path_factory.mktemp("pretrained") / "model"
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    torch.manual_seed(0)
+    BertForPreTraining(config).save_pretrained(path)
+    shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
+    return path
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _artifacts_outside_the_repository(tmp_path_factory):
     """A SQLite store's artifacts default to ``./mlruns`` of the working directory, the repository's own; the

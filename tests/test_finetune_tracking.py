@@ -8,28 +8,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from bert_core.tracking import FINGERPRINT_TAG, fingerprint, register, resolve_model_source
-
-
-@pytest.fixture(scope="module")
-def tiny_model(shared_data, tmp_path_factory) -> Path:
-    from bert_core.config import BertConfig
-    from bert_core.model import BertForPreTraining
-
-    path = tmp_path_factory.mktemp("pretrained") / "model"
-    config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
-    )
-    torch.manual_seed(0)
-    BertForPreTraining(config).save_pretrained(path)
-    shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
-    return path
 
 
 def _run_id() -> str:

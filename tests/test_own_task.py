@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -313,23 +312,6 @@ def test_own_metrics_are_sklearns_and_the_glue_tasks_are_scored_as_before():
 
 
 # ---------------------------------------------------------------------------------------------- end to end
-
-
-@pytest.fixture(scope="module")
-def tiny_model(shared_data, tmp_path_factory) -> Path:
-    import torch
-
-    from bert_core.config import BertConfig
-    from bert_core.model import BertForPreTraining
-
-    path = tmp_path_factory.mktemp("pretrained") / "model"
-    config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
-    )
-    torch.manual_seed(0)
-    BertForPreTraining(config).save_pretrained(path)
-    shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
-    return path
 
 
 def _sst2_as_csv(shared_data: Path, split: str, path: Path, n: int) -> Path:

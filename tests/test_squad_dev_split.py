@@ -16,7 +16,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from bert_core.finetune.params import FinetuneParams
 from bert_core.tasks import TaskDataError, get_task, load_task_split
@@ -291,22 +290,6 @@ def test_v20_scorer_matches_the_official_script_on_the_real_dev_set(shared_data,
 
 
 # ---------------------------------------------------------------------------------------- end to end
-@pytest.fixture(scope="module")
-def tiny_model(shared_data, tmp_path_factory) -> Path:
-    """A tiny random BERT with the real uncased vocab."""
-    from bert_core.config import BertConfig
-    from bert_core.model import BertForPreTraining
-
-    path = tmp_path_factory.mktemp("pretrained") / "model"
-    config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
-    )
-    torch.manual_seed(0)
-    BertForPreTraining(config).save_pretrained(path)
-    shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
-    return path
-
-
 class _Tracker:
     def __init__(self) -> None:
         self.trials: list[tuple[str, dict, dict]] = []

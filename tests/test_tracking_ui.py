@@ -4,12 +4,10 @@ metric per task. The browser check is tests/e2e/test_browser.py."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 from mlflow import MlflowClient
 
 from bert_core.tracking import FINETUNE_EXPERIMENT, PIPELINE_EXPERIMENT, stage_run
@@ -126,21 +124,6 @@ def test_dataset_logging_never_fails_the_run(monkeypatch):
     monkeypatch.setattr("bert_core.tracking.run.time.sleep", lambda s: None)
     with stage_run("x", None):
         assert log_dataset("d", source="", digest="0", rows=1, context="training") is False
-
-
-@pytest.fixture(scope="module")
-def tiny_model(shared_data, tmp_path_factory) -> Path:
-    from bert_core.config import BertConfig
-    from bert_core.model import BertForPreTraining
-
-    path = tmp_path_factory.mktemp("pretrained") / "model"
-    config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
-    )
-    torch.manual_seed(0)
-    BertForPreTraining(config).save_pretrained(path)
-    shutil.copy(shared_data / "checkpoints" / "bert-base-uncased" / "vocab.txt", path / "vocab.txt")
-    return path
 
 
 def test_finetune_flow_logs_datasets_headline_and_card(tiny_model, shared_data, tmp_path, monkeypatch):
