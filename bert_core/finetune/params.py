@@ -147,8 +147,8 @@ class TaskSettings(StrictModel):
             official dev scores; an error when the official train data is present. Per task only.
         train_file, dev_file: Own files in the task's official format instead of the official train / main
             dev split (absolute, or relative to the repository root). Per task only.
-        define: An own task's definition (:class:`OwnTask`); its rows are ``train_file`` and ``dev_file``.
-            Per task only.
+        define: An own task's definition (:class:`OwnTask`); its rows are ``train_file`` and ``dev_file``,
+            or its Hub dataset. Per task only.
         unpad: Encode the real tokens only (``bert_core.unpad``; same results, no compute on padding).
             Off by default: length-grouped dynamic padding leaves little padding in fine-tuning batches.
     """
@@ -177,9 +177,8 @@ class TaskSettings(StrictModel):
     dev_split: bool = False
     train_file: str | None = Field(None, min_length=1)
     dev_file: str | None = Field(None, min_length=1)
-    define: OwnTask | None = Field(
-        None, exclude_if=lambda v: v is None
-    )  # absent from the paper's tasks' records
+    # Left out of a paper's task's dumps (trial fingerprints, MLflow params), which stay as they were.
+    define: OwnTask | None = Field(None, exclude_if=lambda v: v is None)
     unpad: bool = False
 
     @field_validator("learning_rates")

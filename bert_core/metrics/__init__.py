@@ -15,6 +15,8 @@ swag                           ``accuracy``
 squad_v1                       ``f1``, ``exact_match`` (+ ``total``, ``missing``)
 squad_v2                       ``f1``, ``exact`` = ``exact_match``, ``HasAns_*``, ``NoAns_*``, ``best_*``
 conll2003                      ``f1``, ``precision``, ``recall``, ``accuracy``, ``per_type``
+an own task                    its ``TaskSpec.metric_keys`` (:mod:`bert_core.tasks.own`): accuracy,
+                               F1, macro F1, Matthews; Spearman, Pearson; NER as conll2003
 =============================  ==================================================================
 """
 
