@@ -495,6 +495,12 @@ def test_the_readmes_own_task_example_is_valid_params():
             {"kind": "token_classification", "labels": ["PER", "ORG", "LOC", "MISC"]},
             ("conll2003/eng.train", "conll2003/eng.testa"),
         ),
+        (
+            "squad_v2",
+            {"kind": "span_qa", "no_answers": True},
+            ("squad/train-v2.0.json", "squad/dev-v2.0.json"),
+        ),
+        ("swag", {"kind": "multiple_choice"}, ("swag/train.csv", "swag/val.csv")),
     ],
 )
 def test_an_own_task_on_a_papers_task_rows_is_fine_tuned_exactly_as_that_task(
@@ -504,11 +510,14 @@ def test_an_own_task_on_a_papers_task_rows_is_fine_tuned_exactly_as_that_task(
     the same trials and dev scores: an own task goes down the paper's tasks' path."""
     from bert_core.finetune.run import finetune_task
 
-    monkeypatch.setenv("BERT_DATA_ROOT", str(shared_data))
+    root = shared_data
+    if paper in ("squad_v2", "swag"):  # not in the shared data: the fixtures', laid out as a data root
+        root = Path(__file__).parent / "fixtures" / "tasks"
+    monkeypatch.setenv("BERT_DATA_ROOT", str(root))
     base = dict(
         train_limit=24, eval_limit=16, learning_rates=[1e-3], epochs=1, batch_size=8, max_seq_length=64
     )
-    train, dev = (str(shared_data / f) for f in files)
+    train, dev = (str(root / f) for f in files)
     params = FinetuneParams(
         defaults=base,
         data_checks=False,
@@ -658,3 +667,76 @@ def test_a_file_that_is_not_utf8_is_named_by_its_line_when_read_and_when_its_lab
     ):
         with pytest.raises(TaskDataError, match=r"latin1\.csv:3: not UTF-8 \(byte b'\\xe9' at offset"):
             read()
+
+
+def test_own_span_qa_reads_squads_format_and_refuses_unanswerable_questions_unless_declared(tmp_path):
+    doc = {
+        "version": "v2.0",
+        "data": [
+            {
+                "title": "T",
+                "paragraphs": [
+                    {
+                        "context": "Paris is in France.",
+                        "qas": [
+                            {
+                                "id": "q1",
+                                "question": "Where?",
+                                "answers": [{"text": "France", "answer_start": 12}],
+                            },
+                            {"id": "q2", "question": "Why?", "answers": [], "is_impossible": True},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    with_null = own_task_spec("qa", kind="span_qa", no_answers=True)
+    assert with_null.max_seq_length == 384 and with_null.metric_keys == ("f1", "exact")
+    assert own_task_spec("qa", kind="span_qa").metric_keys == ("f1", "exact_match")
+    assert [r["is_impossible"] for r in load_table(with_null, "dev", path)] == [False, True]
+    assert task_from_json({"task": "qa", "own_task": own_task_json(with_null)}) == with_null
+    doc["version"] = "1.1"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(
+        TaskDataError, match=r"question 'q2' is marked is_impossible.*set define\.no_answers: true"
+    ):
+        load_table(own_task_spec("qa", kind="span_qa"), "dev", path)
+    with pytest.raises(ValueError, match="a multiple_choice task has no labels"):
+        FinetuneParams(
+            tasks={
+                "mc": {
+                    "define": {"kind": "multiple_choice", "labels": ["x"]},
+                    "train_file": "a",
+                    "dev_file": "b",
+                }
+            }
+        )
+    mc = own_task_spec("mc", kind="multiple_choice")
+    assert (
+        mc.labels == ("0", "1", "2", "3")
+        and task_from_json({"task": "mc", "own_task": own_task_json(mc)}) == mc
+    )
+    with pytest.raises(ValueError, match="a span_qa task has no labels"):
+        FinetuneParams(
+            tasks={
+                "qa": {
+                    "define": {"kind": "span_qa", "labels": ["x", "y"]},
+                    "train_file": "a",
+                    "dev_file": "b",
+                }
+            }
+        )
+    with pytest.raises(ValueError, match="no_answers is span QA's"):
+        FinetuneParams(
+            tasks={"r": {"define": {**REVIEWS, "no_answers": True}, "train_file": "a", "dev_file": "b"}}
+        )
+    # no classes to read: the task is declared without its train file being opened
+    assert (
+        FinetuneParams(tasks={"qa": {"define": {"kind": "span_qa"}, "train_file": "a", "dev_file": "b"}})
+        .task("qa")
+        .kind
+        == "span_qa"
+    )

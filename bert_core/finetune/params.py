@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import math
 import os
-import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
+from bert_core.finetune.own_task import OwnTask, own_task_keys
 from bert_core.params import StrictModel, mlflow_alias, mlflow_model_name
 
 if TYPE_CHECKING:
@@ -32,91 +31,6 @@ SMALL_TASKS = ("rte", "mrpc", "stsb", "cola", "wnli")
 PER_TASK_DATA_KEYS = ("dev_split", "train_file", "dev_file", "define")
 #: The pretrain stage's output, the default starting checkpoint (its lineage is the upstream stages').
 PRETRAINED_DIR = "models/pretrained"
-
-
-class OwnTask(StrictModel):
-    """An own task (``finetune.tasks.<name>.define``, :mod:`bert_core.tasks.own`): classification,
-    regression or NER on the user's labelled files (``train_file``, ``dev_file``, read by
-    :mod:`bert_core.tasks.table`: CSV, TSV or JSON Lines; NER: CoNLL columns or JSON Lines).
-
-    Attributes:
-        kind: ``classification`` (one of ``labels`` per example), ``regression`` (a number) or
-            ``token_classification`` (an entity tag per word).
-        text: The field (CSV/TSV column, JSON key) of the text; NER's JSON Lines: of the word list
-            (default ``tokens``).
-        text_pair: The field of the second text, for a sentence-pair task (``None``: one text).
-        label: The field of the label, score or tag list (default ``label``; NER ``tags``).
-        labels: The classes in the model's output order (``f1``'s positive class is the second), or NER's
-            entity types; ``None``: those of the train file, sorted.
-        metric: The headline, which selects the learning rate and the registered model: ``accuracy``,
-            ``f1`` (two classes), ``macro_f1``, ``matthews_corr``; ``spearman``, ``pearson``
-            (regression); ``f1``, ``precision``, ``recall`` (NER). ``None``: the kind's first. The kind's
-            other metrics are reported beside it.
-        hub: A Hugging Face Hub dataset to read instead of files (``stanfordnlp/imdb``), whether or not
-            ``BERT_DATA_ROOT`` is set; ``hub_config`` its config, ``hub_splits`` which of its splits are
-            ``train`` and ``dev`` (default ``train`` and ``validation``). A ``ClassLabel`` is read by its
-            names, which are then the default ``labels``.
-    """
-
-    kind: Literal["classification", "regression", "token_classification"]
-    text: str | None = Field(None, min_length=1)
-    text_pair: str | None = Field(None, min_length=1)
-    label: str | None = Field(None, min_length=1)
-    labels: list[str] | None = Field(None, min_length=1)
-    metric: (
-        Literal["accuracy", "f1", "macro_f1", "matthews_corr", "spearman", "pearson", "precision", "recall"]
-        | None
-    ) = None
-    hub: str | None = Field(None, min_length=1)
-    hub_config: str | None = Field(None, min_length=1)
-    hub_splits: dict[Literal["train", "dev"], str] | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> OwnTask:
-        from bert_core.tasks import own_task_spec
-
-        own_task_spec("own task", labels=self.labels or self._any_labels(), **self._fields())
-        return self
-
-    def _any_labels(self) -> list[str]:
-        """Stand-in labels to check the rest before the train file gives the real ones."""
-        if self.kind == "classification":
-            return ["a", "b"] if self.metric == "f1" else ["a", "b", "c"]
-        return ["X"] if self.kind == "token_classification" else []
-
-    @property
-    def main_metric(self) -> str:
-        """The headline metric key (the evaluate stage checks a summary's against it)."""
-        from bert_core.tasks.own import OWN_METRICS
-
-        return self.metric or OWN_METRICS[self.kind][0]
-
-    def _fields(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"labels"})
-
-    def spec(self, name: str, train_file: os.PathLike[str] | None = None) -> TaskSpec:
-        """The task's :class:`TaskSpec`; the classes read from ``train_file`` (else the Hub's train split)
-        when the params list none."""
-        from bert_core.tasks import own_task_spec
-        from bert_core.tasks.own import DEFAULT_FIELDS, DEFAULT_HUB_SPLITS
-        from bert_core.tasks.table import hub_labels, labels_of
-
-        labels = self.labels
-        if self.kind != "regression" and labels is None:
-            words, field = (
-                self.text or DEFAULT_FIELDS[self.kind][0],
-                self.label or DEFAULT_FIELDS[self.kind][1],
-            )
-            if train_file is not None:
-                labels = labels_of(self.kind, Path(train_file), field, words or "")
-            else:
-                assert self.hub is not None, "the labels come from the train file or the Hub"
-                split = {**DEFAULT_HUB_SPLITS, **(self.hub_splits or {})}["train"]
-                labels = hub_labels(self.kind, self.hub, self.hub_config, split, field)
-        try:
-            return own_task_spec(name, labels=labels or (), **self._fields())
-        except ValueError as err:
-            raise ValueError(f"finetune.tasks.{name}.define: {err}") from None
 
 
 class TaskSettings(StrictModel):
@@ -407,7 +321,7 @@ class FinetuneParams(StrictModel):
                 raise ValueError(f"defaults.{name}: set it per task, under tasks.<task>.{name}")
         for task, overrides in self.tasks.items():
             if overrides.define is not None:
-                _own_task_keys(task, overrides)
+                own_task_keys(task, overrides)
                 continue
             if overrides.dev_split and TASKS[task].dev_split is None:
                 with_split = [t for t, spec in TASKS.items() if spec.dev_split is not None]
@@ -441,7 +355,7 @@ class FinetuneParams(StrictModel):
         own, key = overrides.define, f"finetune.tasks.{name}.train_file"
         train = (
             own_file(overrides.train_file, REPO_ROOT, key)
-            if own.labels is None and overrides.train_file
+            if own.labels_from_data and overrides.train_file
             else None
         )
         return own.spec(name, train)
@@ -468,26 +382,3 @@ class FinetuneParams(StrictModel):
             **self.model_dump(mode="json", include={"model", "device", "precision"}),
             "settings": self.for_task(task).model_dump(mode="json"),
         }
-
-
-def _own_task_keys(task: str, overrides: Any) -> None:
-    """An own task names its own files, and nothing of the paper's tasks."""
-    from bert_core.tasks import TASKS
-
-    if task in TASKS:
-        raise ValueError(
-            f"tasks.{task}.define: {task} is one of the paper's tasks; give the own task another name"
-        )
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", task):  # a path, a DVC stage, an MLflow model name
-        raise ValueError(
-            f"tasks.{task!r}: an own task's name is letters, digits, '_' and '-' (at most 64), starting with a "
-            "letter or digit"
-        )
-    missing = [k for k in ("train_file", "dev_file") if getattr(overrides, k) is None]
-    if missing and overrides.define.hub is None:
-        raise ValueError(
-            f"tasks.{task}: an own task reads its own files or a Hub dataset; set {' and '.join(missing)}, or "
-            "define.hub"
-        )
-    if overrides.dev_split:
-        raise ValueError(f"tasks.{task}.dev_split: an own task has no official dev file to split; remove it")

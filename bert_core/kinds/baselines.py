@@ -272,11 +272,11 @@ def ner_baselines(train_rows: Sequence[Row], rows: Sequence[Row]) -> Baselines:
 
 
 # ---------------------------------------------------------------------- multiple choice
-def multiple_choice_baselines(task: str, train_rows: Sequence[Row], rows: Sequence[Row]) -> Baselines:
+def multiple_choice_baselines(spec: Any, train_rows: Sequence[Row], rows: Sequence[Row]) -> Baselines:
     """``majority`` (the most frequent training label) and ``tfidf_ending`` of a SWAG-style task.
 
     Args:
-        task: The task name (scored by :func:`bert_core.metrics.glue_metrics`: accuracy).
+        spec: The task (scored by :func:`bert_core.metrics.spec_metrics`: accuracy).
         train_rows: The fine-tuning's training rows (``endings``, ``label``).
         rows: The evaluated rows, all labelled (else no baseline is scored).
 
@@ -287,7 +287,9 @@ def multiple_choice_baselines(task: str, train_rows: Sequence[Row], rows: Sequen
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
 
-    from bert_core.metrics import glue_metrics
+    from bert_core.metrics import spec_metrics
+
+    task = spec.name
 
     def label(row: Row) -> int | None:
         value = row.get("label")
@@ -301,7 +303,7 @@ def multiple_choice_baselines(task: str, train_rows: Sequence[Row], rows: Sequen
     y_train = [label(r) for r in train]
     majority = DummyClassifier(strategy="most_frequent").fit(np.zeros((len(train), 1)), y_train)
     out["majority"] = numeric_metrics(
-        glue_metrics(task, majority.predict(np.zeros((len(rows), 1))).tolist(), gold)
+        spec_metrics(spec, majority.predict(np.zeros((len(rows), 1))).tolist(), gold)
     )
 
     endings = [str(e) for r in train for e in r["endings"]]
@@ -312,5 +314,5 @@ def multiple_choice_baselines(task: str, train_rows: Sequence[Row], rows: Sequen
         probs = fitted.predict_proba([str(e) for r in rows for e in r["endings"]])[:, 1]  # one call: fast
         ends = np.cumsum([len(r["endings"]) for r in rows])
         preds = [int(np.argmax(p)) for p in np.split(probs, ends[:-1])]
-        out["tfidf_ending"] = numeric_metrics(glue_metrics(task, preds, gold))
+        out["tfidf_ending"] = numeric_metrics(spec_metrics(spec, preds, gold))
     return out

@@ -178,7 +178,7 @@ class MultipleChoice(TaskKind):
         the endings alone), fitted on ``train_rows`` (:func:`bert_core.kinds.baselines.multiple_choice_baselines`)."""
         from bert_core.kinds.baselines import multiple_choice_baselines
 
-        return multiple_choice_baselines(spec.name, train_rows, rows)
+        return multiple_choice_baselines(spec, train_rows, rows)
 
     # -- serving
     def serving_inputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:

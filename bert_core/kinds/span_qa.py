@@ -252,7 +252,7 @@ class SpanQA(TaskKind):
     @staticmethod
     def version_2(spec: TaskSpec) -> bool:
         """Whether the task allows unanswerable questions (SQuAD v2.0)."""
-        return spec.name == "squad_v2"
+        return spec.no_answers
 
     def score(
         self,

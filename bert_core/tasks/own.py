@@ -7,6 +7,11 @@
 * ``token_classification`` -- an entity tag per word (NER); ``labels`` are the entity types, the tags ``O``
   and ``B-``/``I-`` of each (IOB2; IOB1 files are converted); entity-level F1, precision and recall
   (seqeval's conlleval rules, as CoNLL-2003).
+* ``span_qa`` -- extractive question answering on files in SQuAD's JSON format (or a Hub dataset with
+  SQuAD's columns); ``no_answers`` allows unanswerable questions (SQuAD v2.0: a null answer whose threshold
+  is tuned on dev); the official scorer's F1 and exact match (``exact`` with ``no_answers``, as SQuAD v2.0).
+* ``multiple_choice`` -- the right one of four endings, from files in SWAG's CSV format (or a Hub dataset
+  with SWAG's columns); accuracy.
 
 The rows are the task's ``train_file`` and ``dev_file``, or the splits of a Hugging Face Hub dataset
 (``hub``; a ``ClassLabel`` is read by its names), whether or not ``BERT_DATA_ROOT`` is set
@@ -24,7 +29,11 @@ OWN_METRICS: dict[str, tuple[str, ...]] = {
     "classification": ("accuracy", "f1", "macro_f1", "matthews_corr"),
     "regression": ("spearman", "pearson"),
     "token_classification": ("f1", "precision", "recall"),
+    "span_qa": ("f1", "exact_match"),
+    "multiple_choice": ("accuracy",),
 }
+#: A multiple-choice task's classes: the index of the right one of SWAG's four endings.
+MULTIPLE_CHOICE_LABELS = ("0", "1", "2", "3")
 #: An own Hub task's split names: ours -> the dataset's.
 DEFAULT_HUB_SPLITS = {"train": "train", "dev": "validation"}
 #: A field's name when the definition gives none: ``(text, label)`` per kind.
@@ -32,6 +41,8 @@ DEFAULT_FIELDS: dict[str, tuple[str | None, str]] = {
     "classification": (None, "label"),
     "regression": (None, "label"),
     "token_classification": ("tokens", "tags"),
+    "span_qa": ("question", "answers"),  # SQuAD's own fields, not chosen
+    "multiple_choice": ("sent1", "label"),  # SWAG's
 }
 
 
@@ -52,6 +63,7 @@ def own_task_spec(
     hub: str | None = None,
     hub_config: str | None = None,
     hub_splits: dict[str, str] | None = None,
+    no_answers: bool = False,
 ) -> TaskSpec:
     """The :class:`TaskSpec` of own task ``name`` (see the module docstring).
 
@@ -64,6 +76,7 @@ def own_task_spec(
         metric: The headline (default: the kind's first of :data:`OWN_METRICS`).
         hub, hub_config, hub_splits: A Hub dataset's id, config and split names (``train``, ``dev`` -> its
             split; default ``train`` and ``validation``), when the rows come from the Hub.
+        no_answers: Span QA with unanswerable questions (SQuAD v2.0).
 
     Raises:
         ValueError: a name of the paper's tasks, an unknown kind or metric, labels with a regression, fewer
@@ -76,8 +89,12 @@ def own_task_spec(
     labels = tuple(str(lab) for lab in labels)
     if len(set(labels)) != len(labels):
         raise ValueError(f"labels must be distinct, got {list(labels)}")
-    if kind == "regression" and labels:
-        raise ValueError("a regression task has no labels (its label field holds a number); remove them")
+    if kind in ("regression", "span_qa", "multiple_choice") and labels:
+        raise ValueError(f"a {kind} task has no labels; remove them")
+    if kind == "multiple_choice":
+        labels = MULTIPLE_CHOICE_LABELS
+    if no_answers and kind != "span_qa":
+        raise ValueError(f"no_answers is span QA's (unanswerable questions); a {kind} task has none")
     if kind == "classification" and len(labels) < 2:
         raise ValueError(f"a classification task needs two or more labels, got {list(labels)}")
     if kind == "token_classification":
@@ -93,6 +110,8 @@ def own_task_spec(
     if text is None:
         raise ValueError(f"a {kind} task needs the field of its text: set text")
     keys = [k for k in OWN_METRICS[kind] if k != "f1" or kind != "classification" or len(labels) == 2]
+    if no_answers:  # the v2.0 scorer's own name, as squad_v2's
+        keys = ["exact" if k == "exact_match" else k for k in keys]
     metric = metric or keys[0]
     if metric not in keys:
         raise ValueError(f"metric {metric!r}: a {kind} task with these labels is scored with one of {keys}")
@@ -104,7 +123,7 @@ def own_task_spec(
         dev_splits=("dev",),
         test_splits=(),
         metric_keys=(metric, *(k for k in keys if k != metric)),
-        max_seq_length=128,
+        max_seq_length=384 if kind == "span_qa" else 128,  # the paper's windows for QA
         data_format=OWN_FORMAT,
         hub_path=hub or "",
         hub_config=hub_config,
@@ -112,6 +131,7 @@ def own_task_spec(
         local_files={"train": "", "dev": ""},
         submission_labels=labels,  # prediction files spell the labels as the task's files do
         single_sentence=not text_pair,
+        no_answers=no_answers,
         fields={"text_a": text, "label": label, **({"text_b": text_pair} if text_pair else {})},
     )
 
@@ -123,19 +143,20 @@ def entity_types(spec: TaskSpec) -> tuple[str, ...]:
 
 def own_task_json(spec: TaskSpec) -> dict[str, object]:
     """The definition :func:`task_from_json` rebuilds ``spec`` from (a fine-tuned model's ``task.json``)."""
-    ner = spec.kind == "token_classification"
+    ner, choices = spec.kind == "token_classification", spec.kind == "multiple_choice"
     return {
         "kind": spec.kind,
         "text": spec.fields["text_a"],
         "text_pair": spec.fields.get("text_b"),
         "label": spec.fields["label"],
-        "labels": list(entity_types(spec) if ner else spec.labels),
+        "labels": [] if choices else list(entity_types(spec) if ner else spec.labels),
         "metric": spec.main_metric,
         **(
             {"hub": spec.hub_path, "hub_config": spec.hub_config, "hub_splits": spec.hub_splits}
             if spec.hub_path
             else {}
         ),
+        **({"no_answers": True} if spec.no_answers else {}),
     }
 
 

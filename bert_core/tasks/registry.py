@@ -76,6 +76,8 @@ class TaskSpec:
         single_sentence: One text per example (CoLA, SST-2, an own task without ``text_pair``): no
             ``text_b``.
         score_range: The range of a regression task's scores, checked on its rows (STS-B: 0-5).
+        no_answers: Span QA with unanswerable questions (SQuAD v2.0): a null answer, its threshold tuned on
+            dev, and the v2.0 scorer.
         fields: An own task's file fields (:mod:`bert_core.tasks.own`): ``text_a``, ``text_b``, ``label``
             -> the column or JSON key that holds it.
     """
@@ -98,6 +100,7 @@ class TaskSpec:
     dev_split: DevSplit | None = None
     single_sentence: bool = False
     score_range: tuple[float, float] | None = None
+    no_answers: bool = False
     fields: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -269,6 +272,7 @@ TASKS: dict[str, TaskSpec] = {
             hub_config=None,
             hub_splits={"train": "train", "dev": "validation"},
             local_files={"train": "squad/train-v2.0.json", "dev": "squad/dev-v2.0.json"},
+            no_answers=True,
             dev_split=DevSplit(train_articles=17, eval_articles=18),  # dev-v2.0.json: 35 articles
         ),
         TaskSpec(

@@ -52,7 +52,7 @@ def check_answer_offsets(row: Mapping[str, Any], where: str) -> None:
 
 def _version_ok(spec: TaskSpec, version: str) -> bool:
     v = version.lstrip("v")
-    return v.startswith("2") if spec.name == "squad_v2" else v.startswith("1")
+    return v.startswith("2") if spec.no_answers else v.startswith("1")
 
 
 def load_squad_json(spec: TaskSpec, split: str, path: Path, limit: int | None = None) -> TaskRows:
@@ -124,11 +124,15 @@ def squad_rows(
                         "question ids must be unique: fix or remove one of them"
                     )
                 seen[row["id"]] = f"data[{a}].paragraphs[{p}].qas[{q}]"
-                if row["is_impossible"] and spec.name != "squad_v2":
+                if row["is_impossible"] and not spec.no_answers:
+                    fix = (
+                        "set define.no_answers: true"
+                        if spec.own
+                        else "use the squad_v2 task for SQuAD 2.0 data"
+                    )
                     raise TaskDataError(
                         f"{where}: question {excerpt(row['id'])} is marked is_impossible, which a "
-                        f"{spec.name} (SQuAD v1.1) file cannot have; use the squad_v2 task for SQuAD 2.0 "
-                        "data, or remove the question"
+                        f"{spec.name} (SQuAD v1.1) file cannot have; {fix}, or remove the question"
                     )
                 check_answer_offsets(row, str(path))
                 rows.append(row)

@@ -144,6 +144,14 @@ def label_text(value: Any) -> str:
 
 def load_table(spec: TaskSpec, split: str, path: Path, limit: int | None = None) -> TaskRows:
     """Read an own task's file into canonical rows (see the module docstring)."""
+    if spec.kind == "span_qa":
+        from bert_core.tasks.squad import load_squad_json
+
+        return load_squad_json(spec, split, path, limit)
+    if spec.kind == "multiple_choice":
+        from bert_core.tasks.swag import load_swag_csv
+
+        return load_swag_csv(spec, split, path, limit)
     if spec.kind == "token_classification":
         words, tags = spec.fields["text_a"], spec.fields["label"]
         return _tagged_rows(spec, split, str(path), tagged_sentences(path, words, tags), limit)
@@ -301,6 +309,14 @@ def load_table_hub(spec: TaskSpec, split: str, limit: int | None = None) -> Task
             f"{spec.name}/{split}: an own task reads its own files or a Hub dataset; set "
             f"finetune.tasks.{spec.name}.train_file and dev_file, or define.hub"
         )
+    if spec.kind == "span_qa":
+        from bert_core.tasks.squad import load_squad_hub
+
+        return load_squad_hub(spec, split, limit)
+    if spec.kind == "multiple_choice":
+        from bert_core.tasks.swag import load_swag_hub
+
+        return load_swag_hub(spec, split, limit)
     hub_name = spec.hub_splits[split]
     ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit)
     source = hub_source(spec.hub_path, spec.hub_config, hub_name)
