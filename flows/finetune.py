@@ -127,7 +127,7 @@ def finetune_flow(
         resolved = resolve_checkpoint(source, download)
         s.run.set_tags({f"pretrained_{k}": v for k, v in resolved.info.items()})
         result = finetune_task(
-            spec.name,
+            spec,
             params,
             resolved.path,
             o.results,

@@ -670,6 +670,8 @@ def test_a_file_that_is_not_utf8_is_named_by_its_line_when_read_and_when_its_lab
 
 
 def test_own_span_qa_reads_squads_format_and_refuses_unanswerable_questions_unless_declared(tmp_path):
+    from bert_core.tasks.loader import read_local  # own QA is read by SQuAD's reader
+
     doc = {
         "version": "v2.0",
         "data": [
@@ -696,14 +698,14 @@ def test_own_span_qa_reads_squads_format_and_refuses_unanswerable_questions_unle
     with_null = own_task_spec("qa", kind="span_qa", no_answers=True)
     assert with_null.max_seq_length == 384 and with_null.metric_keys == ("f1", "exact")
     assert own_task_spec("qa", kind="span_qa").metric_keys == ("f1", "exact_match")
-    assert [r["is_impossible"] for r in load_table(with_null, "dev", path)] == [False, True]
+    assert [r["is_impossible"] for r in read_local(with_null, "dev", path)] == [False, True]
     assert task_from_json({"task": "qa", "own_task": own_task_json(with_null)}) == with_null
     doc["version"] = "1.1"
     path.write_text(json.dumps(doc), encoding="utf-8")
     with pytest.raises(
         TaskDataError, match=r"question 'q2' is marked is_impossible.*set define\.no_answers: true"
     ):
-        load_table(own_task_spec("qa", kind="span_qa"), "dev", path)
+        read_local(own_task_spec("qa", kind="span_qa"), "dev", path)
     with pytest.raises(ValueError, match="a multiple_choice task has no labels"):
         FinetuneParams(
             tasks={

@@ -115,7 +115,7 @@ class OwnTask(StrictModel):
             else:
                 assert self.hub is not None, "the labels come from the train file or the Hub"
                 split = {**DEFAULT_HUB_SPLITS, **(self.hub_splits or {})}["train"]
-                labels = hub_labels(self.kind, self.hub, self.hub_config, split, field)
+                labels = hub_labels(self.kind, self.hub, self.hub_config, split, field, words or "")
         try:
             return own_task_spec(name, labels=labels or (), **self._fields())
         except ValueError as err:

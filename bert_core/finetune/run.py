@@ -77,7 +77,7 @@ def trial_grid(settings: TaskSettings, init: str) -> list[tuple[str, float, int]
 
 
 def finetune_task(
-    task: str,
+    task: str | TaskSpec,
     params: FinetuneParams,
     model_source: str | Path,
     out_dir: str | Path,
@@ -94,7 +94,8 @@ def finetune_task(
     """Fine-tune ``task`` from the HF model in ``model_source`` and write its outputs.
 
     Args:
-        task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...; an own task: ``params.task``).
+        task: Task name (``sst2``, ``squad_v1``, ``conll2003`` ...; an own task: ``params.task``), or the
+            spec ``params.task`` gave (an own task's labels are then not read again).
         params: The stage params; ``params.for_task(task)`` gives the settings.
         model_source: Local Hugging Face BERT directory with tokenizer files (resolve MLflow URIs first,
             :func:`bert_core.tracking.resolve_model_source`).
@@ -118,7 +119,7 @@ def finetune_task(
     """
     from bert_core.tasks.datasource import split_tags
 
-    spec = params.task(task)
+    spec = params.task(task) if isinstance(task, str) else task
     settings = params.for_task(spec.name)
     source_dir = Path(model_source)
     out_dir, model_out = Path(out_dir), Path(model_out) if model_out is not None else Path(out_dir) / "model"

@@ -41,9 +41,9 @@ DEFAULT_FIELDS: dict[str, tuple[str | None, str]] = {
     "classification": (None, "label"),
     "regression": (None, "label"),
     "token_classification": ("tokens", "tags"),
-    "span_qa": ("question", "answers"),  # SQuAD's own fields, not chosen
-    "multiple_choice": ("sent1", "label"),  # SWAG's
 }
+#: The paper's formats own QA and multiple choice are read in (their fields are the format's).
+FORMATS = {"span_qa": "squad", "multiple_choice": "swag"}
 
 
 def tag_set(types: tuple[str, ...]) -> tuple[str, ...]:
@@ -105,9 +105,9 @@ def own_task_spec(
         if text_pair:
             raise ValueError("a token_classification task reads one word sequence; remove text_pair")
         labels = tag_set(labels)
-    default_text, default_label = DEFAULT_FIELDS[kind]
+    default_text, default_label = DEFAULT_FIELDS.get(kind, (None, None))
     text, label = text or default_text, label or default_label
-    if text is None:
+    if text is None and kind in ("classification", "regression"):
         raise ValueError(f"a {kind} task needs the field of its text: set text")
     keys = [k for k in OWN_METRICS[kind] if k != "f1" or kind != "classification" or len(labels) == 2]
     if no_answers:  # the v2.0 scorer's own name, as squad_v2's
@@ -124,7 +124,7 @@ def own_task_spec(
         test_splits=(),
         metric_keys=(metric, *(k for k in keys if k != metric)),
         max_seq_length=384 if kind == "span_qa" else 128,  # the paper's windows for QA
-        data_format=OWN_FORMAT,
+        data_format=FORMATS.get(kind, OWN_FORMAT),
         hub_path=hub or "",
         hub_config=hub_config,
         hub_splits={**DEFAULT_HUB_SPLITS, **(hub_splits or {})},
@@ -132,7 +132,8 @@ def own_task_spec(
         submission_labels=labels,  # prediction files spell the labels as the task's files do
         single_sentence=not text_pair,
         no_answers=no_answers,
-        fields={"text_a": text, "label": label, **({"text_b": text_pair} if text_pair else {})},
+        fields={k: v for k, v in (("text_a", text), ("text_b", text_pair), ("label", label)) if v},
+        own=True,
     )
 
 
@@ -146,9 +147,9 @@ def own_task_json(spec: TaskSpec) -> dict[str, object]:
     ner, choices = spec.kind == "token_classification", spec.kind == "multiple_choice"
     return {
         "kind": spec.kind,
-        "text": spec.fields["text_a"],
+        "text": spec.fields.get("text_a"),
         "text_pair": spec.fields.get("text_b"),
-        "label": spec.fields["label"],
+        "label": spec.fields.get("label"),
         "labels": [] if choices else list(entity_types(spec) if ner else spec.labels),
         "metric": spec.main_metric,
         **(

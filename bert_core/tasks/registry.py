@@ -43,8 +43,9 @@ class DevSplit:
         return self.train_articles + self.eval_articles
 
 
-#: ``data_format`` of an own task, declared in the params (:mod:`bert_core.tasks.own`).
-OWN_FORMAT = "own"
+#: ``data_format`` of an own task's named-field files (:mod:`bert_core.tasks.table`); own QA and multiple
+#: choice read SQuAD's and SWAG's formats.
+OWN_FORMAT = "table"
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class TaskSpec:
             dev, and the v2.0 scorer.
         fields: An own task's file fields (:mod:`bert_core.tasks.own`): ``text_a``, ``text_b``, ``label``
             -> the column or JSON key that holds it.
+        own: A task declared in the params (:mod:`bert_core.tasks.own`), not one of the paper's.
     """
 
     name: str
@@ -102,6 +104,7 @@ class TaskSpec:
     score_range: tuple[float, float] | None = None
     no_answers: bool = False
     fields: dict[str, str] = field(default_factory=dict)
+    own: bool = False
 
     def __post_init__(self) -> None:
         missing = set(self.splits) - set(self.local_files)
@@ -113,11 +116,6 @@ class TaskSpec:
         log it as ``dev.main`` and reports headline it. F1 for QQP, MRPC, SQuAD and CoNLL-2003, Spearman
         for STS-B, Matthews correlation for CoLA, accuracy elsewhere."""
         return self.metric_keys[0]
-
-    @property
-    def own(self) -> bool:
-        """A task declared in the params (:mod:`bert_core.tasks.own`), not one of the paper's."""
-        return self.data_format == OWN_FORMAT
 
     @property
     def main_dev_split(self) -> str:

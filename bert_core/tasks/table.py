@@ -144,14 +144,6 @@ def label_text(value: Any) -> str:
 
 def load_table(spec: TaskSpec, split: str, path: Path, limit: int | None = None) -> TaskRows:
     """Read an own task's file into canonical rows (see the module docstring)."""
-    if spec.kind == "span_qa":
-        from bert_core.tasks.squad import load_squad_json
-
-        return load_squad_json(spec, split, path, limit)
-    if spec.kind == "multiple_choice":
-        from bert_core.tasks.swag import load_swag_csv
-
-        return load_swag_csv(spec, split, path, limit)
     if spec.kind == "token_classification":
         words, tags = spec.fields["text_a"], spec.fields["label"]
         return _tagged_rows(spec, split, str(path), tagged_sentences(path, words, tags), limit)
@@ -187,15 +179,24 @@ def labels_of(kind: str, path: Path, field: str, words: str = "tokens") -> list[
     Raises:
         TaskDataError: a record without the field; a tag that is neither ``O`` nor ``B-``/``I-`` + type.
     """
-    found: set[str] = set()
     if kind == "token_classification":
-        for lineno, _, tags in tagged_sentences(path, words, field):
-            found |= {_tag_type(path, lineno, tag) for tag in tags if tag != "O"}
-        return sorted(found)
-    for lineno, record in records(path):
+        return _entity_types(str(path), tagged_sentences(path, words, field))
+    return _distinct_labels(str(path), records(path), field)
+
+
+def _distinct_labels(path: str, numbered: Iterable[tuple[int, dict[str, Any]]], field: str) -> list[str]:
+    found: set[str] = set()
+    for lineno, record in numbered:
         if record.get(field) in (None, ""):
             raise TaskDataError(f"{path}:{lineno}: no label in field {field!r}; fix or remove the row")
         found.add(label_text(record[field]))
+    return sorted(found)
+
+
+def _entity_types(path: str, sentences: Iterable[tuple[int, list[str], list[str]]]) -> list[str]:
+    found: set[str] = set()
+    for lineno, _, tags in sentences:
+        found |= {_tag_type(path, lineno, tag) for tag in tags if tag != "O"}
     return sorted(found)
 
 
@@ -309,14 +310,6 @@ def load_table_hub(spec: TaskSpec, split: str, limit: int | None = None) -> Task
             f"{spec.name}/{split}: an own task reads its own files or a Hub dataset; set "
             f"finetune.tasks.{spec.name}.train_file and dev_file, or define.hub"
         )
-    if spec.kind == "span_qa":
-        from bert_core.tasks.squad import load_squad_hub
-
-        return load_squad_hub(spec, split, limit)
-    if spec.kind == "multiple_choice":
-        from bert_core.tasks.swag import load_swag_hub
-
-        return load_swag_hub(spec, split, limit)
     hub_name = spec.hub_splits[split]
     ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit)
     source = hub_source(spec.hub_path, spec.hub_config, hub_name)
@@ -328,17 +321,18 @@ def load_table_hub(spec: TaskSpec, split: str, limit: int | None = None) -> Task
     return _rows(spec, split, source, records, limit)
 
 
-def hub_labels(kind: str, hub: str, config: str | None, split: str, field: str) -> list[str]:
+def hub_labels(
+    kind: str, hub: str, config: str | None, split: str, field: str, words: str = "tokens"
+) -> list[str]:
     """An own Hub task's classes when the params list none: the names of its ``ClassLabel`` (in their
-    order), else the distinct labels of ``split``, sorted; NER: the entity types of its tags."""
+    order), else what :func:`labels_of` finds in a file, from the rows of ``split``."""
     ds = hub_split(hub, config, split, None)
     names = _class_names(ds.features.get(field))
     source = hub_source(hub, config, split)
-    if kind == "token_classification":
-        tags = names or sorted({t for r in ds for t in r.get(field) or ()})
-        return list(dict.fromkeys(_tag_type(source, 0, t) for t in tags if t != "O"))
-    if names is not None:
-        return names
-    return sorted(
-        {label_text(r[field]) for _, r in _hub_records(ds, field) if r.get(field) not in (None, "")}
-    )
+    ner = kind == "token_classification"
+    if names is not None:  # NER: the types in the order of their tags
+        return list(dict.fromkeys(_tag_type(source, 0, t) for t in names if t != "O")) if ner else names
+    records = _hub_records(ds, field)
+    if ner:
+        return _entity_types(source, (_tagged_record(source, n, r, words, field) for n, r in records))
+    return _distinct_labels(source, records, field)
