@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +263,7 @@ def finetuned_card(
     run_ids: Mapping[str, str] | None = None,
     outside_source: str | None = None,
     best_baselines: Mapping[str, tuple[str, float]] | None = None,
+    other_splits: Sequence[SplitScores] = (),
 ) -> str:
     """The card of a fine-tuned model (``models/finetuned/<task>``, ``bert-<task>``).
 
@@ -282,6 +284,8 @@ def finetuned_card(
         labels: Label names.
         best_baselines: The best trivial baseline on the same rows, per metric (metric -> (name, score)):
             shown beside the model's score, and a model not above it on the main metric is said to be so.
+        other_splits: The further evaluated splits (MNLI's mismatched half, a labelled test set), each scored
+            once by the selected model: a section and a ``model-index`` result each.
     """
     scores = {k: float(v) for k, v in dev_metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
     shown = [k for k in (main_metric, *sorted(scores)) if k in scores]
@@ -313,7 +317,24 @@ def finetuned_card(
                             {"type": _metric_type(k), "name": f"dev {k}", "value": round(scores[k], 4)}
                             for k in shown
                         ],
-                    }
+                    },
+                    *(
+                        {
+                            "task": {"type": task_type, "name": task_name},
+                            "dataset": {
+                                "type": datasets[0] if datasets else task,
+                                "name": task,
+                                **({"config": hub_config} if hub_config else {}),
+                                "split": other.split,
+                            },
+                            "metrics": [
+                                {"type": _metric_type(k), "name": f"{other.split} {k}", "value": round(v, 4)}
+                                for k, v in other.shown(main_metric)
+                            ],
+                        }
+                        for other in other_splits
+                        if other.shown(main_metric)
+                    ),
                 ],
             }
         ]
@@ -352,6 +373,8 @@ def finetuned_card(
         body += ["", f"No published score for `{task}` at size `{preset or 'custom'}`."]
     elif published_split == "test":
         body += ["", "The published GLUE numbers are test-set scores; ours are dev scores."]
+    for other in other_splits:
+        body += ["", *other.section(main_metric, published_model)]
     body.append("")
     if pretraining:
         body += ["## Pretrained model", "", _yaml_block({k: str(v) for k, v in pretraining.items()}), ""]
@@ -365,6 +388,45 @@ def finetuned_card(
         outside_source=outside_source,
     )
     return _front_matter(meta) + "\n" + "\n".join(body).rstrip() + "\n"
+
+
+@dataclass(frozen=True)
+class SplitScores:
+    """A further evaluated split on a card: the selected model's scores there (0-100), the best trivial
+    baseline per metric, and the published scores of the same size on it."""
+
+    split: str
+    scores: Mapping[str, float]
+    best_baselines: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+    published: Mapping[str, float] = field(default_factory=dict)
+
+    def shown(self, main_metric: str) -> list[tuple[str, float]]:
+        keys = [main_metric, *sorted(k for k in self.scores if k != main_metric and "_" not in k)]
+        return [
+            (k, float(self.scores[k])) for k in keys if k in self.scores and math.isfinite(self.scores[k])
+        ]
+
+    def section(self, main_metric: str, published_model: str | None) -> list[str]:
+        shown = self.shown(main_metric)
+        best = self.best_baselines
+        rows = [
+            (
+                f"{k} (main)" if k == main_metric else k,
+                _fmt(v),
+                *([f"{_fmt(best[k][1])} ({best[k][0]})" if k in best else "n/a"] if best else []),
+                _fmt(self.published.get(k)),
+            )
+            for k, v in shown
+        ]
+        ref = f"published ({published_model}, {self.split})" if self.published else "published"
+        columns = ["metric", "this model", *(["best trivial baseline"] if best else []), ref]
+        return [
+            f"## Scores on {self.split}",
+            "",
+            "Scored once, by the model the main dev split selected: nothing was chosen on these rows.",
+            "",
+            _table(rows, columns),
+        ]
 
 
 def _metric_type(key: str) -> str:

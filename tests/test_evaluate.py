@@ -166,7 +166,7 @@ def test_report_renders_with_plots(results_dir, tmp_path):
     md = paths["markdown"].read_text()
     for link in re.findall(r"\]\((evaluate/[a-z_]+\.png)\)", md):
         assert (tmp_path / "reports" / link).read_bytes()[:4] == b"\x89PNG"
-    assert md.count(".png)") == 3 and "| sst2 | accuracy | 82.0 |" in re.sub(r" {2,}", " ", md)
+    assert md.count(".png)") == 3 and "| sst2 | dev | accuracy | 82.0 |" in re.sub(r" {2,}", " ", md)
 
 
 def test_task_filter_reference_choice_and_errors(results_dir, tmp_path):
@@ -430,7 +430,7 @@ def test_scores_not_above_their_best_baseline_are_marked_and_counted(tmp_path):
     md = paths["markdown"].read_text()
     assert "1 of 3 tasks beat their best trivial baseline (not: cola, conll2003, marked ≤ baseline)." in md
     assert "1 of 3 tasks beat their best trivial baseline" in paths["html"].read_text()
-    main = md.split("## Per-task dev scores")[1].split("\n## ")[0]
+    main = md.split("## Per-task scores")[1].split("\n## ")[0]
     lines = [
         re.sub(r" +", " ", line) for line in main.splitlines() if line.startswith("| ")
     ]  # cells unpadded
@@ -501,6 +501,7 @@ def test_the_scores_plot_puts_a_tasks_best_baseline_beside_its_own_dev_rows_only
     mnli = FinetuneResult("mnli", "classification", "accuracy", {}, [], baselines=baselines)
     summary = SimpleNamespace(results={"mnli": mnli})
     assert _best_baseline(summary, Row("mnli", "mnli", "accuracy", 80.0)) == 52.0
-    assert _best_baseline(summary, Row("mnli_mm", "mnli", "accuracy", 80.0)) is None  # other rows
+    mm = Row("mnli_mm", "mnli", "accuracy", 80.0, split="dev_mismatched")
+    assert _best_baseline(summary, mm) is None  # no baselines on that split
     assert _best_baseline(summary, Row("mnli", "mnli", "f1", 80.0)) is None  # no baseline on that metric
     assert _best_baseline(summary, Row("sst2", "sst2", "accuracy", 90.0)) is None

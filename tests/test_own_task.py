@@ -493,7 +493,7 @@ def test_the_readmes_own_task_example_is_valid_params():
         (
             "conll2003",
             {"kind": "token_classification", "labels": ["PER", "ORG", "LOC", "MISC"]},
-            ("conll2003/eng.train", "conll2003/eng.testa"),
+            ("conll2003/eng.train", "conll2003/eng.testa", "conll2003/eng.testb"),
         ),
         (
             "squad_v2",
@@ -517,17 +517,18 @@ def test_an_own_task_on_a_papers_task_rows_is_fine_tuned_exactly_as_that_task(
     base = dict(
         train_limit=24, eval_limit=16, learning_rates=[1e-3], epochs=1, batch_size=8, max_seq_length=64
     )
-    train, dev = (str(root / f) for f in files)
+    named = dict(zip(("train_file", "dev_file", "test_file"), (str(root / f) for f in files)))
     params = FinetuneParams(
-        defaults=base,
-        data_checks=False,
-        tasks={paper: {}, "mine": {"define": define, "train_file": train, "dev_file": dev}},
+        defaults=base, data_checks=False, tasks={paper: {}, "mine": {"define": define, **named}}
     )
     theirs = finetune_task(paper, params, tiny_model, tmp_path / paper, model_out=tmp_path / "m1")
     ours = finetune_task("mine", params, tiny_model, tmp_path / "mine", model_out=tmp_path / "m2")
     # the same scores on the paper's metrics (an own classification also reports F1, macro F1, Matthews)
     assert {k: ours.selected.dev[k] for k in theirs.selected.dev} == theirs.selected.dev
     assert {b: {k: m[k] for k in theirs.baselines[b]} for b, m in ours.baselines.items()} == theirs.baselines
+    # and on a labelled test set (CoNLL-2003's), scored once by the selected model
+    assert ours.selected.other_splits == theirs.selected.other_splits
+    assert ours.split_baselines == theirs.split_baselines
     assert (tmp_path / "m1" / "model.safetensors").read_bytes() == (
         tmp_path / "m2" / "model.safetensors"
     ).read_bytes()

@@ -146,7 +146,9 @@ def test_params_keep_data_keys_per_task_and_consistent():
         FinetuneParams(tasks={"sst2": {"dev_split": True}})
     with pytest.raises(ValueError, match=r"defaults\.dev_split: set it per task"):
         FinetuneParams(defaults={"dev_split": True})
-    with pytest.raises(ValueError, match=r"tasks\.squad_v1: dev_split and train_file/dev_file exclude"):
+    with pytest.raises(
+        ValueError, match=r"tasks\.squad_v1: dev_split and train_file/dev_file/test_file exclude"
+    ):
         FinetuneParams(tasks={"squad_v1": {"dev_split": True, "train_file": "x.json"}})
     params = FinetuneParams(tasks={"squad_v1": {"dev_split": True}, "sst2": {}})
     assert params.for_task("squad_v1").dev_split and not params.for_task("sst2").dev_split

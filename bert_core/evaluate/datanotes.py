@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from bert_core.evaluate.references import split_row
 from bert_core.finetune.results import FinetuneResult, best_of_baselines
 
 BASELINE_NOTES = {
@@ -78,6 +79,11 @@ def data_notes(results: Mapping[str, FinetuneResult]) -> list[str]:
                 f"{task}: scored on the {result.data_split['eval_set']}, set by `eval_limit`: not the official "
                 "dev score, and only roughly comparable with published ones."
             )
+        for split in result.selected.other_splits:
+            if cut := result.data_split.get(f"{split}_set"):
+                notes.append(
+                    f"{task}: {split} scored on the {cut}, set by `eval_limit`: not the official {split} score."
+                )
         threshold = result.selected.extra.get("null_threshold")
         if threshold is not None and math.isfinite(threshold):
             where = "articles" if origin == "dev_split" else "questions"
@@ -88,17 +94,34 @@ def data_notes(results: Mapping[str, FinetuneResult]) -> list[str]:
     return notes
 
 
-def best_baseline(result: FinetuneResult) -> tuple[str, float] | None:
-    """``(name, score)`` of the task's highest baseline on its main metric; ``None`` if none scored it."""
-    return best_of_baselines(result.baselines, result.main_metric)
+def _scores(result: FinetuneResult, split: str) -> dict[str, float]:
+    """The selected model's metrics on ``split`` (``dev``: the main dev split)."""
+    return result.selected.dev if split == "dev" else result.selected.other_splits.get(split, {})
 
 
-def beats_baseline(result: FinetuneResult) -> bool | None:
-    """Whether the selected model's main dev score is strictly above the best baseline (``None``: none)."""
-    best = best_baseline(result)
+def _baselines(result: FinetuneResult, split: str) -> dict[str, dict[str, float]]:
+    """The trivial baselines on ``split`` (``dev``: the main dev split)."""
+    return result.baselines if split == "dev" else result.split_baselines.get(split, {})
+
+
+def _splits(result: FinetuneResult) -> list[tuple[str, str]]:
+    """``(split, row)`` of each evaluated split: ``("dev", <task>)``, then the further ones."""
+    return [("dev", result.task), *((s, split_row(result.task, s)) for s in result.selected.other_splits)]
+
+
+def best_baseline(result: FinetuneResult, split: str = "dev") -> tuple[str, float] | None:
+    """``(name, score)`` of the task's highest baseline on ``split`` and its main metric; ``None`` if none
+    scored it."""
+    return best_of_baselines(_baselines(result, split), result.main_metric)
+
+
+def beats_baseline(result: FinetuneResult, split: str = "dev") -> bool | None:
+    """Whether the selected model's main score on ``split`` is strictly above the best baseline there
+    (``None``: none)."""
+    best = best_baseline(result, split)
     if best is None:
         return None
-    ours = float(result.selected.dev.get(result.main_metric, math.nan))
+    ours = float(_scores(result, split).get(result.main_metric, math.nan))
     return ours > best[1]  # NaN > x is False: an undefined score beats nothing
 
 
@@ -116,17 +139,17 @@ def baseline_verdict(results: Mapping[str, FinetuneResult]) -> str | None:
 def baseline_table(results: Mapping[str, FinetuneResult]) -> tuple[str, list[str], list[list[str]]] | None:
     """(title, header, rows): each trivial baseline next to the fine-tuned score on the same evaluated rows."""
     rows: list[list[str]] = []
-    for task, result in results.items():
+    for result, (split, row) in ((r, s) for r in results.values() for s in _splits(r)):
         metric = result.main_metric
-        ours = result.selected.dev.get(metric)
-        for name, scores in result.baselines.items():
+        ours = _scores(result, split).get(metric)
+        for name, scores in _baselines(result, split).items():
             value = scores.get(metric)
             if value is None or ours is None:
                 continue
             mark = "" if ours > value else f" {NOT_ABOVE_BASELINE}"  # this row's baseline, not the best
             rows.append(
                 [
-                    task,
+                    row,
                     name,
                     BASELINE_NOTES.get(name, ""),
                     metric,
@@ -150,18 +173,21 @@ def baseline_table(results: Mapping[str, FinetuneResult]) -> tuple[str, list[str
 
 
 def baseline_metrics(results: Mapping[str, FinetuneResult]) -> dict[str, Any]:
-    """``<task>.baseline.<name>.<metric>`` for every baseline, ``<task>.best_baseline.<main metric>`` and
-    ``<task>.beats_baseline`` (1 or 0) where a baseline scored the main metric, ``baseline.tasks_compared``
-    and ``baseline.tasks_beating`` over those tasks, ``<task>.dev_split`` = 1 for dev-split rows."""
+    """``<row>.baseline.<name>.<metric>`` for every baseline, ``<row>.best_baseline.<main metric>`` and
+    ``<row>.beats_baseline`` (1 or 0) where a baseline scored the main metric (a row: the task's main dev
+    split, or a further one, ``conll2003_test``), ``baseline.tasks_compared`` and ``baseline.tasks_beating``
+    over the tasks (their main dev split), ``<task>.dev_split`` = 1 for dev-split rows."""
     out: dict[str, Any] = {}
     compared = beating = 0
     for task, result in results.items():
-        for name, scores in result.baselines.items():
-            out.update({f"{task}.baseline.{name}.{k}": float(v) for k, v in scores.items()})
-        best, beats = best_baseline(result), beats_baseline(result)
-        if best is not None:
-            out[f"{task}.best_baseline.{result.main_metric}"] = best[1]
-            out[f"{task}.beats_baseline"] = float(bool(beats))
+        for split, row in _splits(result):
+            for name, scores in _baselines(result, split).items():
+                out.update({f"{row}.baseline.{name}.{k}": float(v) for k, v in scores.items()})
+            best, beats = best_baseline(result, split), beats_baseline(result, split)
+            if best is not None:
+                out[f"{row}.best_baseline.{result.main_metric}"] = best[1]
+                out[f"{row}.beats_baseline"] = float(bool(beats))
+        if (beats := beats_baseline(result)) is not None:
             compared, beating = compared + 1, beating + bool(beats)
         if result.data_split.get("origin") == "dev_split":
             out[f"{task}.dev_split"] = 1.0

@@ -149,10 +149,9 @@ def plot_trials(summary: EvaluationSummary, dpi: int = 110) -> bytes:
 
 
 def _best_baseline(summary: EvaluationSummary, row: Row) -> float | None:
-    """The best trivial baseline's score on ``row``'s rows and metric (the task's own dev rows and main
-    metric; MNLI's mismatched half has none)."""
+    """The best trivial baseline's score on ``row``'s rows and metric (the task's main metric)."""
     result = summary.results.get(row.task)
-    if result is None or row.name != row.task or result.main_metric != row.metric:
+    if result is None or result.main_metric != row.metric:
         return None
-    best = best_baseline(result)
+    best = best_baseline(result, row.split)
     return None if best is None else best[1]

@@ -5,13 +5,14 @@ Reads each task's ``summary.json`` (written by :func:`bert_core.finetune.run.fin
 - a flat metrics dict (``metrics_path``; in the pipeline the stage runner keeps the headline of it in
   ``metrics/evaluate.json``, the rows' scores first (:func:`score_keys`), and all of it in
   ``metrics/details/evaluate.json``): ``<row>.<metric>`` for every dev metric of every task
-  (rows are task names; MNLI's mismatched dev set is the row ``mnli_mm``), ``<row>.<main>_std`` over
+  (rows are task names; MNLI's mismatched dev set is the row ``mnli_mm``, a labelled test set
+  ``<task>_test``), ``<row>.<main>_std`` over
   seeds, ``glue.average`` (the paper's average, WNLI excluded, over the GLUE rows present) with
   ``glue.reference_average`` on the same rows for the same model size, ``random_init.<row>`` /
   ``gap.<row>`` where the random-init baseline ran, ``gap.mean``, and ``glue.random_init_average`` with
   ``gap.glue_average`` (fine-tuned minus random init, on the GLUE rows the baseline ran on), and the
-  trivial baselines (``<task>.baseline.<name>.<metric>``, ``<task>.best_baseline.<main>``,
-  ``<task>.beats_baseline``, ``baseline.tasks_compared`` / ``baseline.tasks_beating``:
+  trivial baselines (``<row>.baseline.<name>.<metric>``, ``<row>.best_baseline.<main>``,
+  ``<row>.beats_baseline``, ``baseline.tasks_compared`` / ``baseline.tasks_beating``:
   :mod:`bert_core.evaluate.datanotes`);
 - ``evaluate.md`` and a self-contained ``evaluate.html`` (PNG plots embedded) with a per-task chart next
   to the published numbers of the same model size (:mod:`bert_core.evaluate.references`), the
@@ -54,18 +55,18 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 
 def _ours_cell(summary: EvaluationSummary, row: Row) -> str:
-    """The fine-tuned score (± spread), marked when it does not beat the task's best trivial baseline (the
-    baselines score the main dev split, so only that row of a task is compared)."""
+    """The fine-tuned score (± spread), marked when it does not beat the best trivial baseline on the row's
+    split."""
     cell = _fmt(row.ours) + (f" ± {_fmt(row.ours_std)} ({row.seeds} seeds)" if row.seeds > 1 else "")
     result = summary.results.get(row.task)
-    if result is not None and row.name == row.task and beats_baseline(result) is False:
+    if result is not None and beats_baseline(result, row.split) is False:
         cell += f" {NOT_ABOVE_BASELINE}"
     return cell
 
 
 def _baseline_cell(summary: EvaluationSummary, row: Row) -> str:
     result = summary.results.get(row.task)
-    best = best_baseline(result) if result is not None and row.name == row.task else None
+    best = best_baseline(result, row.split) if result is not None else None
     return "–" if best is None else f"{_fmt(best[1])} ({best[0]})"
 
 
@@ -76,6 +77,7 @@ def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[
     main = [
         [
             task_label(summary.results, r.task, r.name),
+            r.split,
             r.metric,
             _ours_cell(summary, r),
             _fmt(r.random_init),
@@ -87,12 +89,13 @@ def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[
     ]
     header = [
         "task",
+        "split",
         "metric",
-        "fine-tuned (dev)",
-        "random init (dev)",
+        "fine-tuned",
+        "random init",
         "gap",
         f"published ({ref_name})",
-        "best trivial baseline (dev)",
+        "best trivial baseline",
     ]
     avg = [
         ["GLUE average (fine-tuned)", _fmt(glue["average"]), ", ".join(glue["rows"]) or "–"],
@@ -127,7 +130,7 @@ def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[
         )
     baselines = baseline_table(summary.results)
     return [
-        ("Per-task dev scores", header, main),
+        ("Per-task scores", header, main),
         value_table(summary),
         *([baselines] if baselines else []),
         (

@@ -19,6 +19,7 @@ from bert_core.evaluate.references import (
     glue_average,
     headline_metric,
     reference_for,
+    split_row,
 )
 from bert_core.finetune.results import FinetuneResult
 
@@ -27,7 +28,9 @@ SUMMARY_NAME = "summary.json"
 
 @dataclass
 class Row:
-    """One line of the comparison: a task (or MNLI's mismatched half) and its headline metric."""
+    """One line of the comparison: a task's main dev split (``name`` = the task), or a further evaluated split
+    (``mnli_mm``, ``conll2003_test``: :func:`~bert_core.evaluate.references.split_row`), and its headline
+    metric."""
 
     name: str
     task: str
@@ -39,6 +42,7 @@ class Row:
     reference: float | None = None
     reference_split: str | None = None
     all_metrics: dict[str, float] = field(default_factory=dict)
+    split: str = "dev"
 
     @property
     def gap(self) -> float | None:
@@ -179,8 +183,8 @@ def _rows_of(result: FinetuneResult, reference: Reference | None) -> list[Row]:
     baseline = result.selected_random
     _, std, n = result.seed_spread(best)
     splits = [("dev", result.task, best.dev, baseline.dev if baseline else None)]
-    if result.task == "mnli" and "dev_mismatched" in best.other_splits:
-        splits.append(("dev_mismatched", "mnli_mm", best.other_splits["dev_mismatched"], None))
+    for split, metrics in best.other_splits.items():  # scored once, by the selected model
+        splits.append((split, split_row(result.task, split), metrics, None))
     rows = []
     for split, name, metrics, random_metrics in splits:
         metric = headline_metric(name, result.main_metric)
@@ -201,6 +205,7 @@ def _rows_of(result: FinetuneResult, reference: Reference | None) -> list[Row]:
                 reference=ref,
                 reference_split=reference.splits.get(name) if reference and ref is not None else None,
                 all_metrics={k: float(v) for k, v in metrics.items()},
+                split=split,
             )
         )
     return rows
@@ -240,7 +245,9 @@ def summarize(
     rows = [row for result in results.values() for row in _rows_of(result, reference)]
     order = {
         name: i
-        for i, name in enumerate((*GLUE_AVERAGE_ROWS, "wnli", "squad_v1", "squad_v2", "swag", "conll2003"))
+        for i, name in enumerate(
+            (*GLUE_AVERAGE_ROWS, "wnli", "squad_v1", "squad_v2", "swag", "conll2003", "conll2003_test")
+        )
     }
     rows.sort(key=lambda r: order.get(r.name, len(order)))
     selection = (

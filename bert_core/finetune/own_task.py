@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 class OwnTask(StrictModel):
     """An own task (``finetune.tasks.<name>.define``, :mod:`bert_core.tasks.own`): classification,
-    regression or NER on the user's labelled files (``train_file``, ``dev_file``, read by
+    regression or NER on the user's labelled files (``train_file``, ``dev_file``, ``test_file``, read by
     :mod:`bert_core.tasks.table`: CSV, TSV or JSON Lines; NER: CoNLL columns or JSON Lines).
 
     Attributes:
@@ -38,7 +38,8 @@ class OwnTask(StrictModel):
             other metrics are reported beside it.
         hub: A Hugging Face Hub dataset to read instead of files (``stanfordnlp/imdb``), whether or not
             ``BERT_DATA_ROOT`` is set; ``hub_config`` its config, ``hub_splits`` which of its splits are
-            ``train`` and ``dev`` (default ``train`` and ``validation``). A ``ClassLabel`` is read by its
+            ``train``, ``dev`` (default ``train`` and ``validation``) and a labelled ``test`` (default none).
+            A ``ClassLabel`` is read by its
             names, which are then the default ``labels``.
         no_answers: Span QA with unanswerable questions (SQuAD v2.0: a null answer, its threshold tuned on
             dev).
@@ -66,7 +67,7 @@ class OwnTask(StrictModel):
     ) = None
     hub: str | None = Field(None, min_length=1)
     hub_config: str | None = Field(None, min_length=1)
-    hub_splits: dict[Literal["train", "dev"], str] | None = None
+    hub_splits: dict[Literal["train", "dev", "test"], str] | None = None
     no_answers: bool = False
 
     @model_validator(mode="after")
@@ -97,9 +98,9 @@ class OwnTask(StrictModel):
     def _fields(self) -> dict[str, Any]:
         return self.model_dump(exclude={"labels"})
 
-    def spec(self, name: str, train_file: os.PathLike[str] | None = None) -> TaskSpec:
+    def spec(self, name: str, train_file: os.PathLike[str] | None = None, test: bool = False) -> TaskSpec:
         """The task's :class:`TaskSpec`; the classes read from ``train_file`` (else the Hub's train split)
-        when the params list none."""
+        when the params list none; ``test``: it has a labelled test file."""
         from bert_core.tasks import own_task_spec
         from bert_core.tasks.own import DEFAULT_FIELDS, DEFAULT_HUB_SPLITS
         from bert_core.tasks.table import hub_labels, labels_of
@@ -117,7 +118,7 @@ class OwnTask(StrictModel):
                 split = {**DEFAULT_HUB_SPLITS, **(self.hub_splits or {})}["train"]
                 labels = hub_labels(self.kind, self.hub, self.hub_config, split, field, words or "")
         try:
-            return own_task_spec(name, labels=labels or (), **self._fields())
+            return own_task_spec(name, labels=labels or (), test=test, **self._fields())
         except ValueError as err:
             raise ValueError(f"finetune.tasks.{name}.define: {err}") from None
 

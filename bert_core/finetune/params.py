@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
 SMALL_TASKS = ("rte", "mrpc", "stsb", "cola", "wnli")
 #: Settings that name one task's data (:mod:`bert_core.tasks.datasource`): allowed under ``tasks.<task>`` only.
-PER_TASK_DATA_KEYS = ("dev_split", "train_file", "dev_file", "define")
+PER_TASK_DATA_KEYS = ("dev_split", "train_file", "dev_file", "test_file", "define")
 #: The pretrain stage's output, the default starting checkpoint (its lineage is the upstream stages').
 PRETRAINED_DIR = "models/pretrained"
 
@@ -59,10 +59,11 @@ class TaskSettings(StrictModel):
         dev_split: Data-limited runs of SQuAD without its train file: train on the first articles of the
             official dev file, evaluate on the last ones (:mod:`bert_core.tasks.datasource`); labelled, never
             official dev scores; an error when the official train data is present. Per task only.
-        train_file, dev_file: Own files in the task's official format instead of the official train / main
-            dev split (absolute, or relative to the repository root). Per task only.
-        define: An own task's definition (:class:`OwnTask`); its rows are ``train_file`` and ``dev_file``,
-            or its Hub dataset. Per task only.
+        train_file, dev_file, test_file: Own files in the task's official format instead of the official
+            train / main dev / test split (absolute, or relative to the repository root). Per task only. An
+            own task's ``test_file`` is labelled, and scored once with the model its dev set selected.
+        define: An own task's definition (:class:`OwnTask`); its rows are ``train_file``, ``dev_file`` and
+            ``test_file``, or its Hub dataset. Per task only.
         unpad: Encode the real tokens only (``bert_core.unpad``; same results, no compute on padding).
             Off by default: length-grouped dynamic padding leaves little padding in fine-tuning batches.
     """
@@ -91,6 +92,7 @@ class TaskSettings(StrictModel):
     dev_split: bool = False
     train_file: str | None = Field(None, min_length=1)
     dev_file: str | None = Field(None, min_length=1)
+    test_file: str | None = Field(None, min_length=1, exclude_if=lambda v: v is None)
     # Left out of a paper's task's dumps (trial fingerprints, MLflow params), which stay as they were.
     define: OwnTask | None = Field(None, exclude_if=lambda v: v is None)
     unpad: bool = False
@@ -111,7 +113,7 @@ class TaskSettings(StrictModel):
         return v
 
     def data_source(self, spec: TaskSpec, data_root: str | os.PathLike[str] | None = None) -> TaskSource:
-        """Where ``spec``'s rows come from, as ``dev_split`` / ``train_file`` / ``dev_file`` say (refused
+        """Where ``spec``'s rows come from, as ``dev_split`` / ``train_file`` / ``dev_file`` / ``test_file`` say (refused
         early, naming the key, when that is wrong)."""
         from bert_core.tasks.datasource import resolve_task_source
 
@@ -120,6 +122,7 @@ class TaskSettings(StrictModel):
             dev_split=self.dev_split,
             train_file=self.train_file,
             dev_file=self.dev_file,
+            test_file=self.test_file,
             data_root=data_root,
         )
 
@@ -329,9 +332,14 @@ class FinetuneParams(StrictModel):
                     f"tasks.{task}.dev_split: {task} has no dev split (tasks with one: {', '.join(with_split)}); "
                     "remove the key"
                 )
-            if overrides.dev_split and (overrides.train_file or overrides.dev_file):
+            if overrides.dev_split and (overrides.train_file or overrides.dev_file or overrides.test_file):
                 raise ValueError(
-                    f"tasks.{task}: dev_split and train_file/dev_file exclude each other; keep one"
+                    f"tasks.{task}: dev_split and train_file/dev_file/test_file exclude each other; keep one"
+                )
+            if overrides.test_file and "test" not in TASKS[task].splits:
+                raise ValueError(
+                    f"tasks.{task}.test_file: {task} has no single test split (its splits: "
+                    f"{', '.join(TASKS[task].splits)}); remove the key"
                 )
         return self
 
@@ -358,7 +366,7 @@ class FinetuneParams(StrictModel):
             if own.labels_from_data and overrides.train_file
             else None
         )
-        return own.spec(name, train)
+        return own.spec(name, train, test=overrides.test_file is not None)
 
     def own_tasks(self) -> dict[str, OwnTask]:
         """The own tasks' definitions, by name."""

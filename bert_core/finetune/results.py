@@ -14,7 +14,8 @@ stable so that runs compare key by key:
 - ``train.examples_per_second`` / ``train.seconds`` / ``train.examples``;
 - ``dev.null_threshold`` (SQuAD v2.0: the tuned null-answer threshold);
 - ``baseline.<name>.<metric>``: trivial baselines, fitted on the same training rows, scored on the same
-  evaluated rows (:meth:`bert_core.kinds.base.TaskKind.baselines`);
+  evaluated rows (:meth:`bert_core.kinds.base.TaskKind.baselines`); ``<split>.baseline.<name>.<metric>``
+  on a further dev split (``test.baseline.lexicon.f1`` for CoNLL-2003);
 - ``dev_split`` = 1 where the task trained and was scored on halves of the official dev file (a data-limited
   run, ``finetune.tasks.<task>.dev_split``): its ``dev.*`` scores are not official dev scores.
 """
@@ -107,6 +108,7 @@ class FinetuneResult:
         baselines: Trivial baselines fitted on the same training rows and scored on the same evaluated rows
             (name -> metrics), from :meth:`bert_core.kinds.base.TaskKind.baselines`
             (:mod:`bert_core.kinds.baselines`; SQuAD: :mod:`bert_core.kinds.squad_baselines`).
+        split_baselines: The same baselines on each further dev split (split -> name -> metrics).
     """
 
     task: str
@@ -117,6 +119,7 @@ class FinetuneResult:
     outputs: dict[str, str] = field(default_factory=dict)
     data_split: dict[str, Any] = field(default_factory=dict)
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    split_baselines: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def _best(self, init: str) -> TrialResult | None:
         pool = [t for t in self.trials if t.init == init]
@@ -178,6 +181,9 @@ class FinetuneResult:
         out["trials"] = float(len(self.trials))
         for name, values in self.baselines.items():
             out.update({f"baseline.{name}.{k}": float(v) for k, v in values.items()})
+        for split, baselines in self.split_baselines.items():
+            for name, values in baselines.items():
+                out.update({f"{split}.baseline.{name}.{k}": float(v) for k, v in values.items()})
         if self.data_split.get("origin") == "dev_split":
             out["dev_split"] = 1.0
         return {k: v for k, v in out.items() if isinstance(v, float) and math.isfinite(v)}
@@ -219,6 +225,7 @@ class FinetuneResult:
             data.get("outputs", {}),
             data.get("data_split", {}),
             data.get("baselines", {}),
+            data.get("split_baselines", {}),
         )
 
     @classmethod

@@ -234,9 +234,12 @@ def finetune_task(
             trials_root=store.dir.parent,
         )
         # trivial baselines: fitted on the same (capped) training rows, scored on the same evaluated rows
-        baselines = get_kind(spec).baselines(
-            spec, data.dev[spec.main_dev_split].rows, train_rows=data.train.rows
-        )
+        kind = get_kind(spec)
+        baselines = kind.baselines(spec, data.dev[spec.main_dev_split].rows, train_rows=data.train.rows)
+        split_baselines = {
+            split: kind.baselines(spec, data.dev[split].rows, train_rows=data.train.rows)
+            for split in spec.dev_splits[1:]
+        }
         log.info(
             "%s: trivial baselines: %s",
             spec.name,
@@ -252,6 +255,7 @@ def finetune_task(
             trials,
             data_split=data.split_info,
             baselines=baselines,
+            split_baselines={split: b for split, b in split_baselines.items() if b},
         )
         selected, dev_score, best_dir = best[result.selected.init]
         if best_dir is None:  # an earlier run kept its result, not its weights (another grid order)

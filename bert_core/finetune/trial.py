@@ -218,7 +218,8 @@ def load_task_data(
         raise ValueError(f"{spec.name}: the training split is empty")
     for split in spec.dev_splits:
         data.dev[split] = load(split, settings.eval_limit)
-    data.split_info = source.describe(loaded["train"], loaded[spec.main_dev_split])
+    others = {split: loaded[split] for split in spec.dev_splits[1:]}
+    data.split_info = source.describe(loaded["train"], loaded[spec.main_dev_split], others)
     if settings.predict_test:
         for split in spec.test_splits:
             try:

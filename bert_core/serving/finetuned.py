@@ -21,7 +21,7 @@ from typing import Any
 
 from bert_core import modelcard
 from bert_core.constants import DVC_LOCK, REPO_ROOT
-from bert_core.evaluate.references import reference_for
+from bert_core.evaluate.references import reference_for, split_row
 from bert_core.finetune.results import best_of_baselines
 from bert_core.serving import mlflow_model, serving_task
 from bert_core.tracking import Registration, git_commit, pipeline_run_id, register
@@ -114,6 +114,7 @@ def finetuned_card_for(
     data_label: str | None = None,
     from_pipeline: bool = True,
     baselines: Mapping[str, Mapping[str, float]] | None = None,
+    split_baselines: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None,
 ) -> str:
     """:func:`bert_core.modelcard.finetuned_card` for a :class:`bert_core.tasks.TaskSpec` and a fine-tuning run's flat metrics.
 
@@ -124,7 +125,7 @@ def finetuned_card_for(
     ``preset``, ``source``, and ``model``/``model_version`` when it is a registered version);
     ``from_pipeline``: the model started from the pretrain stage's output, so the upstream stages'
     ``dvc.lock`` entries are its lineage (not for a released checkpoint). ``baselines``: the result's trivial
-    baselines (name -> metric -> score).
+    baselines (name -> metric -> score); ``split_baselines``: those of each further evaluated split.
     ``reference`` the published scores of its size
     (``bert_core.evaluate.references.reference_for(model_info["preset"])``).
     """
@@ -136,9 +137,30 @@ def finetuned_card_for(
         base = f"{model_info['model']}/{model_info['model_version']}"
     else:
         base = str(model_info.get("source") or "") or None
-    dev = {
-        k.removeprefix("dev."): v for k, v in metrics.items() if k.startswith("dev.") and k.count(".") == 1
-    }
+
+    def on(split: str) -> dict[str, float]:
+        prefix = f"{split}."
+        return {
+            k.removeprefix(prefix): v
+            for k, v in metrics.items()
+            if k.startswith(prefix) and k.count(".") == 1
+        }
+
+    def best(scores: Mapping[str, Mapping[str, float]] | None) -> dict[str, tuple[str, float]]:
+        keys = dict.fromkeys(k for values in (scores or {}).values() for k in values)
+        return {k: b for k in keys if (b := best_of_baselines(scores or {}, k)) is not None}
+
+    dev = on("dev")
+    others = [
+        modelcard.SplitScores(
+            split,
+            on(split),
+            best((split_baselines or {}).get(split)),
+            dict(ref.scores.get(split_row(spec.name, split), {})) if ref else {},
+        )
+        for split in spec.dev_splits[1:]
+        if on(split)
+    ]
     stages = FINETUNE_STAGES if from_pipeline else ()
     return modelcard.finetuned_card(
         name=name or f"bert-{spec.name}",
@@ -161,11 +183,8 @@ def finetuned_card_for(
         labels=tuple(getattr(spec, "labels", ()) or ())[:50],
         run_ids=run_ids,
         outside_source=None if from_pipeline else base,
-        best_baselines={
-            metric: best
-            for metric in dict.fromkeys(k for scores in (baselines or {}).values() for k in scores)
-            if (best := best_of_baselines(baselines or {}, metric)) is not None
-        },
+        best_baselines=best(baselines),
+        other_splits=others,
     )
 
 
@@ -198,6 +217,7 @@ def finetuned_card(spec: Any, settings: Any, result: Any, metrics: Mapping[str, 
             data_label=result.data_split.get("label") or None,
             from_pipeline=_from_pipeline(result.model),
             baselines=result.baselines,
+            split_baselines=result.split_baselines,
         )
 
     return card

@@ -11,10 +11,10 @@ Chosen per task (``finetune.tasks.<task>`` in ``params/finetune.yaml``; :func:`r
   MLflow) and are not official dev scores. When the official train data is there (the Hub, or the data
   root has the train file) the option is an error: the official splits are the ones to use, and silently
   preferring either would make a run's scores mean something else than its params say.
-* **own files** (``train_file`` / ``dev_file``): files in the task's official format (a SQuAD JSON, a GLUE
-  TSV, ...), absolute or relative to the repository root; either one alone replaces only its split (the
-  other comes from the official source). ``dev_file`` is the task's main dev split (MNLI: matched). An own
-  task (:mod:`bert_core.tasks.own`) has both, and nothing else.
+* **own files** (``train_file`` / ``dev_file`` / ``test_file``): files in the task's official format (a
+  SQuAD JSON, a GLUE TSV, ...), absolute or relative to the repository root; each replaces only its split
+  (the others come from the official source). ``dev_file`` is the task's main dev split (MNLI: matched),
+  ``test_file`` its split ``test``. An own task (:mod:`bert_core.tasks.own`) has its files, and nothing else.
 
 DVC tracks none of these files (a data root lies outside the repository, like ``BERT_DATA_ROOT``): the
 stage re-runs when the keys change, not when a file's contents do; the rows' digest is logged to MLflow.
@@ -23,6 +23,7 @@ stage re-runs when the keys change, not when a file's contents do; the rows' dig
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ class TaskSource:
         data_root: The local data root (``None``: the Hub).
         train_file: The file the train split is read from, when not the official source.
         dev_file: The file the main dev split is read from (for a dev split: the official dev file).
+        test_file: The file the split ``test`` is read from, when not the official source.
     """
 
     spec: TaskSpec
@@ -52,6 +54,7 @@ class TaskSource:
     data_root: Path | None = None
     train_file: Path | None = None
     dev_file: Path | None = None
+    test_file: Path | None = None
     _articles: list[Any] | None = field(default=None, repr=False)
 
     def load(self, split: str, limit: int | None = None) -> TaskRows:
@@ -64,9 +67,9 @@ class TaskSource:
         spec = self.spec
         if self.origin == "dev_split" and split in ("train", spec.main_dev_split):
             return self._dev_split_rows(split, limit)
-        own = {"train": self.train_file, spec.main_dev_split: self.dev_file}.get(split)
+        own = self._own_files().get(split)
         if self.origin == "own_files" and own is not None:
-            name = "train_file" if split == "train" else "dev_file"
+            name = {"train": "train_file", "test": "test_file"}.get(split, "dev_file")
             try:
                 return read_local(spec, split, own, limit)
             except TaskDataError as err:
@@ -85,7 +88,7 @@ class TaskSource:
         """
         if self.data_root is None:  # the Hub: nothing on disk
             return
-        own = {"train": self.train_file, self.spec.main_dev_split: self.dev_file}
+        own = self._own_files()
         for split in ("train", *self.spec.dev_splits):
             if own.get(split) is not None or (self.origin, split) == ("dev_split", "train"):
                 continue  # a file resolve_task_source checked
@@ -93,6 +96,11 @@ class TaskSource:
                 local_split_file(self.spec, split, self.data_root)
             except TaskDataError as err:
                 raise self._missing(split, err) from None
+
+    def _own_files(self) -> dict[str, Path]:
+        """Split -> the own file it is read from."""
+        own = {"train": self.train_file, self.spec.main_dev_split: self.dev_file, "test": self.test_file}
+        return {split: path for split, path in own.items() if path is not None}
 
     def _missing(self, split: str, err: TaskDataError) -> TaskDataError:
         """``err`` of a missing split; SQuAD's train file: with the data-limited alternative."""
@@ -131,12 +139,22 @@ class TaskSource:
         assert plan is not None
         return range(plan.train_articles) if split == "train" else range(plan.train_articles, plan.total)
 
-    def describe(self, train: TaskRows | None = None, dev: TaskRows | None = None) -> dict[str, Any]:
+    def describe(
+        self,
+        train: TaskRows | None = None,
+        dev: TaskRows | None = None,
+        others: Mapping[str, TaskRows] | None = None,
+    ) -> dict[str, Any]:
         """What the summary, the report and MLflow say about the data: ``origin``, ``label`` (empty for
         the whole official dev split), ``eval_set`` (the scored rows alone: scores are comparable only on
-        the same one; empty for the whole official dev split) and the sources (``train_source``,
-        ``eval_source``, with row counts)."""
+        the same one; empty for the whole official dev split), the sources (``train_source``,
+        ``eval_source``, with row counts) and, for each further evaluated split of ``others`` that a limit
+        cut, ``<split>_set`` (``first 1000 of 3453 rows``)."""
         info: dict[str, Any] = {"origin": self.origin, "label": "", "eval_set": ""}
+        for split, rows in (others or {}).items():
+            if rows.cut:
+                counted = f" of {rows.available}" if rows.available is not None else ""
+                info[f"{split}_set"] = f"first {len(rows)}{counted} rows"
         for name, rows in (("train", train), ("eval", dev)):
             if rows is not None:
                 info[f"{name}_source"] = rows.source
@@ -147,13 +165,16 @@ class TaskSource:
             scored = f"articles {ev.start + 1}-{ev.stop} of {self.dev_file.stem}{_cut(dev, 'questions')}"
             label = f"dev split: {scored}, trained on {tr.start + 1}-{tr.stop}{_cut(train, 'questions')}"
             info.update(label=label, eval_set=f"dev split: {scored}", file=str(self.dev_file))
-        elif self.origin == "own_files" and self.dev_file is not None:
-            parts = [f"train {self.train_file}"] if self.train_file else []
-            info["eval_set"] = f"own dev file {self.dev_file}{_cut(dev)}"
-            if not self.spec.own:  # an own task has no official splits to tell its files from
-                info["label"] = "own files: " + ", ".join([*parts, f"dev {self.dev_file}{_cut(dev)}"])
         elif self.origin == "own_files":
-            info["label"] = f"own files: train {self.train_file}"
+            if self.dev_file is not None:
+                info["eval_set"] = f"own dev file {self.dev_file}{_cut(dev)}"
+            files = (
+                ("train", self.train_file, ""),
+                ("dev", self.dev_file, _cut(dev)),
+                ("test", self.test_file, ""),
+            )
+            if not self.spec.own:  # an own task has no official splits to tell its files from
+                info["label"] = "own files: " + ", ".join(f"{n} {p}{c}" for n, p, c in files if p is not None)
         if not info["eval_set"] and dev is not None and dev.cut:  # the official dev split, cut short
             info["eval_set"] = f"official dev split{_cut(dev)}"
             info["label"] = "; ".join(x for x in (info["label"], info["eval_set"]) if x)
@@ -186,6 +207,7 @@ def resolve_task_source(
     dev_split: bool = False,
     train_file: str | os.PathLike[str] | None = None,
     dev_file: str | os.PathLike[str] | None = None,
+    test_file: str | os.PathLike[str] | None = None,
     data_root: str | os.PathLike[str] | None = None,
     base_dir: str | os.PathLike[str] = REPO_ROOT,
     key: str | None = None,
@@ -195,7 +217,8 @@ def resolve_task_source(
     Args:
         spec: The task.
         dev_split: Train and evaluate on two halves of the official dev file (``spec.dev_split``).
-        train_file, dev_file: Own files in the task's official format (relative paths: to ``base_dir``).
+        train_file, dev_file, test_file: Own files in the task's official format (relative paths: to
+            ``base_dir``).
         data_root: Local data root (default ``BERT_DATA_ROOT``; unset: the Hub).
         base_dir: What relative own-file paths are relative to (the repository root, where DVC runs).
         key: The params key named in errors (default ``finetune.tasks.<task>``).
@@ -213,8 +236,10 @@ def resolve_task_source(
             raise ValueError(
                 f"{key}.dev_split: {spec.name} has no dev split (only squad_v1, squad_v2); remove it"
             )
-        if train_file is not None or dev_file is not None:
-            raise ValueError(f"{key}: dev_split and train_file/dev_file exclude each other; keep one")
+        if train_file is not None or dev_file is not None or test_file is not None:
+            raise ValueError(
+                f"{key}: dev_split and train_file/dev_file/test_file exclude each other; keep one"
+            )
         train_rel, dev_rel = spec.local_files["train"], spec.local_files[spec.main_dev_split]
         if root is None:
             raise TaskDataError(
@@ -235,11 +260,13 @@ def resolve_task_source(
         return TaskSource(spec, "dev_split", key, root, dev_file=path)
     own = {
         name: own_file(value, base_dir, f"{key}.{name}")
-        for name, value in (("train_file", train_file), ("dev_file", dev_file))
+        for name, value in (("train_file", train_file), ("dev_file", dev_file), ("test_file", test_file))
         if value is not None
     }
     if own:
-        return TaskSource(spec, "own_files", key, root, own.get("train_file"), own.get("dev_file"))
+        return TaskSource(
+            spec, "own_files", key, root, own.get("train_file"), own.get("dev_file"), own.get("test_file")
+        )
     return TaskSource(spec, "official", key, root)
 
 

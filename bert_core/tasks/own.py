@@ -13,7 +13,8 @@
 * ``multiple_choice`` -- the right one of four endings, from files in SWAG's CSV format (or a Hub dataset
   with SWAG's columns); accuracy.
 
-The rows are the task's ``train_file`` and ``dev_file``, or the splits of a Hugging Face Hub dataset
+The rows are the task's ``train_file``, ``dev_file`` and, optionally, a labelled ``test_file`` (scored once,
+with the model the dev set selected), or the splits of a Hugging Face Hub dataset
 (``hub``; a ``ClassLabel`` is read by its names), whether or not ``BERT_DATA_ROOT`` is set
 (:mod:`bert_core.tasks.table` reads both); the headline ``metric`` (default: the kind's first) selects the learning rate and the registered model, and the
 kind's other metrics are reported beside it. A fine-tuned model's ``task.json`` holds the definition
@@ -64,6 +65,7 @@ def own_task_spec(
     hub_config: str | None = None,
     hub_splits: dict[str, str] | None = None,
     no_answers: bool = False,
+    test: bool = False,
 ) -> TaskSpec:
     """The :class:`TaskSpec` of own task ``name`` (see the module docstring).
 
@@ -77,6 +79,8 @@ def own_task_spec(
         hub, hub_config, hub_splits: A Hub dataset's id, config and split names (``train``, ``dev`` -> its
             split; default ``train`` and ``validation``), when the rows come from the Hub.
         no_answers: Span QA with unanswerable questions (SQuAD v2.0).
+        test: The task has a labelled test split (``test_file``, or a Hub split named ``test`` in
+            ``hub_splits``), scored once with the selected model.
 
     Raises:
         ValueError: a name of the paper's tasks, an unknown kind or metric, labels with a regression, fewer
@@ -115,12 +119,14 @@ def own_task_spec(
     metric = metric or keys[0]
     if metric not in keys:
         raise ValueError(f"metric {metric!r}: a {kind} task with these labels is scored with one of {keys}")
+    test = test or (bool(hub) and "test" in (hub_splits or {}))
+    evaluated = ("dev", "test") if test else ("dev",)
     return TaskSpec(
         name=name,
         kind=kind,
         labels=labels,
-        splits=("train", "dev"),
-        dev_splits=("dev",),
+        splits=("train", *evaluated),
+        dev_splits=evaluated,
         test_splits=(),
         metric_keys=(metric, *(k for k in keys if k != metric)),
         max_seq_length=384 if kind == "span_qa" else 128,  # the paper's windows for QA
@@ -128,7 +134,7 @@ def own_task_spec(
         hub_path=hub or "",
         hub_config=hub_config,
         hub_splits={**DEFAULT_HUB_SPLITS, **(hub_splits or {})},
-        local_files={"train": "", "dev": ""},
+        local_files=dict.fromkeys(("train", *evaluated), ""),
         submission_labels=labels,  # prediction files spell the labels as the task's files do
         single_sentence=not text_pair,
         no_answers=no_answers,

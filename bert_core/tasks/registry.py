@@ -59,7 +59,8 @@ class TaskSpec:
         labels: Label names; index ``i`` is class ``i`` (empty for regression and span QA; the IOB2 tag set
             for token classification; ``("0", "1", "2", "3")`` for SWAG's endings).
         splits: Split names :func:`~bert_core.tasks.load_task_split` accepts.
-        dev_splits: The labelled evaluation splits (MNLI has two); the first selects models.
+        dev_splits: The labelled evaluation splits; the first selects models, the others (MNLI's mismatched
+            half, CoNLL-2003's or an own task's labelled test set) are scored once, with the selected model.
         test_splits: Unlabelled test splits (predictions go to a leaderboard).
         metric_keys: Keys of the metric dict (:mod:`bert_core.metrics` computes it), headline first: the
             first key is :attr:`main_metric`.
@@ -293,8 +294,8 @@ TASKS: dict[str, TaskSpec] = {
             kind="token_classification",
             labels=CONLL_TAGS,
             splits=("train", "dev", "test"),
-            dev_splits=("dev",),
-            test_splits=(),  # the test set is labelled; it is reported, not submitted
+            dev_splits=("dev", "test"),  # the paper reports both (Table 7); the test set selects nothing
+            test_splits=(),
             metric_keys=("f1", "precision", "recall"),
             max_seq_length=128,
             data_format="conll",

@@ -265,6 +265,7 @@ STAGES: tuple[Stage, ...] = (
             "main_metric",
             "dev_split",  # 1: trained and scored on halves of the dev file, not an official dev score
             "score_mismatched=dev_mismatched.{main}",
+            "score_test=test.{main}",  # a labelled test set (CoNLL-2003, an own task's test_file)
             "best_baseline=best_baseline.{main}",
             "random_init=random_init.dev.{main}",
             "gap_random_init=gap.dev.{main}",
