@@ -284,3 +284,40 @@ def test_a_profile_key_the_workspace_lost_is_named_with_the_way_back(repo):
         ProfileError, match=r"profiles set 'x\.sources\.0\.max_bytes'.*git checkout params/x\.yaml"
     ):
         profiles.resolve("named", None, repo)
+
+
+def test_a_profiles_task_list_keeps_the_own_tasks_the_workspace_declares(tmp_path):
+    """A profile's task list is a scale setting for the paper's tasks: an own task declared in the workspace
+    (committed or not) stays under every profile, and the run form can choose it; an explicit task list
+    (``-S``) still replaces everything."""
+    from flows._inputs import form_overrides
+
+    (tmp_path / "params" / "profiles").mkdir(parents=True)
+    finetune = tmp_path / "params" / "finetune.yaml"
+    finetune.write_text("finetune:\n  tasks:\n    sst2: {train_limit: 100}\n")
+    (tmp_path / "params" / "profiles" / "cpu-small.yaml").write_text("# Defaults.\n{}\n")
+    (tmp_path / "params" / "profiles" / "gpu.yaml").write_text(
+        "params/finetune.yaml:\n  finetune.tasks: {mrpc: {}, sst2: {}}\n"
+    )
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "-c", "user.email=t@e", "-c", "user.name=t", "add", "-A")
+    _git(tmp_path, "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "init")
+    reviews = {
+        "define": {"kind": "classification", "text": "review"},
+        "train_file": "t.csv",
+        "dev_file": "d.csv",
+    }
+    finetune.write_text(
+        yaml.safe_dump({"finetune": {"tasks": {"sst2": {"train_limit": 100}, "reviews": reviews}}})
+    )
+    tasks = profiles.resolve("gpu", root=tmp_path)["params/finetune.yaml"]["finetune.tasks"]
+    assert tasks == {"mrpc": {}, "sst2": {}, "reviews": reviews}
+    assert (
+        profiles.resolve("cpu-small", root=tmp_path) == {}
+    )  # the workspace already is the default + its own
+    chosen = profiles.resolve(
+        "gpu", lambda current: form_overrides({"tasks": ["reviews"]}, current), tmp_path
+    )
+    assert chosen["params/finetune.yaml"]["finetune.tasks"] == {"reviews": reviews}
+    explicit = profiles.resolve("gpu", {"params/finetune.yaml": {"finetune.tasks": {"mrpc": {}}}}, tmp_path)
+    assert explicit["params/finetune.yaml"]["finetune.tasks"] == {"mrpc": {}}

@@ -4,7 +4,9 @@ The params files hold the default profile; ``params/profiles/<name>.yaml`` maps 
 and values (its leading comment is its description), and may list ``targets:``, the DVC stages it runs.
 A profile determines every key that *any* profile sets: keys it does not set go back to their committed
 default (``git show HEAD:<file>``), so switching from ``gpu-base`` back to ``cpu-small`` leaves no GPU value
-behind; keys no profile touches keep the workspace's value. Values use DVC's ``-S`` syntax
+behind; keys no profile touches keep the workspace's value. A profile's task list replaces the paper's tasks
+only: the own tasks the workspace declares (``define``) are the user's data, not a scale, and stay
+(:data:`OWN_TASKS`). Values use DVC's ``-S`` syntax
 (:mod:`flows.overrides`), and ``apply`` writes them with DVC's own implementation of ``-S``, so ``dvc exp
 run -S`` and ``dvc repro`` after ``apply`` see the same files; resolving and checking run the same code in
 memory (:func:`effective_params`). Command line: ``python -m flows.profiles``.
@@ -38,6 +40,8 @@ from flows.overrides import (
 PROFILES_SUBDIR = Path("params") / "profiles"
 DEFAULT_PROFILE = "cpu-small"
 TARGETS_KEY = "targets"  # a profile's list of DVC stages to run (default: all)
+#: The mapping whose entries marked by a key a profile never drops: the workspace's own tasks.
+OWN_TASKS = ("params/finetune.yaml", "finetune.tasks", "define")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
@@ -182,6 +186,7 @@ def resolve(
                     "or give the whole value again with -S and no profile"
                 )
         layers += [defaults, profile.overrides]
+        layers.append(_own_tasks_kept(merge(*layers), workspaces))
     if callable(extra):
         base = merge(*layers)
         with_base = functools.cache(lambda file: effective_params(file, base, root))  # once per file
@@ -195,6 +200,21 @@ def resolve(
         if kept := changed if only_changes else keys:
             out[file] = kept
     return out
+
+
+def _own_tasks_kept(base: Overrides, workspaces: dict[str, DictConfig]) -> Overrides:
+    """The task list ``base`` sets, with the workspace's own tasks it does not name added (``{}``: none)."""
+    file, key, marker = OWN_TASKS
+    tasks = base.get(file, {}).get(key)
+    if not isinstance(tasks, dict) or file not in workspaces:
+        return {}
+    declared = value_at(workspaces[file], key)
+    own = {
+        name: entry
+        for name, entry in (declared if isinstance(declared, dict) else {}).items()
+        if isinstance(entry, dict) and marker in entry and name not in tasks
+    }
+    return {file: {key: {**tasks, **own}}} if own else {}
 
 
 def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) -> DictConfig:
