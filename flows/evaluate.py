@@ -43,7 +43,7 @@ def evaluate_flow(
 
     params: EvaluateParams = STAGE.load_params(params_file)
     finetune = load_params(finetune_params_file, "finetune", FinetuneParams)
-    tasks = sorted(finetune.tasks) or None
+    tasks, own = sorted(finetune.tasks) or None, finetune.own_tasks()
     metrics = metrics_file("evaluate", metrics_path)
     report_dir = in_repo(params.report_dir, "evaluate.report_dir")
     outs = [report_dir / "evaluate.md", report_dir / "evaluate.html", report_dir / "evaluate"]
@@ -54,14 +54,16 @@ def evaluate_flow(
             metrics,
             report_dir,
             tasks=tasks,
-            own_tasks=finetune.own_tasks(),
+            own_tasks=own,
             reference_size=params.reference_size,
             dpi=params.dpi,
             lock_path=DVC_LOCK,
             outputs=s.staged,
         )
         s.done(
-            headline(summary, [*score_keys(summary), *STAGE.headline]),
+            headline(
+                summary, [*score_keys(summary, {n: o.main_metric for n, o in own.items()}), *STAGE.headline]
+            ),
             details=summary,
             artifacts=[(outs[1], "report"), (outs[0], "report"), (outs[2], "report/evaluate")],
         )

@@ -243,3 +243,11 @@ def test_the_test_row_is_among_the_evaluate_stages_headline_scores():
     assert headline_metric("rte_custom", "macro_f1") == "macro_f1"  # an own task named like a paper's one
     keys = score_keys({"conll2003.f1": 94.0, "conll2003_test.f1": 90.1, "conll2003_test.precision": 90.3})
     assert keys == ["conll2003.f1", "conll2003_test.f1"]
+    own = {
+        "mine.accuracy": 80.0,
+        "mine.macro_f1": 70.0,
+        "mine_test.accuracy": 79.0,
+        "mine_test.macro_f1": 69.0,
+    }
+    assert score_keys(own) == []  # an own task's main metric is its declaration's
+    assert score_keys(own, {"mine": "macro_f1"}) == ["mine.macro_f1", "mine_test.macro_f1"]

@@ -387,6 +387,7 @@ def test_own_tasks_are_fine_tuned_registered_evaluated_and_served(
       define: {{kind: token_classification}}
       train_file: {data / "ner_train.conll"}
       dev_file: {data / "ner_dev.jsonl"}
+      test_file: {data / "ner_dev.jsonl"}
 """,
         encoding="utf-8",
     )
@@ -408,6 +409,7 @@ def test_own_tasks_are_fine_tuned_registered_evaluated_and_served(
         scores["similar"]
     )
     assert {"dev.f1", "dev.precision", "dev.recall", "baseline.lexicon.f1"} <= set(scores["entities"])
+    assert scores["entities"]["test.f1"] == scores["entities"]["dev.f1"]  # its test file: the dev rows again
     headline = json.loads((tmp_path / "metrics" / "reviews.json").read_text())
     assert headline["main_metric"] == "f1" and headline["score"] == pytest.approx(scores["reviews"]["dev.f1"])
     predictions = (results / "reviews" / "dev_predictions.tsv").read_text().splitlines()
@@ -455,6 +457,9 @@ def test_own_tasks_are_fine_tuned_registered_evaluated_and_served(
     report = (tmp_path / "reports" / "evaluate.md").read_text()
     assert all(task in report for task in ("reviews", "similar", "entities"))
     assert summary["entities.f1"] == pytest.approx(scores["entities"]["dev.f1"])
+    # the evaluate headline shows each own task's declared main metric, its test row too
+    top = json.loads((tmp_path / "metrics" / "evaluate.json").read_text())
+    assert {"reviews.f1", "similar.spearman", "entities.f1", "entities_test.f1"} <= set(top)
 
     # a summary whose main metric is not the declared one (the params changed after fine-tuning) is named
     changed = tmp_path / "changed.yaml"

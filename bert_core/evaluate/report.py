@@ -244,18 +244,20 @@ def render_report(
 _NOT_ROWS = frozenset({"glue", "gap", "gap_reference", "random_init", "reference_ckpt", "baseline", "tasks"})
 
 
-def score_keys(metrics: dict[str, float]) -> list[str]:
+def score_keys(metrics: dict[str, float], own_mains: Mapping[str, str] | None = None) -> list[str]:
     """The rows' task scores in :func:`evaluate_results`'s metrics, in row order, as headline patterns
     (:func:`flows._stage.headline`): ``<row>.<metric>`` with each row's headline metric
-    (:func:`~bert_core.evaluate.references.headline_metric`), shown as ``<row>.dev_split.<metric>`` where
+    (:func:`~bert_core.evaluate.references.headline_metric`; an own task's from ``own_mains``, its main
+    metric by name, also for its ``<task>_test`` row), shown as ``<row>.dev_split.<metric>`` where
     the row trained and was scored on halves of the dev file, so that it is never read, or diffed, as an
     official dev score. They are the first columns of the DVC metrics file."""
     rows = dict.fromkeys(
         k.split(".", 1)[0] for k in metrics if "." in k and k.split(".", 1)[0] not in _NOT_ROWS
     )
+    mains = own_mains or {}
     keys = []
     for row in rows:
-        metric = headline_metric(row, "")
+        metric = headline_metric(row, mains.get(row) or mains.get(row.rpartition("_")[0], ""))
         if f"{row}.{metric}" in metrics:
             dev_split = f"{row}.dev_split" in metrics
             keys.append(f"{row}.dev_split.{metric}={row}.{metric}" if dev_split else f"{row}.{metric}")

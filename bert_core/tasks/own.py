@@ -164,6 +164,7 @@ def own_task_json(spec: TaskSpec) -> dict[str, object]:
             else {}
         ),
         **({"no_answers": True} if spec.no_answers else {}),
+        **({"test": True} if "test" in spec.dev_splits else {}),
     }
 
 
