@@ -748,3 +748,22 @@ def test_own_span_qa_reads_squads_format_and_refuses_unanswerable_questions_unle
         .kind
         == "span_qa"
     )
+
+
+def test_an_own_tasks_labels_are_read_once_while_its_train_file_is_unchanged(tmp_path, monkeypatch):
+    """The command line's pre-check and the flow both ask for the spec: the train file is read for its
+    labels once, and again only after it changed."""
+    import os
+
+    from bert_core.tasks import table
+
+    params = _own(tmp_path, {**REVIEWS, "text": "review"})
+    reads = []
+    real = table.records
+    monkeypatch.setattr(table, "records", lambda path, *a: reads.append(path) or real(path, *a))
+    assert params.task("reviews").labels == params.task("reviews").labels == ("neg", "pos")
+    assert len(reads) == 1
+    train = tmp_path / "train.csv"
+    _write_csv(train, ["review", "sentiment"], [["good", "pos"], ["bad", "neg"], ["so so", "mixed"]])
+    os.utime(train, ns=(1, 1))  # another stamp, whatever the clock's resolution
+    assert params.task("reviews").labels == ("mixed", "neg", "pos") and len(reads) == 2

@@ -22,6 +22,7 @@ raises :class:`TaskDataError` naming the file and line.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 from collections.abc import Iterable, Iterator
@@ -176,12 +177,30 @@ def labels_of(kind: str, path: Path, field: str, words: str = "tokens") -> list[
     NER: the entity types of its tags (JSON Lines: the tag lists in ``field``, beside the word lists in
     ``words``).
 
+    The file is read once per process while unchanged (the command line's pre-check and the flow ask for
+    the same labels).
+
     Raises:
         TaskDataError: a record without the field; a tag that is neither ``O`` nor ``B-``/``I-`` + type.
     """
+    try:
+        stat = path.stat()
+    except OSError:  # the reader names the file
+        return list(_read_labels(kind, path, field, words))
+    return list(_read_labels_of(kind, path, stat.st_mtime_ns, stat.st_size, field, words))
+
+
+@functools.lru_cache(maxsize=16)
+def _read_labels_of(
+    kind: str, path: Path, _mtime_ns: int, _size: int, field: str, words: str
+) -> tuple[str, ...]:
+    return _read_labels(kind, path, field, words)
+
+
+def _read_labels(kind: str, path: Path, field: str, words: str) -> tuple[str, ...]:
     if kind == "token_classification":
-        return _entity_types(str(path), tagged_sentences(path, words, field))
-    return _distinct_labels(str(path), records(path), field)
+        return tuple(_entity_types(str(path), tagged_sentences(path, words, field)))
+    return tuple(_distinct_labels(str(path), records(path), field))
 
 
 def _distinct_labels(path: str, numbered: Iterable[tuple[int, dict[str, Any]]], field: str) -> list[str]:
