@@ -99,6 +99,10 @@ def test_task_data_become_dataset_inputs(tmp_path):
     assert inputs["sst2-train"]["digest"] != inputs["sst2-dev"]["digest"]
     got = MlflowClient().get_run(run.run_id).data
     assert got.metrics[HEADLINE_METRIC] == 91.5 and got.tags["main_metric"] == "accuracy"
+    assert "test.main" not in got.metrics
+    with stage_run("finetune", None, experiment=FINETUNE_EXPERIMENT) as run:  # a labelled test set too
+        assert log_headline_metric("f1", {"dev.f1": 90.0, "test.f1": 86.5, "test.precision": 85.0}) == 90.0
+    assert MlflowClient().get_run(run.run_id).data.metrics["test.main"] == 86.5
 
 
 def test_pretrain_data_digest_is_the_index(tmp_path):

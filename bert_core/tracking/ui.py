@@ -24,6 +24,8 @@ log = logging.getLogger("bert_core.stage")
 
 #: The comparable headline dev metric of every fine-tuning run (the value of the task's main metric).
 HEADLINE_METRIC = "dev.main"
+#: The same metric on a labelled test set (CoNLL-2003's, an own task's), scored once by the selected model.
+TEST_HEADLINE_METRIC = "test.main"
 
 
 def rows_digest(rows: Any) -> str:
@@ -134,15 +136,22 @@ def log_pretrain_data(data_dir: str | os.PathLike[str], phases: list[str]) -> No
 def log_headline_metric(key: str, metrics: dict[str, Any]) -> float | None:
     """Log ``dev.main`` = ``metrics["dev.<key>"]`` (``key``: the task's main metric,
     :attr:`bert_core.tasks.TaskSpec.main_metric`) and the tag ``main_metric`` = ``key``, so one column compares
-    every task's runs. Returns the value (``None`` when the run has no such metric)."""
+    every task's runs; ``test.main`` likewise where a labelled test set was scored. Returns the dev value
+    (``None`` when the run has no such metric)."""
     import mlflow
 
-    value = metrics.get(f"dev.{key}")
     retry_tracking(mlflow.set_tags)({"main_metric": key})
-    if value is None or not math.isfinite(float(value)):
-        return None
-    retry_tracking(mlflow.log_metrics)({HEADLINE_METRIC: float(value)})
-    return float(value)
+    found = {
+        name: float(value)
+        for name, value in (
+            (HEADLINE_METRIC, metrics.get(f"dev.{key}")),
+            (TEST_HEADLINE_METRIC, metrics.get(f"test.{key}")),
+        )
+        if value is not None and math.isfinite(float(value))
+    }
+    if found:
+        retry_tracking(mlflow.log_metrics)(found)
+    return found.get(HEADLINE_METRIC)
 
 
 # ====================================================================== the runs table's saved view
@@ -192,6 +201,7 @@ TASK_RUNS_VIEW = RunsView(
     name=f"Task runs ({HEADLINE_METRIC})",
     columns=(
         f"metrics.`{HEADLINE_METRIC}`",
+        f"metrics.`{TEST_HEADLINE_METRIC}`",
         "tags.`main_metric`",
         "attributes.`Dataset`",
         "attributes.`Models`",
