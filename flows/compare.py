@@ -28,7 +28,8 @@ from bert_core.tracking import (
     tracking_uri,
 )
 
-DEFAULT_METRICS = ("dev*",)
+#: The selected model's scores: every dev split's, and a labelled test set's (not its baselines' test.baseline.*).
+DEFAULT_METRICS = ("dev*", "test.[!b]*")
 _LATEST_RE = re.compile(r"^latest(?:~(\d+))?$")
 _MODEL_RE = re.compile(r"^(?:models:/)?(?P<name>[^/@\s]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_-]+))$")
 
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "--metric",
         action="append",
         default=None,
-        help="glob of metric keys to show (default: dev*); repeatable",
+        help="glob of metric keys to show (default: dev* and test.[!b]*, a labelled test set's); repeatable",
     )
     parser.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
     args = parser.parse_args(argv)

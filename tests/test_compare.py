@@ -57,6 +57,8 @@ def _templates(tmp_path_factory):
         latest = {lr: "[3e-05]", "seeds": "1"}  # the latest counts
         _log("p2-bbbb", "sst2", {"dev.accuracy": 83.5}, model="bert-pretrained/2", params=latest)
         _log("p2-bbbb", "squad", {"dev.f1": 50.0, "dev.exact_match": 40.0}, model="bert-pretrained/2")
+        test_set = {"dev.f1": 90.0, "test.f1": 86.0, "test.main": 86.0, "test.baseline.lexicon.f1": 45.0}
+        _log("p2-bbbb", "conll2003", test_set, model="bert-pretrained/2")
         runs = mlflow.search_runs(experiment_names=[FINETUNE_EXPERIMENT], output_format="list")
         _log(
             "p2-bbbb",
@@ -98,7 +100,9 @@ def test_pipeline_runs_side_by_side(store):
     }
     assert rows[("mrpc", "dev.f1")]["b"] is None and rows[("mrpc", "dev.f1")]["delta"] is None
     assert rows[("squad", "dev.f1")]["b"] == 50.0  # the top-level run, not the nested trial
-    assert ("sst2", "train.seconds") not in rows  # default metric filter: dev*
+    assert ("sst2", "train.seconds") not in rows  # default metric filter: dev*, test.* ...
+    assert rows[("conll2003", "test.f1")]["b"] == 86.0  # ... a labelled test set's scores
+    assert ("conll2003", "test.baseline.lexicon.f1") not in rows  # not its baselines'
 
 
 def test_the_settings_that_differ_are_shown_before_the_scores(store, capsys):
@@ -161,7 +165,11 @@ def test_cli_formats(store, capsys):
     assert "A = pipeline run p1-aaaa" in out and "+3.5" in out and "compare-runs?runs=" in out
     assert compare.main(["p1-aaaa", "p2-bbbb", "--format", "json", "--metric", "dev.f1"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert {(r["task"], r["metric"]) for r in data["rows"]} == {("mrpc", "dev.f1"), ("squad", "dev.f1")}
+    assert {(r["task"], r["metric"]) for r in data["rows"]} == {
+        ("conll2003", "dev.f1"),
+        ("mrpc", "dev.f1"),
+        ("squad", "dev.f1"),
+    }
     assert compare.main(["p1-aaaa", "zzz"]) == 2
     assert "matches no pipeline run" in capsys.readouterr().err
 
