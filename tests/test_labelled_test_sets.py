@@ -191,6 +191,8 @@ def test_conll2003s_test_row_stands_beside_the_papers_test_score_and_its_baselin
     assert "| conll2003 | dev | f1 | 94.0 | – | – | 96.4 (dev) | 71.2 (lexicon) |" in md
     assert "conll2003: test scored on the first 1000 of 3453 rows, set by `eval_limit`" in md
     assert "| conll2003_test | lexicon |" in md  # the baselines table has the test rows too
+    value = md.split("## Value of pretraining")[1].split("\n## ")[0]
+    assert "| conll2003 |" in value and "conll2003_test" not in value  # it compares dev scores only
 
 
 def test_the_model_card_has_a_section_and_a_model_index_result_for_the_test_split():

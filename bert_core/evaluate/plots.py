@@ -55,7 +55,7 @@ def plot_scores(summary: EvaluationSummary, dpi: int = 110) -> bytes:
     x = list(range(len(rows)))
     ours = [r.ours if math.isfinite(r.ours) else 0.0 for r in rows]
     baselines = [_best_baseline(summary, r) for r in rows]
-    ours_style = dict(yerr=[r.ours_std for r in rows], capsize=3, label="fine-tuned (dev)", color="#1f77b4")
+    ours_style = dict(yerr=[r.ours_std for r in rows], capsize=3, label="fine-tuned", color="#1f77b4")
     series: list[tuple[list[float], dict[str, Any]]] = [(ours, ours_style)]
     if any(r.random_init is not None for r in rows):
         series.append(

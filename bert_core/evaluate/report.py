@@ -158,7 +158,8 @@ def _intro(summary: EvaluationSummary) -> str:
     return (
         (tasks if summary.selection else "")
         + f"Fine-tuned from {', '.join(sorted(models))} (size: {size}). Our scores are on the *dev* sets (the "
-        "selected learning rate and seed, as the BERT paper selects on dev); published GLUE scores are "
+        "selected learning rate and seed, as the BERT paper selects on dev; a `<task>_test` row is a labelled test "
+        "set, scored once by that model); published GLUE scores are "
         "mostly *test* scores, so the comparison is indicative. Spread: mean ± std over the seeds of the "
         "selected learning rate. " + " ".join(reference_notes(summary))
     )
@@ -189,7 +190,7 @@ def render_report(
     staged temporary and committed by the caller with the stage's other outs; else each atomically.
     """
     plots = {
-        "scores": ("Dev scores vs trivial baselines and published scores", plot_scores(summary, dpi)),
+        "scores": ("Scores vs trivial baselines and published scores", plot_scores(summary, dpi)),
         "trials": ("Learning-rate grid and seeds", plot_trials(summary, dpi)),
         "learning_curves": ("Learning curves of the selected trials", plot_learning_curves(summary, dpi)),
     }

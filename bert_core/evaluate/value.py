@@ -82,7 +82,7 @@ def value_table(summary: EvaluationSummary) -> tuple[str, list[str], list[list[s
         f"published ({published})",
     ]
     rows = []
-    for row in summary.rows:
+    for row in (r for r in summary.rows if r.split != "test"):  # the columns compare dev scores
         ref = reference_score(summary, row)
         result = summary.results.get(row.task)
         examples = str(result.selected.train_examples) if result is not None else "–"
