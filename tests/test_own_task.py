@@ -480,7 +480,8 @@ def test_the_readmes_own_task_example_is_valid_params():
     section = readme[readme.index("**Your own task**") :]
     block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     params = FinetuneParams.model_validate(yaml.safe_load(block))
-    assert set(params.own_tasks()) == {"reviews", "chemicals", "imdb"}
+    assert set(params.own_tasks()) == {"reviews", "chemicals", "imdb", "science"}
+    assert params.task("science").labels == ("A", "B", "C", "D", "E")  # named positions: no file is read
     assert (
         params.own_tasks()["reviews"].main_metric == "f1"
         and params.own_tasks()["chemicals"].main_metric == "f1"
@@ -506,6 +507,16 @@ def test_the_readmes_own_task_example_is_valid_params():
             ("squad/train-v2.0.json", "squad/dev-v2.0.json"),
         ),
         ("swag", {"kind": "multiple_choice"}, ("swag/train.csv", "swag/val.csv")),
+        (  # the same CSV read by its columns: the choices one column each
+            "swag",
+            {
+                "kind": "multiple_choice",
+                "text": "sent1",
+                "text_pair": "sent2",
+                "choices": ["ending0", "ending1", "ending2", "ending3"],
+            },
+            ("swag/train.csv", "swag/val.csv"),
+        ),
     ],
 )
 def test_an_own_task_on_a_papers_task_rows_is_fine_tuned_exactly_as_that_task(

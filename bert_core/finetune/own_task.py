@@ -25,13 +25,14 @@ class OwnTask(StrictModel):
     Attributes:
         kind: ``classification`` (one of ``labels`` per example), ``regression`` (a number),
             ``token_classification`` (an entity tag per word), ``span_qa`` (SQuAD's format) or
-            ``multiple_choice`` (SWAG's).
+            ``multiple_choice`` (the right one of a row's ``choices``; without them, SWAG's format).
         text: The field (CSV/TSV column, JSON key) of the text; NER's JSON Lines: of the word list
             (default ``tokens``).
         text_pair: The field of the second text, for a sentence-pair task (``None``: one text).
         label: The field of the label, score or tag list (default ``label``; NER ``tags``).
-        labels: The classes in the model's output order (``f1``'s positive class is the second), or NER's
-            entity types; ``None``: those of the train file, sorted.
+        labels: The classes in the model's output order (``f1``'s positive class is the second), NER's
+            entity types, or the names of multiple choice's positions (``[A, B, C, D, E]``: the answer field
+            holds one); ``None``: those of the train file, sorted (multiple choice: ``0`` ... ``N-1``).
         metric: The headline, which selects the learning rate and the registered model: ``accuracy``,
             ``f1`` (two classes), ``macro_f1``, ``matthews_corr``; ``spearman``, ``pearson``
             (regression); ``f1``, ``precision``, ``recall`` (NER). ``None``: the kind's first. The kind's
@@ -43,6 +44,9 @@ class OwnTask(StrictModel):
             names, which are then the default ``labels``.
         no_answers: Span QA with unanswerable questions (SQuAD v2.0: a null answer, its threshold tuned on
             dev).
+        choices: Multiple choice: the field holding each row's list of choices (JSON Lines, the Hub), or the
+            fields holding one choice each (CSV columns); ``text`` is the question or context, ``text_pair``
+            an optional start shared by every choice.
     """
 
     kind: Literal["classification", "regression", "token_classification", "span_qa", "multiple_choice"]
@@ -69,6 +73,7 @@ class OwnTask(StrictModel):
     hub_config: str | None = Field(None, min_length=1)
     hub_splits: dict[Literal["train", "dev", "test"], str] | None = None
     no_answers: bool = False
+    choices: str | list[str] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> OwnTask:
@@ -81,12 +86,16 @@ class OwnTask(StrictModel):
         """Stand-in labels to check the rest before the train file gives the real ones."""
         if self.kind == "classification":
             return ["a", "b"] if self.metric == "f1" else ["a", "b", "c"]
+        if self.kind == "multiple_choice" and isinstance(self.choices, str):
+            return ["0", "1"]
         return ["X"] if self.kind == "token_classification" else []
 
     @property
     def labels_from_data(self) -> bool:
-        """Whether the classes (or entity types) come from the train data: the params list none."""
-        return self.labels is None and self.kind in ("classification", "token_classification")
+        """Whether the classes (entity types, choice positions) come from the train data: the params list
+        none."""
+        counted = self.kind == "multiple_choice" and isinstance(self.choices, str)  # the choices of a row
+        return self.labels is None and (self.kind in ("classification", "token_classification") or counted)
 
     @property
     def main_metric(self) -> str:
@@ -107,9 +116,10 @@ class OwnTask(StrictModel):
 
         labels = self.labels
         if self.labels_from_data:
-            words, field = (
-                self.text or DEFAULT_FIELDS[self.kind][0],
-                self.label or DEFAULT_FIELDS[self.kind][1],
+            words, field = (  # multiple choice: the list field whose length counts the positions
+                (str(self.choices), self.label or "label")
+                if self.kind == "multiple_choice"
+                else (self.text or DEFAULT_FIELDS[self.kind][0], self.label or DEFAULT_FIELDS[self.kind][1])
             )
             if train_file is not None:
                 labels = labels_of(self.kind, Path(train_file), field, words or "")

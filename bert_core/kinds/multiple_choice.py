@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
     from bert_core.config import BertConfig
 
-NUM_CHOICES = 4
-
 
 def encode_multiple_choice(
     examples: Sequence[Mapping[str, Any]],
@@ -246,7 +244,7 @@ class MultipleChoice(TaskKind):
         }
 
     def checks(self, spec: TaskSpec, labelled: bool) -> list[Check]:
-        n = NUM_CHOICES
+        n = len(spec.labels)  # SWAG's four endings, or an own task's choices
         return [
             nonempty("context_len"),
             Check(expectations().ExpectColumnValuesToBeBetween(column="n_endings", min_value=n, max_value=n)),

@@ -10,8 +10,10 @@
 * ``span_qa`` -- extractive question answering on files in SQuAD's JSON format (or a Hub dataset with
   SQuAD's columns); ``no_answers`` allows unanswerable questions (SQuAD v2.0: a null answer whose threshold
   is tuned on dev); the official scorer's F1 and exact match (``exact`` with ``no_answers``, as SQuAD v2.0).
-* ``multiple_choice`` -- the right one of four endings, from files in SWAG's CSV format (or a Hub dataset
-  with SWAG's columns); accuracy.
+* ``multiple_choice`` -- the right one of a row's choices: with ``choices``, from CSV, TSV or JSON Lines (the
+  question or context in ``text``, an optional shared start of every choice in ``text_pair``, the choices in
+  one list field or one column each, the answer in ``label``: a choice's index, or its name in ``labels``,
+  ``A``-``E`` say); without, SWAG's CSV format (four endings); accuracy.
 
 The rows are the task's ``train_file``, ``dev_file`` and, optionally, a labelled ``test_file`` (scored once,
 with the model the dev set selected), or the splits of a Hugging Face Hub dataset
@@ -66,6 +68,7 @@ def own_task_spec(
     hub_splits: dict[str, str] | None = None,
     no_answers: bool = False,
     test: bool = False,
+    choices: str | list[str] | tuple[str, ...] | None = None,
 ) -> TaskSpec:
     """The :class:`TaskSpec` of own task ``name`` (see the module docstring).
 
@@ -81,6 +84,10 @@ def own_task_spec(
         no_answers: Span QA with unanswerable questions (SQuAD v2.0).
         test: The task has a labelled test split (``test_file``, or a Hub split named ``test`` in
             ``hub_splits``), scored once with the selected model.
+        choices: Multiple choice: the field holding a row's list of choices, or the fields holding one choice
+            each (``None``: SWAG's format). ``labels`` then name the choices' positions (default ``0`` ...
+            ``N-1`` for N fields; a list field needs them, :class:`~bert_core.finetune.own_task.OwnTask`
+            counts a train row's).
 
     Raises:
         ValueError: a name of the paper's tasks, an unknown kind or metric, labels with a regression, fewer
@@ -93,10 +100,16 @@ def own_task_spec(
     labels = tuple(str(lab) for lab in labels)
     if len(set(labels)) != len(labels):
         raise ValueError(f"labels must be distinct, got {list(labels)}")
-    if kind in ("regression", "span_qa", "multiple_choice") and labels:
-        raise ValueError(f"a {kind} task has no labels; remove them")
+    if choices is not None and kind != "multiple_choice":
+        raise ValueError(f"choices are multiple choice's; a {kind} task has none")
+    if labels and (kind in ("regression", "span_qa") or (kind == "multiple_choice" and choices is None)):
+        swag = " (SWAG's format numbers its four endings; with choices, labels name their positions)"
+        raise ValueError(
+            f"a {kind} task has no labels; remove them{swag if kind == 'multiple_choice' else ''}"
+        )
     if kind == "multiple_choice":
-        labels = MULTIPLE_CHOICE_LABELS
+        labels, choices = _choice_positions(labels, choices, text)
+        label = label or ("label" if choices is not None else None)
     if no_answers and kind != "span_qa":
         raise ValueError(f"no_answers is span QA's (unanswerable questions); a {kind} task has none")
     if kind == "classification" and len(labels) < 2:
@@ -130,7 +143,7 @@ def own_task_spec(
         test_splits=(),
         metric_keys=(metric, *(k for k in keys if k != metric)),
         max_seq_length=384 if kind == "span_qa" else 128,  # the paper's windows for QA
-        data_format=FORMATS.get(kind, OWN_FORMAT),
+        data_format=OWN_FORMAT if choices is not None else FORMATS.get(kind, OWN_FORMAT),
         hub_path=hub or "",
         hub_config=hub_config,
         hub_splits={**DEFAULT_HUB_SPLITS, **(hub_splits or {})},
@@ -138,9 +151,37 @@ def own_task_spec(
         submission_labels=labels,  # prediction files spell the labels as the task's files do
         single_sentence=not text_pair,
         no_answers=no_answers,
-        fields={k: v for k, v in (("text_a", text), ("text_b", text_pair), ("label", label)) if v},
+        fields={
+            k: v
+            for k, v in (("text_a", text), ("text_b", text_pair), ("label", label), ("choices", choices))
+            if v
+        },
         own=True,
     )
+
+
+def _choice_positions(
+    labels: tuple[str, ...], choices: str | list[str] | tuple[str, ...] | None, text: str | None
+) -> tuple[tuple[str, ...], str | tuple[str, ...] | None]:
+    """A multiple-choice task's labels (its choices' positions) and its choice field or fields."""
+    if choices is None:  # SWAG's format
+        return MULTIPLE_CHOICE_LABELS, None
+    if not text:
+        raise ValueError(
+            "a multiple_choice task with choices needs the field of its question or context: set text"
+        )
+    if not isinstance(choices, str):
+        choices = tuple(choices)
+        if len(choices) < 2 or len(set(choices)) != len(choices):
+            raise ValueError(f"choices: two or more distinct fields, one per choice, got {list(choices)}")
+        labels = labels or tuple(str(i) for i in range(len(choices)))
+        if len(labels) != len(choices):
+            raise ValueError(f"labels name the positions of the {len(choices)} choices, got {list(labels)}")
+    elif len(labels) < 2:
+        raise ValueError(
+            f"labels name the positions of the choices in {choices!r} (two or more), got {list(labels)}"
+        )
+    return labels, choices
 
 
 def entity_types(spec: TaskSpec) -> tuple[str, ...]:
@@ -150,13 +191,15 @@ def entity_types(spec: TaskSpec) -> tuple[str, ...]:
 
 def own_task_json(spec: TaskSpec) -> dict[str, object]:
     """The definition :func:`task_from_json` rebuilds ``spec`` from (a fine-tuned model's ``task.json``)."""
-    ner, choices = spec.kind == "token_classification", spec.kind == "multiple_choice"
+    ner, choices = spec.kind == "token_classification", spec.fields.get("choices")
+    swag = spec.kind == "multiple_choice" and choices is None
     return {
         "kind": spec.kind,
         "text": spec.fields.get("text_a"),
         "text_pair": spec.fields.get("text_b"),
         "label": spec.fields.get("label"),
-        "labels": [] if choices else list(entity_types(spec) if ner else spec.labels),
+        "labels": [] if swag else list(entity_types(spec) if ner else spec.labels),
+        **({"choices": choices if isinstance(choices, str) else list(choices)} if choices else {}),
         "metric": spec.main_metric,
         **(
             {"hub": spec.hub_path, "hub_config": spec.hub_config, "hub_splits": spec.hub_splits}

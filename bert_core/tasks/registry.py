@@ -81,7 +81,8 @@ class TaskSpec:
         no_answers: Span QA with unanswerable questions (SQuAD v2.0): a null answer, its threshold tuned on
             dev, and the v2.0 scorer.
         fields: An own task's file fields (:mod:`bert_core.tasks.own`): ``text_a``, ``text_b``, ``label``
-            -> the column or JSON key that holds it.
+            -> the column or JSON key that holds it; ``choices`` -> the field of a multiple-choice row's
+            list of choices, or the fields of its choices.
         own: A task declared in the params (:mod:`bert_core.tasks.own`), not one of the paper's.
     """
 
@@ -104,7 +105,7 @@ class TaskSpec:
     single_sentence: bool = False
     score_range: tuple[float, float] | None = None
     no_answers: bool = False
-    fields: dict[str, str] = field(default_factory=dict)
+    fields: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
     own: bool = False
 
     def __post_init__(self) -> None:

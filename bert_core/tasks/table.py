@@ -10,6 +10,10 @@ tab-separated) or ``.jsonl`` / ``.json`` (one JSON object a line). Canonical row
 ``id`` is the row's ``id`` field where the file has one, else its 0-based row number; ``label`` indexes the
 task's labels (a float for regression).
 
+Multiple choice with ``choices``: the same files, a row's choices in one list field (JSON Lines) or one
+field each (CSV columns); rows are the SWAG loader's, ``{"id", "context", "start", "endings", "label"}``
+(``label`` the right choice's position).
+
 NER (``token_classification``): JSON Lines with a word list and a tag list per sentence (``.jsonl`` /
 ``.json``), or any other suffix as CoNLL columns (a word per line, its tag in the last whitespace-separated
 column, a blank line after each sentence, ``-DOCSTART-`` lines skipped: CoNLL-2003's and most NER
@@ -151,6 +155,30 @@ def load_table(spec: TaskSpec, split: str, path: Path, limit: int | None = None)
     return _rows(spec, split, str(path), records(path), limit)
 
 
+def _choices(spec: TaskSpec, path: str | Path, lineno: int, record: dict[str, Any]) -> list[str]:
+    """A multiple-choice row's choices: its list field, or its fields one per choice; as many as the task's."""
+    fields = spec.fields["choices"]
+    if isinstance(fields, str):
+        found = _field(spec, path, lineno, record, "choices")
+    elif missing := [f for f in fields if record.get(f) is None]:
+        raise TaskDataError(
+            f"{path}:{lineno}: no field {missing[0]!r} (one of the task's choices; the row has "
+            f"{excerpt(sorted(map(str, record)))}); fix the row, or finetune.tasks.{spec.name}.define"
+        )
+    else:
+        found = [record[f] for f in fields]
+    if not isinstance(found, list) or not all(isinstance(c, str) and c.strip() for c in found):
+        raise TaskDataError(
+            f"{path}:{lineno}: the choices {excerpt(found)} are not a list of non-empty texts; fix or remove the row"
+        )
+    if len(found) != len(spec.labels):
+        raise TaskDataError(
+            f"{path}:{lineno}: {len(found)} choices, the task has {len(spec.labels)} ({', '.join(spec.labels)}); "
+            f"every row has as many (finetune.tasks.{spec.name}.define.labels names them)"
+        )
+    return found
+
+
 def _rows(
     spec: TaskSpec, split: str, path: str, numbered: Iterable[tuple[int, dict[str, Any]]], limit: int | None
 ) -> TaskRows:
@@ -159,14 +187,17 @@ def _rows(
     for lineno, record in numbered:
         if limit is not None and len(rows) >= limit:
             break
-        rows.append(
-            {
-                "id": str(record["id"]) if record.get("id") not in (None, "") else str(len(rows)),
-                "text_a": _text(spec, path, lineno, record, "text_a"),
-                "text_b": _text(spec, path, lineno, record, "text_b") if "text_b" in spec.fields else None,
-                "label": _label(spec, path, lineno, record),
-            }
-        )
+        row_id = str(record["id"]) if record.get("id") not in (None, "") else str(len(rows))
+        text_a = _text(spec, path, lineno, record, "text_a")
+        text_b = _text(spec, path, lineno, record, "text_b") if "text_b" in spec.fields else None
+        label = _label(spec, path, lineno, record)
+        if spec.kind == "multiple_choice":
+            endings = _choices(spec, path, lineno, record)
+            rows.append(
+                {"id": row_id, "context": text_a, "start": text_b or "", "endings": endings, "label": label}
+            )
+        else:
+            rows.append({"id": row_id, "text_a": text_a, "text_b": text_b, "label": label})
     if not rows:
         raise TaskDataError(f"{path}: no rows; an own task's {split} split needs labelled rows")
     return TaskRows(rows, task=spec.name, split=split, source=path)
@@ -175,7 +206,7 @@ def _rows(
 def labels_of(kind: str, path: Path, field: str, words: str = "tokens") -> list[str]:
     """An own task's classes when the params list none: the distinct labels in ``field`` of ``path``, sorted;
     NER: the entity types of its tags (JSON Lines: the tag lists in ``field``, beside the word lists in
-    ``words``).
+    ``words``); multiple choice: ``0`` ... ``N-1`` for the N choices of the first row's list ``words``.
 
     The file is read once per process while unchanged (the command line's pre-check and the flow ask for
     the same labels).
@@ -198,6 +229,8 @@ def _read_labels_of(
 
 
 def _read_labels(kind: str, path: Path, field: str, words: str) -> tuple[str, ...]:
+    if kind == "multiple_choice":
+        return _positions(str(path), records(path), words)
     if kind == "token_classification":
         return tuple(_entity_types(str(path), tagged_sentences(path, words, field)))
     return tuple(_distinct_labels(str(path), records(path), field))
@@ -210,6 +243,19 @@ def _distinct_labels(path: str, numbered: Iterable[tuple[int, dict[str, Any]]], 
             raise TaskDataError(f"{path}:{lineno}: no label in field {field!r}; fix or remove the row")
         found.add(label_text(record[field]))
     return sorted(found)
+
+
+def _positions(path: str, numbered: Iterable[tuple[int, dict[str, Any]]], field: str) -> tuple[str, ...]:
+    """``0`` ... ``N-1`` for the N choices in ``field`` of the first record."""
+    for lineno, record in numbered:
+        choices = record.get(field)
+        if not isinstance(choices, list) or len(choices) < 2:
+            raise TaskDataError(
+                f"{path}:{lineno}: field {field!r} is {excerpt(choices)}, not a list of two or more choices; fix "
+                "the row, or define.choices"
+            )
+        return tuple(str(i) for i in range(len(choices)))
+    raise TaskDataError(f"{path}: no rows to count the choices of")
 
 
 def _entity_types(path: str, sentences: Iterable[tuple[int, list[str], list[str]]]) -> list[str]:
@@ -344,7 +390,8 @@ def hub_labels(
     kind: str, hub: str, config: str | None, split: str, field: str, words: str = "tokens"
 ) -> list[str]:
     """An own Hub task's classes when the params list none: the names of its ``ClassLabel`` (in their
-    order), else what :func:`labels_of` finds in a file, from the rows of ``split``."""
+    order; multiple choice: of its answer's), else what :func:`labels_of` finds in a file, from the rows of
+    ``split``."""
     ds = hub_split(hub, config, split, None)
     names = _class_names(ds.features.get(field))
     source = hub_source(hub, config, split)
@@ -352,6 +399,8 @@ def hub_labels(
     if names is not None:  # NER: the types in the order of their tags
         return list(dict.fromkeys(_tag_type(source, 0, t) for t in names if t != "O")) if ner else names
     records = _hub_records(ds, field)
+    if kind == "multiple_choice":
+        return list(_positions(source, records, words))
     if ner:
         return _entity_types(source, (_tagged_record(source, n, r, words, field) for n, r in records))
     return _distinct_labels(source, records, field)
