@@ -159,6 +159,12 @@ def test_a_five_choice_task_is_fine_tuned_checked_baselined_and_served(tiny_mode
     record = {"context": "Which animal barks?", "endings": ["cat", "cow", "bird", "dog", "fish"]}
     (answer,) = predictor.predict_records([record])
     assert 0 <= answer["choice"] < 5 and len(answer["probabilities"]) == 5
+    assert answer["label"] == "ABCDE"[answer["choice"]]  # the position's name, as the files spell answers
+    assert [c for c, _, _ in predictor.component.serving_outputs(predictor.spec)] == [
+        "choice",
+        "label",
+        "probabilities",
+    ]
     assert mlflow.active_run() is None
 
 

@@ -183,7 +183,8 @@ class MultipleChoice(TaskKind):
         return [("context", "string", True), ("endings", "string[]", True), ("start", "string", False)]
 
     def serving_outputs(self, spec: TaskSpec) -> list[tuple[str, str, bool]]:
-        return [("choice", "long", True), ("probabilities", "double[]", True)]
+        named = [("label", "string", False)] if spec.fields.get("choices") else []  # an own task's positions
+        return [("choice", "long", True), *named, ("probabilities", "double[]", True)]
 
     def serving_example(self, spec: TaskSpec) -> list[dict[str, Any]]:
         return [
@@ -209,7 +210,8 @@ class MultipleChoice(TaskKind):
         options: dict[str, Any],
     ) -> list[dict[str, Any]]:
         """``context`` + ``endings`` (+ ``start``, the ending's first words) -> ``choice`` (index into the
-        endings) and ``probabilities`` (one per ending)."""
+        endings), for an own task with named positions its ``label`` (``C``; ``None`` for a record with
+        another number of endings than the task's), and ``probabilities`` (one per ending)."""
         from bert_core.kinds.base import ServingInputError
 
         rows = []
@@ -232,7 +234,13 @@ class MultipleChoice(TaskKind):
             outputs = run(self.encode(spec, group, tokenizer, settings))
             _, probs = multiple_choice_predictions(np.stack(outputs))
             for row, p in zip(group, probs):
-                out[row["id"]] = {"choice": int(p.argmax()), "probabilities": [float(x) for x in p]}
+                choice = int(p.argmax())
+                named = {"label": spec.labels[choice] if n == len(spec.labels) else None}
+                out[row["id"]] = {
+                    "choice": choice,
+                    **(named if spec.fields.get("choices") else {}),
+                    "probabilities": [float(x) for x in p],
+                }
         return out
 
     def frame_columns(self, spec: TaskSpec, row: Row) -> dict[str, Any]:
