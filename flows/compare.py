@@ -28,7 +28,7 @@ from bert_core.tracking import (
     tracking_uri,
 )
 
-#: The selected model's scores: every dev split's, and a labelled test set's (not its baselines' test.baseline.*).
+#: The selected model's scores: every dev split's, and a labelled test set's (not test.baseline.*).
 DEFAULT_METRICS = ("dev*", "test.[!b]*")
 _LATEST_RE = re.compile(r"^latest(?:~(\d+))?$")
 _MODEL_RE = re.compile(r"^(?:models:/)?(?P<name>[^/@\s]+)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_-]+))$")

@@ -321,3 +321,12 @@ def test_a_profiles_task_list_keeps_the_own_tasks_the_workspace_declares(tmp_pat
     assert chosen["params/finetune.yaml"]["finetune.tasks"] == {"reviews": reviews}
     explicit = profiles.resolve("gpu", {"params/finetune.yaml": {"finetune.tasks": {"mrpc": {}}}}, tmp_path)
     assert explicit["params/finetune.yaml"]["finetune.tasks"] == {"mrpc": {}}
+    # committed, then edited in the workspace: the workspace's declaration stands
+    _git(tmp_path, "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qam", "own task")
+    edited = {**reviews, "epochs": 5}
+    finetune.write_text(
+        yaml.safe_dump({"finetune": {"tasks": {"sst2": {"train_limit": 100}, "reviews": edited}}})
+    )
+    assert profiles.resolve("cpu-small", root=tmp_path) == {}
+    tasks = profiles.resolve("gpu", root=tmp_path)["params/finetune.yaml"]["finetune.tasks"]
+    assert tasks == {"mrpc": {}, "sst2": {}, "reviews": edited}

@@ -1,9 +1,9 @@
 """Published scores to put next to ours, by model size.
 
 Sources: the BERT paper (Devlin et al., 2019), Table 1 (GLUE test) and §4.2-4.4 / §5.3 (SQuAD, SWAG and
-CoNLL-2003 dev; CoNLL-2003 test, Table 7, the row ``conll2003_test``); Turc et al. (2019), "Well-Read Students Learn Better", GLUE test scores of the compact
-models. Scores are on the 0-100 scale and keyed by our task names and metric keys; ``mnli_mm`` is MNLI's
-mismatched half. Most GLUE numbers are *test* scores while the pipeline reports *dev* scores, so every
+CoNLL-2003 dev; CoNLL-2003 test, Table 7, is the row ``conll2003_test``); Turc et al. (2019), "Well-Read
+Students Learn Better", GLUE test scores of the compact models. Scores are on the 0-100 scale and keyed by
+our task names and metric keys; ``mnli_mm`` is MNLI's mismatched half. Most GLUE numbers are *test* scores while the pipeline reports *dev* scores, so every
 reference says which split it is; the report labels charts accordingly.
 
 The paper's GLUE average is the plain mean of nine headline numbers (MNLI-m and MNLI-mm counted separately;

@@ -40,8 +40,7 @@ class OwnTask(StrictModel):
         hub: A Hugging Face Hub dataset to read instead of files (``stanfordnlp/imdb``), whether or not
             ``BERT_DATA_ROOT`` is set; ``hub_config`` its config, ``hub_splits`` which of its splits are
             ``train``, ``dev`` (default ``train`` and ``validation``) and a labelled ``test`` (default none).
-            A ``ClassLabel`` is read by its
-            names, which are then the default ``labels``.
+            A ``ClassLabel`` is read by its names, which are then the default ``labels``.
         no_answers: Span QA with unanswerable questions (SQuAD v2.0: a null answer, its threshold tuned on
             dev).
         choices: Multiple choice: the field holding each row's list of choices (JSON Lines, the Hub), or the

@@ -113,8 +113,8 @@ class TaskSettings(StrictModel):
         return v
 
     def data_source(self, spec: TaskSpec, data_root: str | os.PathLike[str] | None = None) -> TaskSource:
-        """Where ``spec``'s rows come from, as ``dev_split`` / ``train_file`` / ``dev_file`` / ``test_file`` say (refused
-        early, naming the key, when that is wrong)."""
+        """Where ``spec``'s rows come from, as ``dev_split`` / ``train_file`` / ``dev_file`` / ``test_file``
+        say (refused early, naming the key, when that is wrong)."""
         from bert_core.tasks.datasource import resolve_task_source
 
         return resolve_task_source(

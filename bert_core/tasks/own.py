@@ -16,10 +16,10 @@
   ``A``-``E`` say); without, SWAG's CSV format (four endings); accuracy.
 
 The rows are the task's ``train_file``, ``dev_file`` and, optionally, a labelled ``test_file`` (scored once,
-with the model the dev set selected), or the splits of a Hugging Face Hub dataset
-(``hub``; a ``ClassLabel`` is read by its names), whether or not ``BERT_DATA_ROOT`` is set
-(:mod:`bert_core.tasks.table` reads both); the headline ``metric`` (default: the kind's first) selects the learning rate and the registered model, and the
-kind's other metrics are reported beside it. A fine-tuned model's ``task.json`` holds the definition
+with the model the dev set selected), or the splits of a Hugging Face Hub dataset (``hub``; a ``ClassLabel``
+is read by its names), whether or not ``BERT_DATA_ROOT`` is set (:mod:`bert_core.tasks.table` reads both);
+the headline ``metric`` (default: the kind's first) selects the learning rate and the registered model, and
+the kind's other metrics are reported beside it. A fine-tuned model's ``task.json`` holds the definition
 (:func:`own_task_json`), so a registered version is served without the params that declared it.
 """
 

@@ -40,7 +40,8 @@ from flows.overrides import (
 PROFILES_SUBDIR = Path("params") / "profiles"
 DEFAULT_PROFILE = "cpu-small"
 TARGETS_KEY = "targets"  # a profile's list of DVC stages to run (default: all)
-#: The mapping whose entries marked by a key a profile never drops: the workspace's own tasks.
+#: (params file, mapping, marker): the mapping's entries that hold the marker (the workspace's own tasks)
+#: stay as the workspace declares them under every profile that does not name them.
 OWN_TASKS = ("params/finetune.yaml", "finetune.tasks", "define")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -186,7 +187,7 @@ def resolve(
                     "or give the whole value again with -S and no profile"
                 )
         layers += [defaults, profile.overrides]
-        layers.append(_own_tasks_kept(merge(*layers), workspaces))
+        layers.append(_own_tasks_kept(merge(*layers), workspaces, profile))
     if callable(extra):
         base = merge(*layers)
         with_base = functools.cache(lambda file: effective_params(file, base, root))  # once per file
@@ -202,19 +203,21 @@ def resolve(
     return out
 
 
-def _own_tasks_kept(base: Overrides, workspaces: dict[str, DictConfig]) -> Overrides:
-    """The task list ``base`` sets, with the workspace's own tasks it does not name added (``{}``: none)."""
+def _own_tasks_kept(base: Overrides, workspaces: dict[str, DictConfig], profile: Profile) -> Overrides:
+    """The task list ``base`` sets, with the workspace's own tasks as the workspace declares them (added,
+    or in place of their committed entry) unless ``profile`` names them (``{}``: nothing to change)."""
     file, key, marker = OWN_TASKS
     tasks = base.get(file, {}).get(key)
     if not isinstance(tasks, dict) or file not in workspaces:
         return {}
-    declared = value_at(workspaces[file], key)
+    declared, named = value_at(workspaces[file], key), profile.overrides.get(file, {}).get(key) or {}
     own = {
         name: entry
         for name, entry in (declared if isinstance(declared, dict) else {}).items()
-        if isinstance(entry, dict) and marker in entry and name not in tasks
+        if isinstance(entry, dict) and marker in entry and name not in named
     }
-    return {file: {key: {**tasks, **own}}} if own else {}
+    kept = {**tasks, **own}
+    return {file: {key: kept}} if kept != tasks else {}
 
 
 def effective_params(file: str, overrides: Overrides, root: Path = REPO_ROOT) -> DictConfig:
