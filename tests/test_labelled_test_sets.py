@@ -180,6 +180,10 @@ def test_conll2003s_test_row_stands_beside_the_papers_test_score_and_its_baselin
         92.4,
         "test",
     )
+    from bert_core.evaluate.datanotes import axis_label
+
+    assert axis_label(evaluation.results, "conll2003", "test") == "test rows cut"  # the plot's axis says so
+    assert axis_label(evaluation.results, "conll2003") == ""  # the whole official dev split
     metrics, paths = evaluate_results(
         tmp_path / "results", tmp_path / "m.json", tmp_path / "reports", reference_size="base"
     )
@@ -187,7 +191,10 @@ def test_conll2003s_test_row_stands_beside_the_papers_test_score_and_its_baselin
     assert metrics["conll2003_test.beats_baseline"] == 0.0 and metrics["conll2003.beats_baseline"] == 1.0
     assert metrics["baseline.tasks_compared"] == 1.0  # a task counts once, by its main dev split
     md = re.sub(r" {2,}", " ", paths["markdown"].read_text())
-    assert "| conll2003_test | test | f1 | 60.0 ≤ baseline | – | – | 92.4 (test) | 64.1 (lexicon) |" in md
+    test_row = (
+        "| conll2003_test (first 1000 of 3453 rows) | test | f1 | 60.0 ≤ baseline | – | – | 92.4 (test) |"
+    )
+    assert test_row + " 64.1 (lexicon) |" in md  # the test rows' own cut, not the dev split's label
     assert "| conll2003 | dev | f1 | 94.0 | – | – | 96.4 (dev) | 71.2 (lexicon) |" in md
     assert "conll2003: test scored on the first 1000 of 3453 rows, set by `eval_limit`" in md
     assert "| conll2003_test | lexicon |" in md  # the baselines table has the test rows too

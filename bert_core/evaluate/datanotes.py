@@ -40,16 +40,24 @@ def _label(result: FinetuneResult | None) -> str:
     return str((result.data_split if result is not None else {}).get("label") or "")
 
 
-def task_label(results: Mapping[str, FinetuneResult], task: str, name: str) -> str:
-    """The report's task cell: ``name``, with the data label when the rows are not the official splits."""
-    label = _label(results.get(task))
+def task_label(results: Mapping[str, FinetuneResult], task: str, name: str, split: str = "dev") -> str:
+    """The report's task cell: ``name``, with the data label when the rows are not the official splits (a
+    further split's row: with its own rows' cut, ``conll2003_test (first 1000 of 3453 rows)``)."""
+    result = results.get(task)
+    if split == "dev":
+        label = _label(result)
+    else:
+        label = str((result.data_split if result is not None else {}).get(f"{split}_set") or "")
     return f"{name} ({label})" if label else name
 
 
-def axis_label(results: Mapping[str, FinetuneResult], task: str) -> str:
+def axis_label(results: Mapping[str, FinetuneResult], task: str, split: str = "dev") -> str:
     """A few words for a plot's task axis when the scored rows are not the whole official dev split
-    (``dev split``, ``own files``, ``dev rows cut``), else empty: the report's notes say the rest."""
+    (``dev split``, ``own files``, ``dev rows cut``; a further split's: ``test rows cut``), else empty: the
+    report's notes say the rest."""
     info = results[task].data_split if task in results else {}
+    if split != "dev":
+        return f"{split} rows cut" if info.get(f"{split}_set") else ""
     origin = info.get("origin", "official")
     if origin in ("dev_split", "own_files"):
         return origin.replace("_", " ")

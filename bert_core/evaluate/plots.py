@@ -72,13 +72,13 @@ def plot_scores(summary: EvaluationSummary, dpi: int = 110) -> bytes:
         ax.bar([i + (k - (len(series) - 1) / 2) * width for i in x], values, width, **style)
     labels = []
     for r in rows:
-        data = axis_label(summary.results, r.task)  # rows other than the official dev split's, named
+        data = axis_label(summary.results, r.task, r.split)  # rows other than the official splits', named
         ref = f"ref {r.reference_split}" if r.reference_split else ""
         labels.append("\n".join([r.name, r.metric, *[f"({x})" for x in (data, ref) if x]]))
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("score (0-100)")
     ax.axhline(0, color="black", linewidth=0.6)
-    ax.set_title("Dev scores per task vs trivial baselines and published scores (same model size)")
+    ax.set_title("Scores per task vs trivial baselines and published scores (same model size)")
     ax.legend(fontsize=8, loc="best")
     return _figure_png(fig, dpi)
 

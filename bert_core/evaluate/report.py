@@ -76,7 +76,7 @@ def _tables(summary: EvaluationSummary) -> list[tuple[str, list[str], list[list[
     ref_name = summary.reference.model if summary.reference else "none for this size"
     main = [
         [
-            task_label(summary.results, r.task, r.name),
+            task_label(summary.results, r.task, r.name, r.split),
             r.split,
             r.metric,
             _ours_cell(summary, r),
