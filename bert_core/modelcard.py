@@ -292,6 +292,19 @@ def finetuned_card(
     shown = list(dict.fromkeys(k for k in shown if k in {main_metric, *(published or {})} or "_" not in k))
     task_type, task_name = TASK_TYPES.get(kind, ("text-classification", "Text Classification"))
     tag = PIPELINE_TAGS.get(kind)
+
+    def result(split: str, prefix: str, values: list[tuple[str, float]]) -> dict[str, Any]:
+        """One ``model-index`` result: the scores on ``split``, named ``<prefix> <metric>``."""
+        dataset = {"type": datasets[0] if datasets else task, "name": task}
+        dataset |= {"config": hub_config} if hub_config else {}
+        return {
+            "task": {"type": task_type, "name": task_name},
+            "dataset": {**dataset, "split": split},
+            "metrics": [
+                {"type": _metric_type(k), "name": f"{prefix} {k}", "value": round(v, 4)} for k, v in values
+            ],
+        }
+
     meta = {
         "language": "en",
         "license": LICENSE,
@@ -305,33 +318,9 @@ def finetuned_card(
             {
                 "name": name,
                 "results": [
-                    {
-                        "task": {"type": task_type, "name": task_name},
-                        "dataset": {
-                            "type": datasets[0] if datasets else task,
-                            "name": task,
-                            **({"config": hub_config} if hub_config else {}),
-                            "split": dev_split,
-                        },
-                        "metrics": [
-                            {"type": _metric_type(k), "name": f"dev {k}", "value": round(scores[k], 4)}
-                            for k in shown
-                        ],
-                    },
+                    result(dev_split, "dev", [(k, scores[k]) for k in shown]),
                     *(
-                        {
-                            "task": {"type": task_type, "name": task_name},
-                            "dataset": {
-                                "type": datasets[0] if datasets else task,
-                                "name": task,
-                                **({"config": hub_config} if hub_config else {}),
-                                "split": other.split,
-                            },
-                            "metrics": [
-                                {"type": _metric_type(k), "name": f"{other.split} {k}", "value": round(v, 4)}
-                                for k, v in other.shown(main_metric)
-                            ],
-                        }
+                        result(other.split, other.split, other.shown(main_metric))
                         for other in other_splits
                         if other.shown(main_metric)
                     ),
@@ -353,17 +342,8 @@ def finetuned_card(
         body += [f"Labels: {', '.join(f'`{label}`' for label in labels)}.", ""]
     ref = f"published ({published_model}, {published_split})" if published else "published"
     best = {k: best_baselines[k] for k in shown if k in (best_baselines or {})}
-    rows = [
-        (
-            f"{k} (main)" if k == main_metric else k,
-            _fmt(scores[k]),
-            *([f"{_fmt(best[k][1])} ({best[k][0]})" if k in best else "n/a"] if best else []),
-            _fmt((published or {}).get(k)),
-        )
-        for k in shown
-    ]
-    columns = ["metric", "this model", *(["best trivial baseline"] if best else []), ref]
-    body += [f"## Dev scores ({dev_split})", "", _table(rows, columns)]
+    table = _scores_table([(k, scores[k]) for k in shown], main_metric, best, published or {}, ref)
+    body += [f"## Dev scores ({dev_split})", "", table]
     if main_metric in best and not scores.get(main_metric, -math.inf) > best[main_metric][1]:
         body += [
             "",
@@ -407,26 +387,36 @@ class SplitScores:
         ]
 
     def section(self, main_metric: str, published_model: str | None) -> list[str]:
-        shown = self.shown(main_metric)
-        best = self.best_baselines
-        rows = [
-            (
-                f"{k} (main)" if k == main_metric else k,
-                _fmt(v),
-                *([f"{_fmt(best[k][1])} ({best[k][0]})" if k in best else "n/a"] if best else []),
-                _fmt(self.published.get(k)),
-            )
-            for k, v in shown
-        ]
         ref = f"published ({published_model}, {self.split})" if self.published else "published"
-        columns = ["metric", "this model", *(["best trivial baseline"] if best else []), ref]
+        table = _scores_table(self.shown(main_metric), main_metric, self.best_baselines, self.published, ref)
         return [
             f"## Scores on {self.split}",
             "",
             "Scored once, by the model the main dev split selected: nothing was chosen on these rows.",
             "",
-            _table(rows, columns),
+            table,
         ]
+
+
+def _scores_table(
+    values: list[tuple[str, float]],
+    main_metric: str,
+    best: Mapping[str, tuple[str, float]],
+    published: Mapping[str, float],
+    ref: str,
+) -> str:
+    """A card's scores table: each metric's score, the best trivial baseline (a column when any) and the
+    published score (column ``ref``)."""
+    rows = [
+        (
+            f"{k} (main)" if k == main_metric else k,
+            _fmt(v),
+            *([f"{_fmt(best[k][1])} ({best[k][0]})" if k in best else "n/a"] if best else []),
+            _fmt(published.get(k)),
+        )
+        for k, v in values
+    ]
+    return _table(rows, ["metric", "this model", *(["best trivial baseline"] if best else []), ref])
 
 
 def _metric_type(key: str) -> str:

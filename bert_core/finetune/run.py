@@ -234,12 +234,11 @@ def finetune_task(
             trials_root=store.dir.parent,
         )
         # trivial baselines: fitted on the same (capped) training rows, scored on the same evaluated rows
-        kind = get_kind(spec)
-        baselines = kind.baselines(spec, data.dev[spec.main_dev_split].rows, train_rows=data.train.rows)
-        split_baselines = {
-            split: kind.baselines(spec, data.dev[split].rows, train_rows=data.train.rows)
-            for split in spec.dev_splits[1:]
+        split_baselines = {  # every evaluated split's; the main one's are the task's baselines
+            split: get_kind(spec).baselines(spec, data.dev[split].rows, train_rows=data.train.rows)
+            for split in spec.dev_splits
         }
+        baselines = split_baselines.pop(spec.main_dev_split)
         log.info(
             "%s: trivial baselines: %s",
             spec.name,
