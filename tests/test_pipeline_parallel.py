@@ -293,3 +293,35 @@ def test_a_stage_dvc_refused_on_a_busy_lock_is_tried_again(harness, monkeypatch,
     code, reports, _ = flow(lambda: _driver.fan_out({"b": ()}, jobs=1, root=tmp_path, env={}, slots=[{}]))()
     assert code == 0 and [(r.stage, r.outcome) for r in reports] == [("b", "ran")]
     assert calls == [["--wait-for-lock", "repro", "--single-item", "b"]] * 2
+
+
+def test_the_inputs_stage_runs_first_and_only_what_its_records_changed_runs(
+    harness, dvc_repo, tmp_path, monkeypatch
+):
+    """The always-changed ``inputs`` stage (its records of files outside the repository, ``dvc.yaml``) runs
+    before the others are asked ``dvc status``: an edited outside file re-runs the stage whose record
+    changed, and DVC is started for it and what follows it only, not for every stage after ``inputs``."""
+    started, repro = [], _driver._repro_single
+    monkeypatch.setattr(_driver, "_repro_single", lambda stage, *a: started.append(stage) or repro(stage, *a))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in "bc":
+        (outside / name).write_text("1")
+    copy = f"import pathlib as p; p.Path('rec').mkdir(exist_ok=True); [p.Path('rec', n).write_text(p.Path(r'{outside}', n).read_text()) for n in 'bc']"
+    spec = yaml.safe_load((dvc_repo / "dvc.yaml").read_text())
+    inputs = {"cmd": f'python -c "{copy}"', "always_changed": True, "outs": [{"rec": {"persist": True}}]}
+    spec["stages"] = {"inputs": inputs, **spec["stages"]}
+    for name in "bc":
+        spec["stages"][name]["deps"].append(f"rec/{name}")
+    (dvc_repo / "dvc.yaml").write_text(yaml.safe_dump(spec, width=1000))
+    first = pipeline.pipeline_flow(profile=None, as_experiment=False, jobs=2)
+    assert {r["outcome"] for r in first["stages"].values()} == {"ran"}
+    (outside / "b").write_text("2")
+    started.clear()
+    again = pipeline.pipeline_flow(profile=None, as_experiment=False, jobs=2)
+    assert sorted(started) == ["b", "inputs", "report"]
+    assert {s: r["outcome"] for s, r in again["stages"].items()} == {
+        **dict.fromkeys(["prep", "c", "d", "report"], "cached"),
+        "inputs": "ran",
+        "b": "ran",
+    }

@@ -195,7 +195,8 @@ def test_finetune_stages_depend_on_the_source_not_on_pretraining():
     from bert_core.constants import REPO_ROOT
 
     deps = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]["finetune"]["do"]["deps"]
-    assert deps[0] == "${finetune.model.source}" and "models/pretrained" not in deps
+    assert deps[:2] == ["data/inputs/finetune/${key}.json", "${finetune.model.source}"]
+    assert "models/pretrained" not in deps
 
 
 # ------------------------------------------------------------------------- the reference-checkpoint column

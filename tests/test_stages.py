@@ -28,7 +28,9 @@ def _names(entries) -> list[str]:
 
 def test_the_table_and_dvc_yaml_agree():
     dvc = _dvc_stages()
-    assert list(dvc) == [s.name for s in STAGES], "stages (and their order) differ between table and dvc.yaml"
+    assert list(dvc) == [stages.INPUTS, *(s.name for s in STAGES)], "stages (and their order) differ"
+    assert dvc[stages.INPUTS]["always_changed"] is True
+    assert _names(dvc[stages.INPUTS]["outs"]) == [stages.INPUTS_DIR]
     for stage in STAGES:
         body = dvc[stage.name]
         if stage.foreach:
@@ -54,7 +56,7 @@ def test_the_table_and_dvc_yaml_agree():
         assert _names(body.get("plots")) == list(stage.plots), f"{stage.name}: plots"
         deps = _names(body.get("deps"))
         data = [d for d in deps if not d.startswith(_deps.CODE_PACKAGES)]
-        assert data == list(stage.data_deps), f"{stage.name}: data deps"
+        assert data == [*filter(None, [stage.record]), *stage.data_deps], f"{stage.name}: data deps"
         for entry in (*body.get("outs", []), *body.get("metrics", []), *body.get("plots", [])):
             options = next(iter(entry.values())) if isinstance(entry, dict) else {}
             assert options.get("persist") is True, f"{stage.name}: {entry} is not persist: true"

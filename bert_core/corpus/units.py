@@ -24,7 +24,8 @@ import fsspec
 
 from bert_core.corpus import compressed
 from bert_core.corpus import pieces as piece_plan
-from bert_core.corpus.params import SourceSpec
+from bert_core.corpus.params import CorpusParams, SourceSpec
+from bert_core.inputs import Reads
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,36 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
             f"({base}). Check the path, or set/unset BERT_DATA_ROOT."
         )
     return anchor, files
+
+
+def source_files(source: SourceSpec, root: Path | None) -> list[Path]:
+    """The files a local source reads, in order (a local dataset folder of kind ``hf``: every file in it).
+
+    Raises:
+        SourceNotFoundError: the path matches no file (names the source, the path and the root).
+    """
+    if source.kind == "hf":
+        path = Path(source.path).expanduser()
+        path = path if path.is_absolute() or root is None else root / path
+        if not path.exists():
+            raise SourceNotFoundError(f"source '{source.name}' (hf): '{source.path}' does not exist ({path})")
+        return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return _resolve(source, root)[1]
+
+
+def corpus_reads(params: CorpusParams, data_root: Path | None, key: str | None = None) -> Reads:
+    """What the corpus stage reads: every file of each source (the Hub dataset, without a data root); the
+    ``inputs`` DVC stage records it (:mod:`bert_core.inputs`)."""
+    reads: Reads = {}
+    for source in params.active_sources(data_root):
+        if data_root is None:
+            reads[source.name] = f"hub:{source.path}"
+            continue
+        try:
+            reads[source.name] = source_files(source, data_root)
+        except CorpusError as err:
+            reads[source.name] = f"missing: {err}"
+    return reads
 
 
 def plan_units(

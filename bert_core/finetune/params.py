@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from bert_core.finetune.own_task import OwnTask, own_task_keys
+from bert_core.inputs import Reads, local_path
 from bert_core.params import StrictModel, mlflow_alias, mlflow_model_name
 
 if TYPE_CHECKING:
@@ -390,3 +392,22 @@ class FinetuneParams(StrictModel):
             **self.model_dump(mode="json", include={"model", "device", "precision"}),
             "settings": self.for_task(task).model_dump(mode="json"),
         }
+
+
+def task_reads(params: FinetuneParams, data_root: Path | None, key: str | None = None) -> Reads:
+    """What the fine-tuning stage of task ``key`` reads from outside the repository (the ``inputs`` DVC stage
+    records it): the file of each split (:meth:`~bert_core.tasks.datasource.TaskSource.files`), and the
+    reference checkpoint (``finetune.reference.source``) when local. ``finetune.model.source`` is a DVC dep
+    of its own."""
+    from bert_core.tasks.base import TaskDataError
+
+    assert key is not None
+    reads: Reads = {}
+    try:
+        source = params.for_task(key).data_source(params.task(key), data_root)
+        reads.update(source.files())
+    except (KeyError, ValueError, TaskDataError) as err:  # the stage refuses it, by its own message
+        reads["task"] = f"missing: {err}"
+    if (reference := local_path(params.reference.source)) is not None:
+        reads["reference"] = reference
+    return reads

@@ -16,8 +16,9 @@ Chosen per task (``finetune.tasks.<task>`` in ``params/finetune.yaml``; :func:`r
   (the others come from the official source). ``dev_file`` is the task's main dev split (MNLI: matched),
   ``test_file`` its split ``test``. An own task (:mod:`bert_core.tasks.own`) has its files, and nothing else.
 
-DVC tracks none of these files (a data root lies outside the repository, like ``BERT_DATA_ROOT``): the
-stage re-runs when the keys change, not when a file's contents do; the rows' digest is logged to MLflow.
+DVC cannot list these files as a stage's deps (the data root is an environment variable, and each task has
+its own): the ``inputs`` stage records them (:meth:`TaskSource.files`, :mod:`bert_core.inputs`), and the
+task's stage depends on that record, so an edited file re-runs it. The rows' digest is logged to MLflow.
 """
 
 from __future__ import annotations
@@ -96,6 +97,27 @@ class TaskSource:
                 local_split_file(self.spec, split, self.data_root)
             except TaskDataError as err:
                 raise self._missing(split, err) from None
+
+    def files(self) -> dict[str, Path | str]:
+        """Split -> the file it is read from, or, when none, where it comes from (``hub:<dataset>``) or why
+        not (``missing: <message>``): what the ``inputs`` DVC stage records (:mod:`bert_core.inputs`). The
+        split ``test`` only where a file holds it (labelled, or the official unlabelled one predicted)."""
+        spec, own, out = self.spec, self._own_files(), {}
+        for split in dict.fromkeys(("train", *spec.dev_splits, "test")):
+            if split in own:
+                out[split] = own[split]
+            elif self.origin == "dev_split" and split in ("train", spec.main_dev_split):
+                out[split] = self.dev_file
+            elif self.data_root is None:
+                if spec.hub_path:  # an own task's split without its file is not read
+                    out[split] = f"hub:{spec.hub_path}"
+            elif split in spec.local_files:
+                try:
+                    out[split] = local_split_file(spec, split, self.data_root)
+                except TaskDataError as err:
+                    if split != "test":
+                        out[split] = f"missing: {err}"
+        return out
 
     def _own_files(self) -> dict[str, Path]:
         """Split -> the own file it is read from."""

@@ -15,6 +15,13 @@ from pathlib import Path
 from pkgutil import resolve_name as resolve  # "module:attribute" -> the object
 from typing import Any
 
+#: The DVC stage before every other: it records what each stage reads from outside the repository
+#: (:mod:`bert_core.inputs`) under :data:`INPUTS_DIR`, one file per stage whose ``reads`` says so, and runs on
+#: every ``dvc repro`` (``always_changed``); a stage depends on its record. Not a row of the table: it has
+#: no params, flow or tracking of its own (``python -m flows.stages inputs``).
+INPUTS = "inputs"
+INPUTS_DIR = "data/inputs"
+
 
 def details_file(metrics_path: str | os.PathLike[str]) -> Path:
     """Every statistic of a stage, beside its headline metrics file: ``metrics/details/corpus.json``."""
@@ -59,6 +66,9 @@ class Stage:
     data_deps: tuple[str, ...] = ()  # outputs of upstream stages
     extra_params: tuple[tuple[str, str], ...] = ()  # (params file, dotted key) read besides the section
     foreach: str | None = None  # dotted params key whose entries each get one stage (``finetune@<key>``)
+    # "module:function": what it reads from outside the repository (bert_core.inputs.Reads); its record,
+    # written by the DVC stage INPUTS, is its first dep
+    reads: str | None = None
     # The figures of the DVC metrics file, in order (fnmatch patterns over the flat keys; ``{main}``: the
     # task's main metric; ``name=pattern``: under that name): what a user compares across runs, so that
     # ``dvc metrics show/diff`` fit a terminal. Every other statistic goes to the details file (``details``)
@@ -92,6 +102,13 @@ class Stage:
     def details(self) -> tuple[str, ...]:
         """The details file of each metrics file (:func:`details_file`; a plain JSON out, not a DVC metric)."""
         return tuple(details_file(m).as_posix() for m in self.metrics)
+
+    @property
+    def record(self) -> str | None:
+        """The record of what it reads from outside the repository (``reads``), a dep written by :data:`INPUTS`."""
+        if self.reads is None:
+            return None
+        return f"{INPUTS_DIR}/{self.name}/${{key}}.json" if self.foreach else f"{INPUTS_DIR}/{self.name}.json"
 
     @property
     def flow_module(self) -> str:
@@ -143,6 +160,7 @@ STAGES: tuple[Stage, ...] = (
             Option("--workers", "workers", None, positive_int),
         ),
         outs=("data/corpus",),
+        reads="bert_core.corpus.units:corpus_reads",
         headline=(
             "documents",
             "documents_train",
@@ -170,6 +188,7 @@ STAGES: tuple[Stage, ...] = (
             Option("--out", "out_dir", "data/vocab"),
         ),
         outs=("data/vocab",),
+        reads="bert_core.vocab.checkpoint:vocab_reads",
         headline=(
             "vocab_size",
             "heldout.unk_rate",
@@ -281,6 +300,7 @@ STAGES: tuple[Stage, ...] = (
         # pretraining first) or, in the released profile, a released checkpoint's directory (no upstream)
         data_deps=("${finetune.model.source}",),
         foreach="finetune.tasks",
+        reads="bert_core.finetune.params:task_reads",
     ),
     Stage(
         name="evaluate",

@@ -79,9 +79,10 @@ def collapse(files: set[Path], root: Path) -> list[str]:
 
 
 def expected_deps(stage: Stage, graph: Any, root: Path = REPO_ROOT) -> list[str]:
-    """The deps of ``stage``: its data deps, then its flow module and everything it imports (collapsed)."""
+    """The deps of ``stage``: its record of what it reads from outside the repository, its data deps, then
+    its flow module and everything it imports (collapsed)."""
     files = {f for m in closure(graph, stage.flow_module) if (f := module_file(m, root)) is not None}
-    return [*stage.data_deps, *collapse(files, root)]
+    return [*filter(None, [stage.record]), *stage.data_deps, *collapse(files, root)]
 
 
 # ------------------------------------------------------------------------------------ dvc.yaml rewrite
@@ -163,7 +164,14 @@ def main(argv: list[str] | None = None, root: Path = REPO_ROOT) -> int:
     p = sub.add_parser("sync-deps", help="rewrite every stage's code deps in dvc.yaml from its imports")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when dvc.yaml is out of sync")
     sub.add_parser("list", help="print the stages and their code deps")
+    sub.add_parser(
+        "inputs", help="record what each stage reads from outside the repository (DVC stage inputs)"
+    )
     args = parser.parse_args(argv)
+    if args.command == "inputs":
+        from flows.stages.inputs import write_records
+
+        return write_records(root)
     if args.command == "list":
         graph = import_graph()
         for stage in STAGES:

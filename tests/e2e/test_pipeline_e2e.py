@@ -20,6 +20,7 @@ import yaml
 
 from bert_core.tracking import FINETUNE_EXPERIMENT, PIPELINE_EXPERIMENT
 from flows import _dvc
+from tests.dvc_status import up_to_date
 from tests.e2e.conftest import copy_repository, serve_repository
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
@@ -142,7 +143,7 @@ def test_one_task_param_reruns_that_task_and_evaluate(served, first, capsys):
     _dvc_cli(served, "exp", "apply", "e2e-1")
     params = yaml.safe_load((served.root / "params" / "finetune.yaml").read_text())["finetune"]
     assert params["tasks"]["mrpc"]["train_limit"] == 200
-    assert "up to date" in _dvc_cli(served, "status")
+    assert up_to_date(_dvc_cli(served, "status"))
 
 
 def test_finetune_runs_name_their_pretrained_model_version(served, first):
