@@ -213,3 +213,13 @@ def test_the_vocab_record_holds_its_checkpoint_and_the_reference_vocabulary(root
         {**data, "from_checkpoint": "google/bert_uncased_L-2_H-128_A-2"}, VocabParams, where="t"
     )
     assert vocab_reads(hub, None) == {}  # a Hub id: its params value says where it comes from
+
+
+def test_a_data_root_that_is_no_directory_fails_the_stage_naming_it(tmp_path, monkeypatch, capsys):
+    from flows.stages.inputs import write_records
+
+    monkeypatch.setenv("BERT_DATA_ROOT", str(tmp_path / "nowhere"))
+    assert write_records(tmp_path) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("inputs stage failed: BERT_DATA_ROOT=") and "nowhere" in err
+    assert not (tmp_path / "data").exists()

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from bert_core.constants import REPO_ROOT
-from flows.stages import INPUTS_DIR, STAGES
+from flows.stages import INPUTS_DIR, STAGES, Stage
 from flows.stages import resolve as resolve_name
 
 
@@ -18,7 +19,11 @@ def write_records(root: Path = REPO_ROOT) -> int:
     from bert_core.params import ParamsError, load_params
     from bert_core.sources import data_root
 
-    where = data_root()
+    try:
+        where = data_root()
+    except FileNotFoundError as err:  # BERT_DATA_ROOT names no directory: every stage would fail on it
+        print(f"inputs stage failed: {err}", file=sys.stderr)
+        return 1
     cache = inputs.StatCache(root / INPUTS_DIR / ".stat.json")
     changed = []
     for stage in STAGES:
@@ -30,7 +35,7 @@ def write_records(root: Path = REPO_ROOT) -> int:
             params = load_params(root / stage.params_file, stage.section, stage.model())
         except ParamsError as err:
             error = {"params": f"missing: {err}"}
-        items = [None] if not stage.foreach else list(params.tasks) if params is not None else []
+        items = [None] if not stage.foreach else list(_foreach_keys(stage, params)) if params else []
         for key in items:
             content = error if params is None else inputs.record(reads(params, where, key), where, cache)
             path = root / stage.expand(stage.record, key or "")
@@ -39,3 +44,8 @@ def write_records(root: Path = REPO_ROOT) -> int:
     cache.save()
     print(f"inputs changed: {', '.join(changed)}" if changed else "inputs unchanged", file=sys.stderr)
     return 0
+
+
+def _foreach_keys(stage: Stage, params: Any) -> Any:
+    """The entries of a foreach stage's params key (``finetune.tasks`` -> ``params.tasks``)."""
+    return getattr(params, stage.foreach.removeprefix(f"{stage.section}.")) if stage.foreach else ()
