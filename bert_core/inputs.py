@@ -11,7 +11,7 @@ what follows it), an edited task file that task alone, another data root with ot
 reads them; with nothing edited the records come out byte for byte the same, and DVC runs nothing else.
 
 A file whose size and modification time are those the last run saw is not read again (:class:`StatCache`,
-``.stat.json`` beside the records; no stage depends on it). What cannot be resolved (a path matching no
+kept in DVC's own ``.dvc/tmp``: never pushed to a remote, and no stage depends on it). What cannot be resolved (a path matching no
 file) is recorded as ``missing: <why>``, not refused: the stage that reads it refuses it with its own
 message, in its own place in the pipeline.
 

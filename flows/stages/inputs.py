@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_core.constants import REPO_ROOT
-from flows.stages import INPUTS_DIR, STAGES, Stage
+from flows.stages import STAGES, Stage
 from flows.stages import resolve as resolve_name
 
 
@@ -24,7 +24,7 @@ def write_records(root: Path = REPO_ROOT) -> int:
     except FileNotFoundError as err:  # BERT_DATA_ROOT names no directory: every stage would fail on it
         print(f"inputs stage failed: {err}", file=sys.stderr)
         return 1
-    cache = inputs.StatCache(root / INPUTS_DIR / ".stat.json")
+    cache = inputs.StatCache(root / ".dvc" / "tmp" / "inputs-stat.json")
     changed = []
     for stage in STAGES:
         if stage.record is None:
