@@ -778,3 +778,77 @@ def test_an_own_tasks_labels_are_read_once_while_its_train_file_is_unchanged(tmp
     _write_csv(train, ["review", "sentiment"], [["good", "pos"], ["bad", "neg"], ["so so", "mixed"]])
     os.utime(train, ns=(1, 1))  # another stamp, whatever the clock's resolution
     assert params.task("reviews").labels == ("mixed", "neg", "pos") and len(reads) == 2
+
+
+def _as_lines(rows, path: Path, *, answer_list: bool = False) -> Path:
+    """``rows`` as JSON Lines in the Hub's columns (``answers`` as a list of objects with ``answer_list``)."""
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            answers = row["answers"]
+            if answer_list:
+                answers = [
+                    {"text": t, "answer_start": s} for t, s in zip(answers["text"], answers["answer_start"])
+                ]
+            line = {k: row[k] for k in ("id", "title", "context", "question")} | {"answers": answers}
+            f.write(json.dumps(line) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("answer_list", [False, True])
+def test_own_span_qa_reads_json_lines_in_the_hubs_columns_as_the_official_file(tmp_path, answer_list):
+    """SQuAD v1.1's dev file (the real one when the shared data is here), written as JSON Lines of one
+    question a line, reads to the same rows as the official JSON: every question, id and answer offset."""
+    from bert_core.tasks.loader import read_local
+    from tests.conftest import shared_data_root
+
+    root = shared_data_root()
+    official = (
+        root / "squad" / "dev-v1.1.json" if root and (root / "squad" / "dev-v1.1.json").is_file() else None
+    )
+    if official is None:
+        official = tmp_path / "dev.json"
+        context = "Paris is in France. Lyon is too."
+        qas = [
+            {"id": "q1", "question": "Where?", "answers": [{"text": "France", "answer_start": 12}] * 2},
+            {"id": "q2", "question": "And Lyon?", "answers": [{"text": "too", "answer_start": 28}]},
+        ]
+        official.write_text(
+            json.dumps({"data": [{"title": "T", "paragraphs": [{"context": context, "qas": qas}]}]})
+        )
+    spec = own_task_spec("qa", kind="span_qa")
+    rows = read_local(spec, "dev", official)
+    lines = _as_lines(rows, tmp_path / "dev.jsonl", answer_list=answer_list)
+    assert list(read_local(spec, "dev", lines)) == list(rows)
+    first = read_local(spec, "dev", lines, limit=1)
+    assert list(first) == list(rows)[:1] and first.available == len(rows)
+
+
+def test_own_span_qa_json_lines_errors_name_file_and_line(tmp_path):
+    from bert_core.tasks.loader import read_local
+
+    good = {"id": "a", "context": "Paris is in France.", "question": "Where?"}
+    good |= {"answers": {"text": ["France"], "answer_start": [12]}}
+    path = tmp_path / "qa.jsonl"
+    spec = own_task_spec("qa", kind="span_qa")
+    for second, match in [
+        ("{not json", r"qa\.jsonl:2: not valid JSON"),
+        (
+            json.dumps({k: v for k, v in good.items() if k != "question"} | {"id": "b"}),
+            r"qa\.jsonl:2: .*'question'",
+        ),
+        (json.dumps(good), r"qa\.jsonl:2: duplicate question id 'a' \(first at line 1\)"),
+        (
+            json.dumps(good | {"id": "b", "answers": {"text": ["France"], "answer_start": [3]}}),
+            r"is not at answer_start=3",
+        ),
+        (
+            json.dumps(good | {"id": "b", "answers": {"text": [], "answer_start": []}}),
+            r"qa\.jsonl:2: question 'b' is marked is_impossible.*no_answers",
+        ),
+    ]:
+        path.write_text(json.dumps(good) + "\n" + second + "\n", encoding="utf-8")
+        with pytest.raises(TaskDataError, match=match):
+            read_local(spec, "dev", path)
+    with_null = own_task_spec("qa", kind="span_qa", no_answers=True)
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(good | {"id": "b", "answers": []}) + "\n")
+    assert [r["is_impossible"] for r in read_local(with_null, "dev", path)] == [False, True]

@@ -24,8 +24,9 @@ class OwnTask(StrictModel):
 
     Attributes:
         kind: ``classification`` (one of ``labels`` per example), ``regression`` (a number),
-            ``token_classification`` (an entity tag per word), ``span_qa`` (SQuAD's format) or
-            ``multiple_choice`` (the right one of a row's ``choices``; without them, SWAG's format).
+            ``token_classification`` (an entity tag per word), ``span_qa`` (SQuAD's format, or ``.jsonl``
+            in its Hub columns) or ``multiple_choice`` (the right one of a row's ``choices``; without them,
+            SWAG's format).
         text: The field (CSV/TSV column, JSON key) of the text; NER's JSON Lines: of the word list
             (default ``tokens``).
         text_pair: The field of the second text, for a sentence-pair task (``None``: one text).

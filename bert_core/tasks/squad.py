@@ -1,4 +1,5 @@
-"""SQuAD v1.1 / v2.0 loaders: the official JSON files, or ``rajpurkar/squad`` / ``rajpurkar/squad_v2``.
+"""SQuAD v1.1 / v2.0 loaders: the official JSON files, or ``rajpurkar/squad`` / ``rajpurkar/squad_v2``, or
+JSON Lines of one question a line in the Hub's columns (``.jsonl``: what ``Dataset.to_json`` writes).
 
 Canonical row (one per question)::
 
@@ -56,9 +57,72 @@ def _version_ok(spec: TaskSpec, version: str) -> bool:
 
 
 def load_squad_json(spec: TaskSpec, split: str, path: Path, limit: int | None = None) -> TaskRows:
-    """Read an official SQuAD JSON file into canonical rows, checking every answer offset."""
+    """Read an official SQuAD JSON file (or a ``.jsonl`` file, :func:`_squad_lines`) into canonical rows,
+    checking every answer offset."""
+    if path.suffix == ".jsonl":
+        return _squad_lines(spec, split, path, limit)
     articles = read_squad_articles(spec, path)
     return squad_rows(spec, split, path, articles, range(len(articles)), limit)
+
+
+def _squad_lines(spec: TaskSpec, split: str, path: Path, limit: int | None) -> TaskRows:
+    """JSON Lines of one question a line: ``id``, ``context``, ``question``, ``answers`` (``{"text": [...],
+    "answer_start": [...]}`` as on the Hub, or a list of ``{"text", "answer_start"}``), optionally ``title``
+    and ``is_impossible`` (default: no answers). Errors name the file and line."""
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    available = 0
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            available += 1
+            if limit is not None and len(rows) >= limit:
+                continue  # counted, not read
+            where = f"{path}:{number}"
+            try:
+                ex = json.loads(line)
+                answers = ex["answers"]
+                if isinstance(answers, list):
+                    answers = {k: [a[k] for a in answers] for k in ("text", "answer_start")}
+                row = {
+                    "id": str(ex["id"]),
+                    "title": str(ex.get("title") or ""),
+                    "context": ex["context"],
+                    "question": ex["question"],
+                    "answers": {"text": list(answers["text"]), "answer_start": list(answers["answer_start"])},
+                    "is_impossible": bool(ex.get("is_impossible", not answers["text"])),
+                }
+            except json.JSONDecodeError as err:
+                raise TaskDataError(f"{where}: not valid JSON ({err.msg})") from None
+            except (KeyError, TypeError, AttributeError) as err:
+                raise TaskDataError(
+                    f"{where}: missing or malformed field {err} (a line holds one question: id, context, question, "
+                    "answers with text and answer_start)"
+                ) from None
+            rows.append(_checked(spec, row, where, f"line {number}", seen, where))
+    return _counted(TaskRows(rows, task=spec.name, split=split, source=str(path)), available)
+
+
+def _checked(
+    spec: TaskSpec, row: dict[str, Any], where: str, at: str, seen: dict[str, str], source: str
+) -> dict[str, Any]:
+    """``row`` once its id is new (``seen``: id -> where first), its ``is_impossible`` allowed by ``spec`` and
+    every answer found at its offset; else :class:`TaskDataError` naming ``where``."""
+    if row["id"] in seen:  # predictions and scores are keyed by id: one would overwrite the other
+        raise TaskDataError(
+            f"{where}: duplicate question id {excerpt(row['id'])} (first at {seen[row['id']]}); "
+            "question ids must be unique: fix or remove one of them"
+        )
+    seen[row["id"]] = at
+    if row["is_impossible"] and not spec.no_answers:
+        fix = "set define.no_answers: true" if spec.own else "use the squad_v2 task for SQuAD 2.0 data"
+        raise TaskDataError(
+            f"{where}: question {excerpt(row['id'])} is marked is_impossible, which a "
+            f"{spec.name} (SQuAD v1.1) file cannot have; {fix}, or remove the question"
+        )
+    check_answer_offsets(row, source)
+    return row
 
 
 def read_squad_articles(spec: TaskSpec, path: Path) -> list[Any]:
@@ -118,24 +182,8 @@ def squad_rows(
                     }
                 except (KeyError, TypeError) as err:
                     raise TaskDataError(f"{where}: missing or malformed field {err}") from None
-                if row["id"] in seen:  # predictions and scores are keyed by id: one would overwrite the other
-                    raise TaskDataError(
-                        f"{where}: duplicate question id {excerpt(row['id'])} (first at {seen[row['id']]}); "
-                        "question ids must be unique: fix or remove one of them"
-                    )
-                seen[row["id"]] = f"data[{a}].paragraphs[{p}].qas[{q}]"
-                if row["is_impossible"] and not spec.no_answers:
-                    fix = (
-                        "set define.no_answers: true"
-                        if spec.own
-                        else "use the squad_v2 task for SQuAD 2.0 data"
-                    )
-                    raise TaskDataError(
-                        f"{where}: question {excerpt(row['id'])} is marked is_impossible, which a "
-                        f"{spec.name} (SQuAD v1.1) file cannot have; {fix}, or remove the question"
-                    )
-                check_answer_offsets(row, str(path))
-                rows.append(row)
+                at = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                rows.append(_checked(spec, row, where, at, seen, str(path)))
                 if limit is not None and len(rows) >= limit:
                     return _counted(TaskRows(rows, task=spec.name, split=split, source=str(path)), available)
     return _counted(TaskRows(rows, task=spec.name, split=split, source=str(path)), available)
