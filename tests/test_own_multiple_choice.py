@@ -165,6 +165,10 @@ def test_a_five_choice_task_is_fine_tuned_checked_baselined_and_served(tiny_mode
         "label",
         "probabilities",
     ]
+    (example,) = predictor.component.serving_example(predictor.spec)  # the signature's input example
+    assert len(example["endings"]) == 5
+    (served,) = predictor.predict_records([example])
+    assert len(served["probabilities"]) == 5
     assert mlflow.active_run() is None
 
 

@@ -187,18 +187,16 @@ class MultipleChoice(TaskKind):
         return [("choice", "long", True), *named, ("probabilities", "double[]", True)]
 
     def serving_example(self, spec: TaskSpec) -> list[dict[str, Any]]:
-        return [
-            {
-                "context": "Students lower their eyes nervously.",
-                "start": "She",
-                "endings": [
-                    "pats her shoulder, then saunters toward someone.",
-                    "turns with two students.",
-                    "walks slowly towards someone.",
-                    "wheels around as her dog thunders out.",
-                ],
-            }
+        """A SWAG row, with as many endings as the task has choices (an own task's: ``len(spec.labels)``)."""
+        endings = [
+            "pats her shoulder, then saunters toward someone.",
+            "turns with two students.",
+            "walks slowly towards someone.",
+            "wheels around as her dog thunders out.",
         ]
+        n = len(spec.labels) or len(endings)
+        endings = [*endings, *(f"does choice {k + 1}." for k in range(len(endings), n))][:n]
+        return [{"context": "Students lower their eyes nervously.", "start": "She", "endings": endings}]
 
     def serve(
         self,
