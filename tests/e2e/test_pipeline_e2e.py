@@ -20,6 +20,7 @@ import yaml
 
 from bert_core.tracking import FINETUNE_EXPERIMENT, PIPELINE_EXPERIMENT
 from flows import _dvc
+from flows.stages import INPUTS
 from tests.dvc_status import up_to_date
 from tests.e2e.conftest import copy_repository, serve_repository
 
@@ -85,7 +86,7 @@ def test_first_run_produces_everything(served, first):
     by_stage: dict[str, list] = {}
     for r in runs:
         by_stage.setdefault(r.data.tags["stage"], []).append(r)
-    expected = {s.split("@")[0] for s in stages}
+    expected = {s.split("@")[0] for s in stages if s != INPUTS}  # inputs records files: no MLflow run
     assert set(by_stage) == expected
     assert all(r.info.status == "FINISHED" for r in runs)
     assert {r.data.tags["dvc_experiment"] for r in runs} == {"e2e-1"}
@@ -114,10 +115,11 @@ def test_first_run_produces_everything(served, first):
     assert "e2e-1" in _dvc_cli(served, "exp", "show", "--json")
 
 
-def test_rerun_with_nothing_changed_runs_nothing(served, first):
+def test_rerun_with_nothing_changed_runs_nothing_but_the_inputs_record(served, first):
     run, run_id = _run(served, {"profile": "tiny", "experiment_name": "e2e-2"})
     stages = [s.name for s in _dvc.stage_infos(served.root)]
-    assert served.task_states(run.id, dict.fromkeys(stages, "Cached")) == dict.fromkeys(stages, "Cached")
+    expected = {s: "Completed" if s == INPUTS else "Cached" for s in stages}
+    assert served.task_states(run.id, expected) == expected
     assert _stage_runs(mlflow.MlflowClient(served.mlflow_uri), run_id) == []
 
 
@@ -125,7 +127,7 @@ def test_one_task_param_reruns_that_task_and_evaluate(served, first, capsys):
     override = "params/finetune.yaml:finetune.tasks.mrpc.train_limit=150"
     run, run_id = _run(served, {"profile": "tiny", "experiment_name": "e2e-3", "extra_overrides": [override]})
     stages = [s.name for s in _dvc.stage_infos(served.root)]
-    ran = {"finetune@mrpc", "evaluate"}
+    ran = {INPUTS, "finetune@mrpc", "evaluate"}
     expected = {s: "Completed" if s in ran else "Cached" for s in stages}
     assert served.task_states(run.id, expected) == expected
 
