@@ -11,9 +11,9 @@ what follows it), an edited task file that task alone, another data root with ot
 reads them; with nothing edited the records come out byte for byte the same, and DVC runs nothing else.
 
 A file whose size and modification time are those the last run saw is not read again (:class:`StatCache`,
-kept in DVC's own ``.dvc/tmp``: never pushed to a remote, and no stage depends on it). What cannot be resolved (a path matching no
-file) is recorded as ``missing: <why>``, not refused: the stage that reads it refuses it with its own
-message, in its own place in the pipeline.
+kept in DVC's own ``.dvc/tmp``: never pushed to a remote, and no stage depends on it). What cannot be
+resolved (a path matching no file) is recorded as ``missing: <why>``, not refused: the stage that reads it
+refuses it with its own message, in its own place in the pipeline.
 
 Each stage's ``reads`` function (named in the stage table, ``flows/stages``; in its own package) says what
 it reads: :data:`Reads`.
@@ -28,7 +28,7 @@ from typing import Any
 
 import xxhash
 
-from bert_core.atomic import write_json_atomic
+from bert_core.atomic import write_json_atomic, write_text_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.integrity import HASH_NAME, file_digest
 
@@ -106,7 +106,7 @@ def write_record(path: str | os.PathLike[str], content: dict[str, Any]) -> bool:
     text = json.dumps(content, indent=1, sort_keys=True) + "\n"
     if path.is_file() and path.read_text(encoding="utf-8") == text:
         return False
-    write_json_atomic(path, content, indent=1)
+    write_text_atomic(path, text)
     return True
 
 

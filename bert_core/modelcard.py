@@ -320,9 +320,9 @@ def finetuned_card(
                 "results": [
                     result(dev_split, "dev", [(k, scores[k]) for k in shown]),
                     *(
-                        result(other.split, other.split, other.shown(main_metric))
+                        result(other.split, other.split, values)
                         for other in other_splits
-                        if other.shown(main_metric)
+                        if (values := other.shown(main_metric))
                     ),
                 ],
             }

@@ -59,6 +59,7 @@ class StageInfo:
     params: tuple[tuple[str, str], ...] = field(default=())  # (file, dotted key)
     needs: tuple[str, ...] = ()  # the stages whose outputs it reads
     git_outs: tuple[str, ...] = ()  # outputs kept in git, not DVC's cache (``cache: false``: metrics, plots)
+    always_changed: bool = False  # run on every repro (``always_changed: true``: the ``inputs`` records)
 
 
 def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
@@ -92,6 +93,7 @@ def stage_infos(root: str | os.PathLike[str]) -> list[StageInfo]:
                     params=tuple(params),
                     needs=tuple(s.name for s in graph.successors(stage) if s.name in names),
                     git_outs=tuple(o.def_path for o in stage.outs if not o.use_cache),
+                    always_changed=bool(stage.always_changed),
                 )
             )
     return infos

@@ -35,7 +35,6 @@ from flows._driver import PipelineFailed, StageReport, drive, fan_out, summary_m
 from flows._inputs import FORM_KEYS, data_root_dir, dvc_command, resolve_overrides, run_inputs, stage_env
 from flows._stage import markdown_artifact
 from flows.overrides import ProfileError
-from flows.stages import INPUTS
 
 FLOW_NAME = "bert-pipeline"
 _PROFILE_NAMES = tuple(profiles.list_profiles(REPO_ROOT))
@@ -193,12 +192,16 @@ def _fan_out(
     needs = _fanout.closure({i.name: i.needs for i in infos}, targets)
     if exp_name is not None:  # what dvc exp run tells its stages; their MLflow runs' dvc_experiment tag
         env = {**env, "DVC_EXP_NAME": exp_name}
+    # A stage DVC always runs (the inputs records) goes first: dvc status only then sees what it changed
+    always = [i.name for i in infos if i.always_changed and i.name in needs and not needs[i.name]]
     first: tuple[int, list[StageReport], list[str]] = (0, [], [])
-    if INPUTS in needs:  # always changed: its records first, so that dvc status sees what they changed
-        first = fan_out({INPUTS: ()}, jobs=1, root=REPO_ROOT, env=env, slots=slots, force=given.force)
+    if always:
+        first = fan_out(
+            dict.fromkeys(always, ()), jobs=1, root=REPO_ROOT, env=env, slots=slots, force=given.force
+        )
         if first[0]:
-            return ["--wait-for-lock", "repro", "--single-item", INPUTS], first
-        needs = {s: tuple(n for n in deps if n != INPUTS) for s, deps in needs.items() if s != INPUTS}
+            return ["--wait-for-lock", "repro", "--single-item", *always], first
+        needs = {s: tuple(n for n in deps if n not in always) for s, deps in needs.items() if s not in always}
     try:
         unchanged = set() if given.force else set(needs) - _dvc.changed_stages(REPO_ROOT)
     except DvcException as err:  # e.g. a dvc command beside the run holds the lock: DVC decides each stage
@@ -221,7 +224,7 @@ def _fan_out(
         # outputs of a stage the run left out that never ran here ("output 'data/vocab' does not exist").
         kept = [p for i in infos for p in i.git_outs if (REPO_ROOT / p).exists()]
         include = [arg for p in kept for arg in ("--include-untracked", p)]
-        args = ["exp", "save", "--name", exp_name, *include, *([INPUTS] if first[1] else []), *needs]
+        args = ["exp", "save", "--name", exp_name, *include, *always, *needs]
         saved = drive(args, root=REPO_ROOT, env=env)
         outcome = (saved[0], outcome[1], saved[2]) if saved[0] else outcome
     return ["--wait-for-lock", "repro", "--single-item", f"<stage> ({jobs} at once)"], outcome

@@ -83,7 +83,8 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
         files = [base]
         anchor = base.parent
     elif base.is_dir():
-        files = sorted({p for pattern in source.patterns for p in base.rglob(pattern) if p.is_file()})
+        patterns = source.patterns or ("*",)  # a local dataset folder (kind hf): every file in it
+        files = sorted({p for pattern in patterns for p in base.rglob(pattern) if p.is_file()})
         anchor = base
     else:
         files = sorted(Path(p) for p in glob.glob(str(base), recursive=True) if Path(p).is_file())
@@ -104,21 +105,6 @@ def _resolve(source: SourceSpec, root: Path | None) -> tuple[Path, list[Path]]:
     return anchor, files
 
 
-def source_files(source: SourceSpec, root: Path | None) -> list[Path]:
-    """The files a local source reads, in order (a local dataset folder of kind ``hf``: every file in it).
-
-    Raises:
-        SourceNotFoundError: the path matches no file (names the source, the path and the root).
-    """
-    if source.kind == "hf":
-        path = Path(source.path).expanduser()
-        path = path if path.is_absolute() or root is None else root / path
-        if not path.exists():
-            raise SourceNotFoundError(f"source '{source.name}' (hf): '{source.path}' does not exist ({path})")
-        return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return _resolve(source, root)[1]
-
-
 def corpus_reads(params: CorpusParams, data_root: Path | None, key: str | None = None) -> Reads:
     """What the corpus stage reads: every file of each source (the Hub dataset, without a data root); the
     ``inputs`` DVC stage records it (:mod:`bert_core.inputs`)."""
@@ -128,7 +114,7 @@ def corpus_reads(params: CorpusParams, data_root: Path | None, key: str | None =
             reads[source.name] = f"hub:{source.path}"
             continue
         try:
-            reads[source.name] = source_files(source, data_root)
+            reads[source.name] = _resolve(source, data_root)[1]
         except CorpusError as err:
             reads[source.name] = f"missing: {err}"
     return reads

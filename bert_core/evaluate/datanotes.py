@@ -36,18 +36,14 @@ BASELINE_NOTES = {
 NOT_ABOVE_BASELINE = "≤ baseline"
 
 
-def _label(result: FinetuneResult | None) -> str:
-    return str((result.data_split if result is not None else {}).get("label") or "")
+def _label(result: FinetuneResult | None, key: str = "label") -> str:
+    return str((result.data_split if result is not None else {}).get(key) or "")
 
 
 def task_label(results: Mapping[str, FinetuneResult], task: str, name: str, split: str = "dev") -> str:
     """The report's task cell: ``name``, with the data label when the rows are not the official splits (a
     further split's row: with its own rows' cut, ``conll2003_test (first 1000 of 3453 rows)``)."""
-    result = results.get(task)
-    if split == "dev":
-        label = _label(result)
-    else:
-        label = str((result.data_split if result is not None else {}).get(f"{split}_set") or "")
+    label = _label(results.get(task), "label" if split == "dev" else f"{split}_set")
     return f"{name} ({label})" if label else name
 
 

@@ -87,36 +87,42 @@ class TaskSource:
         Raises:
             TaskDataError: as :meth:`load` raises it, naming the file and the fix.
         """
-        if self.data_root is None:  # the Hub: nothing on disk
-            return
-        own = self._own_files()
         for split in ("train", *self.spec.dev_splits):
-            if own.get(split) is not None or (self.origin, split) == ("dev_split", "train"):
-                continue  # a file resolve_task_source checked
-            try:
-                local_split_file(self.spec, split, self.data_root)
-            except TaskDataError as err:
-                raise self._missing(split, err) from None
+            self.split_file(split)
+
+    def split_file(self, split: str) -> Path | str | None:
+        """The file ``split`` is read from; ``hub:<dataset>`` when it comes from the Hub; ``None`` when it is
+        not read (an own task's split without its file, a split the task has no file for).
+
+        Raises:
+            TaskDataError: an official file that is not under the data root, as :meth:`load` raises it.
+        """
+        spec, own = self.spec, self._own_files()
+        if split in own:
+            return own[split]
+        if self.origin == "dev_split" and split in ("train", spec.main_dev_split):
+            return self.dev_file
+        if self.data_root is None:
+            return f"hub:{spec.hub_path}" if spec.hub_path else None
+        if split not in spec.local_files:
+            return None
+        try:
+            return local_split_file(spec, split, self.data_root)
+        except TaskDataError as err:
+            raise self._missing(split, err) from None
 
     def files(self) -> dict[str, Path | str]:
-        """Split -> the file it is read from, or, when none, where it comes from (``hub:<dataset>``) or why
-        not (``missing: <message>``): what the ``inputs`` DVC stage records (:mod:`bert_core.inputs`). The
-        split ``test`` only where a file holds it (labelled, or the official unlabelled one predicted)."""
-        spec, own, out = self.spec, self._own_files(), {}
-        for split in dict.fromkeys(("train", *spec.dev_splits, "test")):
-            if split in own:
-                out[split] = own[split]
-            elif self.origin == "dev_split" and split in ("train", spec.main_dev_split):
-                out[split] = self.dev_file
-            elif self.data_root is None:
-                if spec.hub_path:  # an own task's split without its file is not read
-                    out[split] = f"hub:{spec.hub_path}"
-            elif split in spec.local_files:
-                try:
-                    out[split] = local_split_file(spec, split, self.data_root)
-                except TaskDataError as err:
-                    if split != "test":
-                        out[split] = f"missing: {err}"
+        """Split -> :meth:`split_file`, or why not (``missing: <message>``): what the ``inputs`` DVC stage
+        records (:mod:`bert_core.inputs`). The split ``test`` only where a file holds it (labelled, or the
+        official unlabelled one predicted)."""
+        out: dict[str, Path | str] = {}
+        for split in dict.fromkeys(("train", *self.spec.dev_splits, "test")):
+            try:
+                found = self.split_file(split)
+            except TaskDataError as err:
+                found = None if split == "test" else f"missing: {err}"
+            if found is not None:
+                out[split] = found
         return out
 
     def _own_files(self) -> dict[str, Path]:

@@ -8,8 +8,9 @@
   and ``B-``/``I-`` of each (IOB2; IOB1 files are converted); entity-level F1, precision and recall
   (seqeval's conlleval rules, as CoNLL-2003).
 * ``span_qa`` -- extractive question answering on files in SQuAD's JSON format, or ``.jsonl`` files of one
-  question a line in the Hub's columns (or a Hub dataset with SQuAD's columns); ``no_answers`` allows unanswerable questions (SQuAD v2.0: a null answer whose threshold
-  is tuned on dev); the official scorer's F1 and exact match (``exact`` with ``no_answers``, as SQuAD v2.0).
+  question a line in the Hub's columns (or a Hub dataset with SQuAD's columns); ``no_answers`` allows
+  unanswerable questions (SQuAD v2.0: a null answer whose threshold is tuned on dev); the official scorer's
+  F1 and exact match (``exact`` with ``no_answers``, as SQuAD v2.0).
 * ``multiple_choice`` -- the right one of a row's choices: with ``choices``, from CSV, TSV or JSON Lines (the
   question or context in ``text``, an optional shared start of every choice in ``text_pair``, the choices in
   one list field or one column each, the answer in ``label``: a choice's index, or its name in ``labels``,
