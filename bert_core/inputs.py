@@ -5,15 +5,19 @@ DVC re-runs a stage when a file listed in its ``deps`` changes. The files a stag
 there: the data root is an environment variable, and DVC's templating gives a ``foreach`` stage no list of
 its own per task. So the first DVC stage, ``inputs`` (``always_changed``: it runs on every ``dvc repro``),
 writes one record per stage that reads such files (``data/inputs/corpus.json``,
-``data/inputs/finetune/<task>.json``, ...): each file by its path, size and XXH3-128 digest, or the Hub
-dataset it loads. The stage depends on its record. An edited corpus file re-runs the corpus stage (and
+``data/inputs/finetune/<task>.json``, ...): each file by its path, size and XXH3-128 digest, a Hugging Face
+Hub dataset by its id and the commit its revision resolves to (:class:`Hub`). The stage depends on its
+record. An edited corpus file re-runs the corpus stage (and
 what follows it), an edited task file that task alone, another data root with other files every stage that
-reads them; with nothing edited the records come out byte for byte the same, and DVC runs nothing else.
+reads them, a new commit of a Hub dataset the stages that load it; with nothing changed the records come
+out byte for byte the same, and DVC runs nothing else.
 
 A file whose size and modification time are those the last run saw is not read again (:class:`StatCache`,
 kept in DVC's own ``.dvc/tmp``: never pushed to a remote, and no stage depends on it). What cannot be
 resolved (a path matching no file) is recorded as ``missing: <why>``, not refused: the stage that reads it
-refuses it with its own message, in its own place in the pipeline.
+refuses it with its own message, in its own place in the pipeline. A Hub dataset whose commit cannot be
+resolved (offline, ``HF_HUB_OFFLINE=1``) keeps the commit the last record named for the same revision, so a
+run without the network re-runs nothing; with none known it is recorded as unresolved (``commit: null``).
 
 Each stage's ``reads`` function (named in the stage table, ``flows/stages``; in its own package) says what
 it reads: :data:`Reads`.
@@ -22,9 +26,11 @@ it reads: :data:`Reads`.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -32,10 +38,77 @@ from bert_core.atomic import write_json_atomic, write_text_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.integrity import HASH_NAME, file_digest
 
-#: What a stage reads: label -> a file or directory, files, or a string (``hub:<dataset>``, ``missing: <why>``).
-Reads = dict[str, "Path | list[Path] | str"]
+log = logging.getLogger(__name__)
+
+
+class Hub(NamedTuple):
+    """A Hugging Face Hub dataset a stage loads: its id and the revision asked for (``None``: the newest)."""
+
+    dataset: str
+    revision: str | None = None
+
+
+#: What a stage reads: label -> a file or directory, files, a Hub dataset, or ``missing: <why>``.
+Reads = dict[str, "Path | list[Path] | Hub | str"]
 #: A label of more files is recorded as its file count, bytes and one digest (the record stays small).
 LISTED_FILES = 1000
+#: Seconds the Hub has to say a dataset's commit.
+HUB_TIMEOUT_S = 10.0
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+class HubCommits:
+    """The commit each Hub dataset revision resolves to, asked once per run; after one failure to reach the
+    Hub, not asked again (every dataset would wait for the same timeout)."""
+
+    def __init__(self) -> None:
+        self._known: dict[Hub, str | None] = {}
+        self._unreachable: str | None = None
+
+    def commit(self, hub: Hub) -> str | None:
+        """The commit ``hub`` resolves to; ``None`` when the Hub does not say (logged once, with why)."""
+        if hub.revision is not None and _COMMIT.fullmatch(hub.revision):
+            return hub.revision  # a commit is what is read, wherever the Hub is
+        if hub not in self._known:
+            self._known[hub] = self._ask(hub)
+        return self._known[hub]
+
+    def _ask(self, hub: Hub) -> str | None:
+        if self._unreachable is not None:
+            return None
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+        try:
+            return str(HfApi().dataset_info(hub.dataset, revision=hub.revision, timeout=HUB_TIMEOUT_S).sha)
+        except (RepositoryNotFoundError, RevisionNotFoundError) as err:  # the stage names it when it loads
+            why = _first_line(err)
+        except Exception as err:  # offline, HF_HUB_OFFLINE, a timeout: the same for every dataset
+            why = self._unreachable = _first_line(err)
+        log.warning("inputs: the Hub did not give the commit of %s (%s)", _hub_name(hub), why)
+        return None
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+
+
+def _hub_name(hub: Hub) -> str:
+    return hub.dataset + (f"@{hub.revision}" if hub.revision else "")
+
+
+def _hub_record(hub: Hub, commits: HubCommits, previous: Any) -> dict[str, Any]:
+    """``{"hub": <id>, ["revision": <asked>,] "commit": <sha or None>}``; unresolved, the commit the previous
+    record named for the same dataset and revision."""
+    out: dict[str, Any] = {"hub": hub.dataset, **({"revision": hub.revision} if hub.revision else {})}
+    commit = commits.commit(hub)
+    if (
+        commit is None
+        and isinstance(previous, dict)
+        and {**previous, "commit": None} == {**out, "commit": None}
+    ):
+        commit = previous.get("commit")
+    return {**out, "commit": commit}
 
 
 class StatCache:
@@ -74,11 +147,21 @@ def _shown(path: Path, data_root: Path | None) -> str:
     return path.as_posix()
 
 
-def record(reads: Reads, data_root: Path | None, cache: StatCache) -> dict[str, Any]:
+def record(
+    reads: Reads,
+    data_root: Path | None,
+    cache: StatCache,
+    commits: HubCommits | None = None,
+    previous: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The record of ``reads``: a string as it is; files (and every file under a directory) by path, size
-    and digest; a path that does not exist, ``missing: <path>``."""
+    and digest; a path that does not exist, ``missing: <path>``; a Hub dataset by the commit its revision
+    resolves to (``commits``), or, unresolved, the one ``previous`` (the last record) named."""
     out: dict[str, Any] = {}
     for label, what in reads.items():
+        if isinstance(what, Hub):
+            out[label] = _hub_record(what, commits or HubCommits(), (previous or {}).get(label))
+            continue
         if isinstance(what, str):
             out[label] = what
             continue
@@ -98,6 +181,15 @@ def record(reads: Reads, data_root: Path | None, cache: StatCache) -> dict[str, 
             }
         out[label] = listing
     return out
+
+
+def read_record(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The record at ``path`` as the last run wrote it; ``{}`` when there is none (or it is not one)."""
+    try:
+        content = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return content if isinstance(content, dict) else {}
 
 
 def write_record(path: str | os.PathLike[str], content: dict[str, Any]) -> bool:

@@ -73,8 +73,8 @@ def test_a_tasks_record_names_the_file_of_each_split_it_reads(root, tmp_path):
     assert set(cola) == {"train", "dev"} and cola["train"].startswith("missing: ") and "CoLA" in cola["train"]
     rte = _record(task_reads(params, root, "rte"), root, tmp_path)  # own files, not the data root's
     assert rte == {"train": {own.as_posix(): _entry(own)}, "dev": {own.as_posix(): _entry(own)}}
-    hub = _record(task_reads(params, None, "sst2"), None, tmp_path)
-    assert hub == {"train": "hub:nyu-mll/glue", "dev": "hub:nyu-mll/glue", "test": "hub:nyu-mll/glue"}
+    hub = _record(task_reads(params, None, "sst2"), None, tmp_path)  # offline: no commit known yet
+    assert hub == {key: {"hub": "nyu-mll/glue", "commit": None} for key in ("train", "dev", "test")}
 
 
 def test_a_squad_dev_split_records_the_dev_file_for_both_halves(tmp_path):
@@ -110,7 +110,91 @@ def test_the_corpus_record_lists_each_sources_files_or_says_what_is_missing(root
     }
     assert record["gone"].startswith("missing: source 'gone' (jsonl): path 'corpus/nothing/*.jsonl'")
     hub = _record(corpus_reads(_corpus(sources), None), None, tmp_path)
-    assert set(hub.values()) == {f"hub:{s.path}" for s in _corpus(sources).sources}
+    hub_sources = _corpus(sources).sources
+    assert sorted(hub.values(), key=str) == sorted(
+        (
+            {"hub": s.path, **({"revision": s.revision} if s.revision else {}), "commit": None}
+            for s in hub_sources
+        ),
+        key=str,
+    )
+
+
+class _FakeHub:
+    """``HfApi.dataset_info`` answering from ``commits`` ((dataset, revision) -> sha), or raising ``error``."""
+
+    def __init__(self, monkeypatch, commits: dict):
+        from huggingface_hub import HfApi
+
+        self.commits, self.error, self.calls = commits, None, []
+        monkeypatch.setattr(HfApi, "dataset_info", self.dataset_info)
+
+    def dataset_info(self, repo_id, *, revision=None, timeout=None, **_):
+        from types import SimpleNamespace
+
+        self.calls.append((repo_id, revision))
+        assert timeout == inputs.HUB_TIMEOUT_S
+        if self.error is not None:
+            raise self.error
+        return SimpleNamespace(sha=self.commits[(repo_id, revision)])
+
+
+def test_a_hub_dataset_is_recorded_by_the_commit_its_revision_resolves_to(tmp_path, monkeypatch):
+    """Once per dataset and revision a run; a pinned commit without asking; a new upstream commit changes the
+    record, so DVC re-runs the task; ``hub_revision`` also pins an own task's Hub dataset."""
+    pinned = "c" * 40
+    hub = _FakeHub(monkeypatch, {("nyu-mll/glue", None): "1" * 40, ("nyu-mll/glue", "v2"): "2" * 40})
+    own = {"kind": "classification", "hub": "someone/imdb", "labels": ["neg", "pos"], "text": "text"}
+    params = _finetune(
+        sst2={},
+        cola={},
+        rte={"hub_revision": "v2"},
+        mrpc={"hub_revision": pinned},
+        imdb={"define": own, "hub_revision": pinned},
+    )
+    commits = inputs.HubCommits()
+
+    def record(task: str, previous: dict | None = None) -> dict:
+        cache = inputs.StatCache(tmp_path / "stat.json")
+        return inputs.record(task_reads(params, None, task), None, cache, commits, previous)
+
+    newest = {"hub": "nyu-mll/glue", "commit": "1" * 40}
+    assert record("sst2") == {"train": newest, "dev": newest, "test": newest}
+    assert record("cola")["dev"] == newest
+    assert record("rte")["train"] == {"hub": "nyu-mll/glue", "revision": "v2", "commit": "2" * 40}
+    assert record("mrpc")["train"] == {"hub": "nyu-mll/glue", "revision": pinned, "commit": pinned}
+    assert record("imdb") == {
+        s: {"hub": "someone/imdb", "revision": pinned, "commit": pinned} for s in ("train", "dev")
+    }
+    assert hub.calls == [("nyu-mll/glue", None), ("nyu-mll/glue", "v2")]  # asked once each
+    path = tmp_path / "sst2.json"
+    assert inputs.write_record(path, record("sst2")) is True
+    hub.commits[("nyu-mll/glue", None)] = "3" * 40  # a new commit on the Hub: the next run's record differs
+    commits = inputs.HubCommits()
+    assert inputs.write_record(path, record("sst2", inputs.read_record(path))) is True
+    assert inputs.read_record(path)["train"]["commit"] == "3" * 40
+
+
+def test_offline_a_hub_dataset_keeps_the_commit_its_last_record_named(tmp_path, monkeypatch, caplog):
+    """An unreachable Hub re-runs nothing: each dataset keeps the commit its last record named for the same
+    revision (another revision has none: ``null``), and the Hub is asked once, not once per dataset."""
+    hub = _FakeHub(monkeypatch, {("nyu-mll/glue", None): "1" * 40})
+    params = _finetune(sst2={})
+    cache = inputs.StatCache(tmp_path / "stat.json")
+    online = inputs.record(task_reads(params, None, "sst2"), None, cache, inputs.HubCommits())
+    hub.error, hub.calls = ConnectionError("Name or service not known"), []
+    offline = inputs.HubCommits()
+    assert inputs.record(task_reads(params, None, "sst2"), None, cache, offline, online) == online
+    pinned = _finetune(sst2={"hub_revision": "v2"}, cola={})
+    other = inputs.record(task_reads(pinned, None, "sst2"), None, cache, offline, online)
+    assert other["train"] == {"hub": "nyu-mll/glue", "revision": "v2", "commit": None}
+    assert inputs.record(task_reads(pinned, None, "cola"), None, cache, offline, {}) == {
+        key: {"hub": "nyu-mll/glue", "commit": None} for key in ("train", "dev", "test")
+    }
+    assert hub.calls == [("nyu-mll/glue", None)]
+    assert "the Hub did not give the commit of nyu-mll/glue (ConnectionError: Name or service not known)" in (
+        caplog.text
+    )
 
 
 def test_a_copy_of_the_data_root_elsewhere_records_the_same(root, tmp_path):
@@ -152,11 +236,11 @@ def test_a_source_of_many_files_is_recorded_by_count_bytes_and_one_digest(root, 
 
 def test_a_record_is_rewritten_only_when_it_changes(tmp_path):
     path = tmp_path / "r" / "x.json"
-    assert inputs.write_record(path, {"a": "hub:x"}) is True
+    assert inputs.write_record(path, {"a": "missing: x"}) is True
     mtime = path.stat().st_mtime_ns
-    assert inputs.write_record(path, {"a": "hub:x"}) is False and path.stat().st_mtime_ns == mtime
-    assert inputs.write_record(path, {"a": "hub:y"}) is True and json.loads(path.read_text()) == {
-        "a": "hub:y"
+    assert inputs.write_record(path, {"a": "missing: x"}) is False and path.stat().st_mtime_ns == mtime
+    assert inputs.write_record(path, {"a": "missing: y"}) is True and json.loads(path.read_text()) == {
+        "a": "missing: y"
     }
 
 
@@ -223,3 +307,40 @@ def test_a_data_root_that_is_no_directory_fails_the_stage_naming_it(tmp_path, mo
     err = capsys.readouterr().err
     assert err.startswith("inputs stage failed: BERT_DATA_ROOT=") and "nowhere" in err
     assert not (tmp_path / "data").exists()
+
+
+def test_the_stage_records_hub_commits_and_keeps_them_while_the_hub_is_unreachable(
+    tmp_path, monkeypatch, capsys
+):
+    """``python -m flows.stages inputs`` without a data root, on the committed params: every Hub dataset by
+    its commit; a run that cannot reach the Hub rewrites no record ("inputs unchanged"), so DVC re-runs
+    nothing; a new commit upstream changes the records of the stages that read it."""
+    from flows.stages.inputs import write_records
+
+    shutil.copytree(REPO_ROOT / "params", tmp_path / "params")
+    monkeypatch.delenv("BERT_DATA_ROOT", raising=False)
+    commits: dict = {}
+
+    def dataset_info(self, repo_id, *, revision=None, timeout=None, **_):
+        from types import SimpleNamespace
+
+        if isinstance(commits, Exception):
+            raise commits
+        return SimpleNamespace(sha=commits.setdefault((repo_id, revision), "1" * 40))
+
+    from huggingface_hub import HfApi
+
+    monkeypatch.setattr(HfApi, "dataset_info", dataset_info)
+    assert (
+        write_records(tmp_path) == 0 and "inputs changed: data/inputs/corpus.json" in capsys.readouterr().err
+    )
+    records = {p: p.read_bytes() for p in (tmp_path / "data" / "inputs").rglob("*.json")}
+    sst2 = json.loads(records[tmp_path / "data/inputs/finetune/sst2.json"])
+    assert sst2["train"] == {"hub": "nyu-mll/glue", "commit": "1" * 40}
+    commits = ConnectionError("Name or service not known")
+    assert write_records(tmp_path) == 0 and capsys.readouterr().err.endswith("inputs unchanged\n")
+    assert {p: p.read_bytes() for p in records} == records
+    commits = {("nyu-mll/glue", None): "2" * 40}
+    assert write_records(tmp_path) == 0
+    changed = capsys.readouterr().err.splitlines()[-1]
+    assert "data/inputs/finetune/sst2.json" in changed and "data/inputs/corpus.json" not in changed

@@ -193,7 +193,8 @@ def test_a_hub_multiple_choice_dataset_reads_its_answers_class_names_and_test_sp
         },
         features,
     )
-    monkeypatch.setattr(datasets, "load_dataset", lambda path, config=None, split=None: quiz)  # every split
+    every_split = lambda path, config=None, split=None, revision=None: quiz  # noqa: E731
+    monkeypatch.setattr(datasets, "load_dataset", every_split)
     define = {k: v for k, v in FIVE.items() if k != "labels"}  # the positions: the ClassLabel's names
     define |= {"hub": "someone/quiz", "hub_splits": {"dev": "validation", "test": "test"}}
     params = FinetuneParams(tasks={"quiz": {"define": define}})

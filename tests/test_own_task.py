@@ -576,8 +576,8 @@ def _fake_hub(monkeypatch, datasets_by_split: dict) -> list:
 
     calls = []
 
-    def load_dataset(path, config=None, split=None):
-        calls.append((path, config, split))
+    def load_dataset(path, config=None, split=None, revision=None):
+        calls.append((path, config, split) + ((revision,) if revision else ()))
         name, _, cut = split.partition("[")
         ds = datasets_by_split[(path, config, name)]
         return ds.select(range(min(len(ds), int(cut.strip(":]"))))) if cut else ds
@@ -671,6 +671,29 @@ def test_a_hub_row_that_does_not_fit_is_named_by_dataset_split_and_row(monkeypat
         TaskDataError, match=r"set finetune\.tasks\.t\.train_file and dev_file, or define\.hub"
     ):
         load_table_hub(no_hub, "train")
+
+
+def test_a_hub_revision_pins_an_own_tasks_dataset_and_needs_one(monkeypatch):
+    """``tasks.<task>.hub_revision``: its classes and rows are read at that revision; refused under
+    ``defaults`` and for a task of own files."""
+    from datasets import ClassLabel, Dataset, Features, Value
+
+    imdb = Features({"text": Value("string"), "label": ClassLabel(names=["neg", "pos"])})
+    rows = Dataset.from_dict({"text": ["good", "bad"], "label": [1, 0]}, imdb)
+    calls = _fake_hub(monkeypatch, {("x/imdb", None, "train"): rows, ("x/imdb", None, "validation"): rows})
+    define = {"kind": "classification", "hub": "x/imdb", "text": "text"}
+    params = FinetuneParams(tasks={"imdb": {"define": define, "hub_revision": "v3"}})
+    spec = params.task("imdb")
+    assert spec.labels == ("neg", "pos") and spec.hub_revision == "v3"
+    dev = params.for_task("imdb").data_source(spec).load("dev")
+    assert calls == [("x/imdb", None, "train", "v3"), ("x/imdb", None, "validation", "v3")]
+    assert dev.source == "hf://x/imdb@v3:validation" and [r["label"] for r in dev] == [1, 0]
+    with pytest.raises(ValueError, match=r"defaults\.hub_revision: set it per task"):
+        FinetuneParams(defaults={"hub_revision": "v3"})
+    with pytest.raises(ValueError, match=r"tasks\.r\.hub_revision: r reads its own files, not a Hub dataset"):
+        FinetuneParams(
+            tasks={"r": {"define": REVIEWS, "train_file": "a", "dev_file": "b", "hub_revision": "v"}}
+        )
 
 
 def test_a_file_that_is_not_utf8_is_named_by_its_line_when_read_and_when_its_labels_are(tmp_path):

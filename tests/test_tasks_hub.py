@@ -80,8 +80,8 @@ HUB = {
 def fake_hub(monkeypatch):
     calls = []
 
-    def load_dataset(path, name=None, split=None):
-        calls.append((path, name, split))
+    def load_dataset(path, name=None, split=None, revision=None):
+        calls.append((path, name, split) + ((revision,) if revision else ()))
         base, _, limit = split.partition("[:")
         ds = HUB[(path, name, base)]
         return ds.select(range(min(len(ds), int(limit.rstrip("]"))))) if limit else ds
@@ -101,6 +101,18 @@ def test_glue_from_hub(fake_hub):
     assert load_task_split("mrpc", "dev", limit=1)[0]["id"] == "0"
     assert fake_hub[-1] == ("nyu-mll/glue", "mrpc", "validation[:1]")
     assert load_task_split("stsb", "train")[0] == {"id": "7", "text_a": "x", "text_b": "y", "label": 3.8}
+
+
+def test_a_pinned_revision_is_the_one_loaded_and_logged(fake_hub):
+    """``finetune.tasks.<task>.hub_revision`` reaches ``datasets.load_dataset`` and the rows' source."""
+    from bert_core.finetune.params import FinetuneParams
+
+    params = FinetuneParams(tasks={"mrpc": {"hub_revision": "v2"}, "sst2": {}})
+    rows = params.for_task("mrpc").data_source(params.task("mrpc")).load("dev", limit=1)
+    assert fake_hub[-1] == ("nyu-mll/glue", "mrpc", "validation[:1]", "v2")
+    assert rows.source == "hf://nyu-mll/glue/mrpc@v2:validation"
+    assert params.task("sst2").hub_revision is None  # unpinned: the newest
+    assert "hub_revision" not in params.for_task("sst2").model_dump()  # trial fingerprints unchanged
 
 
 def test_mnli_diagnostic_comes_from_the_ax_config(fake_hub):

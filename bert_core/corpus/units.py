@@ -25,7 +25,7 @@ import fsspec
 from bert_core.corpus import compressed
 from bert_core.corpus import pieces as piece_plan
 from bert_core.corpus.params import CorpusParams, SourceSpec
-from bert_core.inputs import Reads
+from bert_core.inputs import Hub, Reads
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def corpus_reads(params: CorpusParams, data_root: Path | None, key: str | None =
     reads: Reads = {}
     for source in params.active_sources(data_root):
         if data_root is None:
-            reads[source.name] = f"hub:{source.path}"
+            reads[source.name] = Hub(source.path, source.revision)
             continue
         try:
             reads[source.name] = _resolve(source, data_root)[1]

@@ -4,6 +4,7 @@ entry must have (:func:`own_task_keys`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -107,9 +108,15 @@ class OwnTask(StrictModel):
     def _fields(self) -> dict[str, Any]:
         return self.model_dump(exclude={"labels"})
 
-    def spec(self, name: str, train_file: os.PathLike[str] | None = None, test: bool = False) -> TaskSpec:
-        """The task's :class:`TaskSpec`; the classes read from ``train_file`` (else the Hub's train split)
-        when the params list none; ``test``: it has a labelled test file."""
+    def spec(
+        self,
+        name: str,
+        train_file: os.PathLike[str] | None = None,
+        test: bool = False,
+        hub_revision: str | None = None,
+    ) -> TaskSpec:
+        """The task's :class:`TaskSpec`; the classes read from ``train_file`` (else the Hub's train split, at
+        ``hub_revision``) when the params list none; ``test``: it has a labelled test file."""
         from bert_core.tasks import own_task_spec
         from bert_core.tasks.own import DEFAULT_FIELDS, DEFAULT_HUB_SPLITS
         from bert_core.tasks.table import hub_labels, labels_of
@@ -126,9 +133,12 @@ class OwnTask(StrictModel):
             else:
                 assert self.hub is not None, "the labels come from the train file or the Hub"
                 split = {**DEFAULT_HUB_SPLITS, **(self.hub_splits or {})}["train"]
-                labels = hub_labels(self.kind, self.hub, self.hub_config, split, field, words or "")
+                labels = hub_labels(
+                    self.kind, self.hub, self.hub_config, split, field, words or "", hub_revision
+                )
         try:
-            return own_task_spec(name, labels=labels or (), test=test, **self._fields())
+            spec = own_task_spec(name, labels=labels or (), test=test, **self._fields())
+            return dataclasses.replace(spec, hub_revision=hub_revision) if hub_revision else spec
         except ValueError as err:
             raise ValueError(f"finetune.tasks.{name}.define: {err}") from None
 
@@ -154,3 +164,7 @@ def own_task_keys(task: str, overrides: Any) -> None:
         )
     if overrides.dev_split:
         raise ValueError(f"tasks.{task}.dev_split: an own task has no official dev file to split; remove it")
+    if overrides.hub_revision and overrides.define.hub is None:
+        raise ValueError(
+            f"tasks.{task}.hub_revision: {task} reads its own files, not a Hub dataset (define.hub); remove it"
+        )

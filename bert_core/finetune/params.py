@@ -11,6 +11,7 @@ sections: changing one task's settings re-runs only that task.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
 SMALL_TASKS = ("rte", "mrpc", "stsb", "cola", "wnli")
 #: Settings that name one task's data (:mod:`bert_core.tasks.datasource`): allowed under ``tasks.<task>`` only.
-PER_TASK_DATA_KEYS = ("dev_split", "train_file", "dev_file", "test_file", "define")
+PER_TASK_DATA_KEYS = ("dev_split", "train_file", "dev_file", "test_file", "hub_revision", "define")
 #: The pretrain stage's output, the default starting checkpoint (its lineage is the upstream stages').
 PRETRAINED_DIR = "models/pretrained"
 
@@ -64,6 +65,9 @@ class TaskSettings(StrictModel):
         train_file, dev_file, test_file: Own files in the task's official format instead of the official
             train / main dev / test split (absolute, or relative to the repository root). Per task only. An
             own task's ``test_file`` is labelled, and scored once with the model its dev set selected.
+        hub_revision: The commit (or tag, branch) of the task's Hugging Face Hub dataset to read, when its rows
+            come from the Hub (no ``BERT_DATA_ROOT``, or an own task's ``define.hub``); ``None``: the newest,
+            whose commit the ``inputs`` stage records. Per task only.
         define: An own task's definition (:class:`OwnTask`); its rows are ``train_file``, ``dev_file`` and
             ``test_file``, or its Hub dataset. Per task only.
         unpad: Encode the real tokens only (``bert_core.unpad``; same results, no compute on padding).
@@ -95,6 +99,7 @@ class TaskSettings(StrictModel):
     train_file: str | None = Field(None, min_length=1)
     dev_file: str | None = Field(None, min_length=1)
     test_file: str | None = Field(None, min_length=1, exclude_if=lambda v: v is None)
+    hub_revision: str | None = Field(None, min_length=1, exclude_if=lambda v: v is None)
     # Left out of a paper's task's dumps (trial fingerprints, MLflow params), which stay as they were.
     define: OwnTask | None = Field(None, exclude_if=lambda v: v is None)
     unpad: bool = False
@@ -358,7 +363,9 @@ class FinetuneParams(StrictModel):
 
         overrides = self.tasks.get(name)
         if overrides is None or overrides.define is None:
-            return get_task(name)
+            spec = get_task(name)
+            revision = overrides.hub_revision if overrides is not None else None
+            return dataclasses.replace(spec, hub_revision=revision) if revision else spec
         from bert_core.constants import REPO_ROOT
         from bert_core.tasks.datasource import own_file
 
@@ -368,7 +375,9 @@ class FinetuneParams(StrictModel):
             if own.labels_from_data and overrides.train_file
             else None
         )
-        return own.spec(name, train, test=overrides.test_file is not None)
+        return own.spec(
+            name, train, test=overrides.test_file is not None, hub_revision=overrides.hub_revision
+        )
 
     def own_tasks(self) -> dict[str, OwnTask]:
         """The own tasks' definitions, by name."""

@@ -119,16 +119,21 @@ def require_file(root: Path, relative: str, task: str, split: str) -> Path:
     return path
 
 
-def hub_split(path: str, config: str | None, split: str, limit: int | None) -> Any:
-    """``datasets.load_dataset(path, config, split=...)``, the first ``limit`` rows when given."""
+def hub_split(
+    path: str, config: str | None, split: str, limit: int | None, revision: str | None = None
+) -> Any:
+    """``datasets.load_dataset(path, config, split=..., revision=...)``, the first ``limit`` rows when given
+    (``revision``: a commit, tag or branch of the dataset's Hub repository; ``None``: its newest)."""
     import datasets
 
     spec = split if limit is None else f"{split}[:{int(limit)}]"
-    return datasets.load_dataset(path, config, split=spec)
+    return datasets.load_dataset(path, config, split=spec, revision=revision)
 
 
-def hub_source(path: str, config: str | None, split: str) -> str:
-    return f"hf://{path}" + (f"/{config}" if config else "") + f":{split}"
+def hub_source(path: str, config: str | None, split: str, revision: str | None = None) -> str:
+    """``hf://<path>[/<config>][@<revision>]:<split>``: where a split's rows came from, as logged."""
+    at = f"@{revision}" if revision else ""
+    return f"hf://{path}" + (f"/{config}" if config else "") + f"{at}:{split}"
 
 
 def not_utf8(path: Path) -> TaskDataError:

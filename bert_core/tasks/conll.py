@@ -89,11 +89,11 @@ def load_conll_file(spec: TaskSpec, split: str, path: Path, limit: int | None = 
 def load_conll_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskRows:
     """Load CoNLL-2003 from a Hub parquet copy (``ner_tags`` as ``ClassLabel`` ints or strings)."""
     hub_name = spec.hub_splits[split]
-    ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit)
+    ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit, spec.hub_revision)
     feature = ds.features["ner_tags"]
     inner = getattr(feature, "feature", None)
     names = list(getattr(inner, "names", None) or CONLL_TAGS)
-    source = hub_source(spec.hub_path, spec.hub_config, hub_name)
+    source = hub_source(spec.hub_path, spec.hub_config, hub_name, spec.hub_revision)
     rows = []
     for i, ex in enumerate(ds):
         tags = [t if isinstance(t, str) else names[t] for t in ex["ner_tags"]]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_core.constants import REPO_ROOT
+from bert_core.inputs import Hub
 from bert_core.tasks.base import TaskDataError, TaskRows, resolve_data_root
 from bert_core.tasks.loader import load_task_split, local_split_file, read_local
 from bert_core.tasks.registry import TaskSpec
@@ -90,9 +91,9 @@ class TaskSource:
         for split in ("train", *self.spec.dev_splits):
             self.split_file(split)
 
-    def split_file(self, split: str) -> Path | str | None:
-        """The file ``split`` is read from; ``hub:<dataset>`` when it comes from the Hub; ``None`` when it is
-        not read (an own task's split without its file, a split the task has no file for).
+    def split_file(self, split: str) -> Path | Hub | None:
+        """The file ``split`` is read from; the Hub dataset (and revision) when it comes from the Hub; ``None``
+        when it is not read (an own task's split without its file, a split the task has no file for).
 
         Raises:
             TaskDataError: an official file that is not under the data root, as :meth:`load` raises it.
@@ -103,7 +104,7 @@ class TaskSource:
         if self.origin == "dev_split" and split in ("train", spec.main_dev_split):
             return self.dev_file
         if self.data_root is None:
-            return f"hub:{spec.hub_path}" if spec.hub_path else None
+            return Hub(spec.hub_path, spec.hub_revision) if spec.hub_path and split in spec.splits else None
         if split not in spec.local_files:
             return None
         try:
@@ -111,11 +112,11 @@ class TaskSource:
         except TaskDataError as err:
             raise self._missing(split, err) from None
 
-    def files(self) -> dict[str, Path | str]:
+    def files(self) -> dict[str, Path | Hub | str]:
         """Split -> :meth:`split_file`, or why not (``missing: <message>``): what the ``inputs`` DVC stage
         records (:mod:`bert_core.inputs`). The split ``test`` only where a file holds it (labelled, or the
         official unlabelled one predicted)."""
-        out: dict[str, Path | str] = {}
+        out: dict[str, Path | Hub | str] = {}
         for split in dict.fromkeys(("train", *self.spec.dev_splits, "test")):
             try:
                 found = self.split_file(split)

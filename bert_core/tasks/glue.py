@@ -184,7 +184,7 @@ def load_glue_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskR
     config, hub_name = spec.hub_config, spec.hub_splits[split]
     if ":" in hub_name:  # "ax:test": another config of the same dataset
         config, hub_name = hub_name.split(":", 1)
-    ds = hub_split(spec.hub_path, config, hub_name, limit)
+    ds = hub_split(spec.hub_path, config, hub_name, limit, spec.hub_revision)
     text_a, text_b = _HUB_COLUMNS[config]
     scores = is_score_task(spec)
     if not scores:
@@ -206,7 +206,12 @@ def load_glue_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskR
                 "label": label,
             }
         )
-    return TaskRows(rows, task=spec.name, split=split, source=hub_source(spec.hub_path, config, hub_name))
+    return TaskRows(
+        rows,
+        task=spec.name,
+        split=split,
+        source=hub_source(spec.hub_path, config, hub_name, spec.hub_revision),
+    )
 
 
 def glue_submission_text(spec: TaskSpec, ids: Sequence[str], predictions: Sequence[Any]) -> str:

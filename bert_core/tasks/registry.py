@@ -69,6 +69,8 @@ class TaskSpec:
             (``glue``, ``squad``, ``swag``, ``conll``).
         hub_path, hub_config: ``datasets.load_dataset(hub_path, hub_config)``.
         hub_splits: Our split name -> Hub split name (``"dev" -> "validation"``).
+        hub_revision: The commit, tag or branch of the Hub dataset read (``None``: its newest); set from the
+            params (``finetune.tasks.<task>.hub_revision``, an own task's ``define.hub_revision``).
         local_files: Our split name -> path under the data root, official format.
         submission_files: Test split -> GLUE leaderboard file name (``"MNLI-m.tsv"``).
         submission_labels: How a predicted index is written in the submission (the official label strings;
@@ -107,6 +109,7 @@ class TaskSpec:
     no_answers: bool = False
     fields: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
     own: bool = False
+    hub_revision: str | None = None
 
     def __post_init__(self) -> None:
         missing = set(self.splits) - set(self.local_files)

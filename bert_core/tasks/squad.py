@@ -192,8 +192,8 @@ def squad_rows(
 def load_squad_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskRows:
     """Load SQuAD from the Hub (already one row per question) into canonical rows."""
     hub_name = spec.hub_splits[split]
-    ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit)
-    source = hub_source(spec.hub_path, spec.hub_config, hub_name)
+    ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit, spec.hub_revision)
+    source = hub_source(spec.hub_path, spec.hub_config, hub_name, spec.hub_revision)
     rows = []
     for ex in ds:
         answers = {

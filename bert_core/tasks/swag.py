@@ -75,7 +75,7 @@ def load_swag_csv(spec: TaskSpec, split: str, path: Path, limit: int | None = No
 def load_swag_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskRows:
     """Load SWAG from ``allenai/swag`` (``regular``); the Hub's test labels (-1) become ``None``."""
     hub_name = spec.hub_splits[split]
-    ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit)
+    ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit, spec.hub_revision)
     rows = []
     for i, ex in enumerate(ds):
         label = ex.get("label")
@@ -89,5 +89,8 @@ def load_swag_hub(spec: TaskSpec, split: str, limit: int | None = None) -> TaskR
             }
         )
     return TaskRows(
-        rows, task=spec.name, split=split, source=hub_source(spec.hub_path, spec.hub_config, hub_name)
+        rows,
+        task=spec.name,
+        split=split,
+        source=hub_source(spec.hub_path, spec.hub_config, hub_name, spec.hub_revision),
     )

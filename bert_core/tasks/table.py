@@ -376,8 +376,8 @@ def load_table_hub(spec: TaskSpec, split: str, limit: int | None = None) -> Task
             f"finetune.tasks.{spec.name}.train_file and dev_file, or define.hub"
         )
     hub_name = spec.hub_splits[split]
-    ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit)
-    source = hub_source(spec.hub_path, spec.hub_config, hub_name)
+    ds = hub_split(spec.hub_path, spec.hub_config, hub_name, limit, spec.hub_revision)
+    source = hub_source(spec.hub_path, spec.hub_config, hub_name, spec.hub_revision)
     records = _hub_records(ds, spec.fields["label"])
     if spec.kind == "token_classification":
         words, tags = spec.fields["text_a"], spec.fields["label"]
@@ -387,14 +387,20 @@ def load_table_hub(spec: TaskSpec, split: str, limit: int | None = None) -> Task
 
 
 def hub_labels(
-    kind: str, hub: str, config: str | None, split: str, field: str, words: str = "tokens"
+    kind: str,
+    hub: str,
+    config: str | None,
+    split: str,
+    field: str,
+    words: str = "tokens",
+    revision: str | None = None,
 ) -> list[str]:
     """An own Hub task's classes when the params list none: the names of its ``ClassLabel`` (in their
     order; multiple choice: of its answer's), else what :func:`labels_of` finds in a file, from the rows of
     ``split``."""
-    ds = hub_split(hub, config, split, None)
+    ds = hub_split(hub, config, split, None, revision)
     names = _class_names(ds.features.get(field))
-    source = hub_source(hub, config, split)
+    source = hub_source(hub, config, split, revision)
     ner = kind == "token_classification"
     if names is not None:  # NER: the types in the order of their tags
         return list(dict.fromkeys(_tag_type(source, 0, t) for t in names if t != "O")) if ner else names

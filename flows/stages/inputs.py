@@ -24,7 +24,7 @@ def write_records(root: Path = REPO_ROOT) -> int:
     except FileNotFoundError as err:  # BERT_DATA_ROOT names no directory: every stage would fail on it
         print(f"inputs stage failed: {err}", file=sys.stderr)
         return 1
-    cache = inputs.StatCache(root / ".dvc" / "tmp" / "inputs-stat.json")
+    cache, commits = inputs.StatCache(root / ".dvc" / "tmp" / "inputs-stat.json"), inputs.HubCommits()
     changed = []
     for stage in STAGES:
         if stage.record is None:
@@ -37,8 +37,12 @@ def write_records(root: Path = REPO_ROOT) -> int:
             error = {"params": f"missing: {err}"}
         items = [None] if not stage.foreach else list(_foreach_keys(stage, params)) if params else []
         for key in items:
-            content = error if params is None else inputs.record(reads(params, where, key), where, cache)
             path = root / stage.expand(stage.record, key or "")
+            if params is None:
+                content = error
+            else:
+                previous = inputs.read_record(path)
+                content = inputs.record(reads(params, where, key), where, cache, commits, previous)
             if inputs.write_record(path, content):
                 changed.append(path.relative_to(root).as_posix())
     cache.save()
