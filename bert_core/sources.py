@@ -8,9 +8,18 @@ of every stage at local files, and switches the Hub libraries to offline mode so
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 ENV_VAR = "BERT_DATA_ROOT"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def is_hub_id(source: str) -> bool:
+    """``owner/name`` that is not a local path (a path that exists, or whose first part exists, is local)."""
+    if not _HUB_ID.match(source) or source.startswith(("models:/", ".")):
+        return False
+    return not Path(source).exists() and not Path(source.split("/", 1)[0]).exists()
 
 
 def data_root() -> Path | None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from bert_core.released import MINILM_DIR, download_hub_checkpoint, hub_local_dir, is_hub_id
+from bert_core.released import MINILM_DIR, download_hub_checkpoint, hub_local_dir
+from bert_core.sources import is_hub_id
 from flows import profiles
 from flows.overrides import Overrides, ProfileError, value_at
 from flows.stages import get

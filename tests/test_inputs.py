@@ -127,9 +127,10 @@ class _FakeHub:
         from huggingface_hub import HfApi
 
         self.commits, self.error, self.calls = commits, None, []
-        monkeypatch.setattr(HfApi, "dataset_info", self.dataset_info)
+        monkeypatch.setattr(HfApi, "dataset_info", self.repo_info)
+        monkeypatch.setattr(HfApi, "model_info", self.repo_info)
 
-    def dataset_info(self, repo_id, *, revision=None, timeout=None, **_):
+    def repo_info(self, repo_id, *, revision=None, timeout=None, **_):
         from types import SimpleNamespace
 
         self.calls.append((repo_id, revision))
@@ -141,9 +142,13 @@ class _FakeHub:
 
 def test_a_hub_dataset_is_recorded_by_the_commit_its_revision_resolves_to(tmp_path, monkeypatch):
     """Once per dataset and revision a run; a pinned commit without asking; a new upstream commit changes the
-    record, so DVC re-runs the task; ``hub_revision`` also pins an own task's Hub dataset."""
+    record, so DVC re-runs the task; ``hub_revision`` also pins an own task's Hub dataset; a Hub model named
+    as the reference checkpoint is recorded by its commit too."""
     pinned = "c" * 40
-    hub = _FakeHub(monkeypatch, {("nyu-mll/glue", None): "1" * 40, ("nyu-mll/glue", "v2"): "2" * 40})
+    hub = _FakeHub(
+        monkeypatch,
+        {("nyu-mll/glue", None): "1" * 40, ("nyu-mll/glue", "v2"): "2" * 40, ("google/tiny", None): "4" * 40},
+    )
     own = {"kind": "classification", "hub": "someone/imdb", "labels": ["neg", "pos"], "text": "text"}
     params = _finetune(
         sst2={},
@@ -167,6 +172,10 @@ def test_a_hub_dataset_is_recorded_by_the_commit_its_revision_resolves_to(tmp_pa
         s: {"hub": "someone/imdb", "revision": pinned, "commit": pinned} for s in ("train", "dev")
     }
     assert hub.calls == [("nyu-mll/glue", None), ("nyu-mll/glue", "v2")]  # asked once each
+    params = params.model_copy(
+        update={"reference": params.reference.model_copy(update={"source": "google/tiny"})}
+    )
+    assert record("sst2")["reference"] == {"hub": "google/tiny", "type": "model", "commit": "4" * 40}
     path = tmp_path / "sst2.json"
     assert inputs.write_record(path, record("sst2")) is True
     hub.commits[("nyu-mll/glue", None)] = "3" * 40  # a new commit on the Hub: the next run's record differs
@@ -296,7 +305,9 @@ def test_the_vocab_record_holds_its_checkpoint_and_the_reference_vocabulary(root
     hub = parse_params(
         {**data, "from_checkpoint": "google/bert_uncased_L-2_H-128_A-2"}, VocabParams, where="t"
     )
-    assert vocab_reads(hub, None) == {}  # a Hub id: its params value says where it comes from
+    assert vocab_reads(hub, None) == {  # a Hub model, recorded by its commit
+        "from_checkpoint": inputs.Hub("google/bert_uncased_L-2_H-128_A-2", type="model")
+    }
 
 
 def test_a_data_root_that_is_no_directory_fails_the_stage_naming_it(tmp_path, monkeypatch, capsys):

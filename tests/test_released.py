@@ -20,10 +20,10 @@ from bert_core.released import (
     CheckpointSourceError,
     check_checkpoint,
     download_hub_checkpoint,
-    is_hub_id,
     minilm_zip,
     unpack_minilm,
 )
+from bert_core.sources import is_hub_id
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "film", "good", "bad", "is", "not", "."]
 needs_minilm = pytest.mark.skipif(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from bert_core.finetune.own_task import OwnTask, own_task_keys
-from bert_core.inputs import Reads, local_path
+from bert_core.inputs import Reads, checkpoint
 from bert_core.params import StrictModel, mlflow_alias, mlflow_model_name
 
 if TYPE_CHECKING:
@@ -406,8 +406,8 @@ class FinetuneParams(StrictModel):
 def task_reads(params: FinetuneParams, data_root: Path | None, key: str | None = None) -> Reads:
     """What the fine-tuning stage of task ``key`` reads from outside the repository (the ``inputs`` DVC stage
     records it): the file of each split (:meth:`~bert_core.tasks.datasource.TaskSource.files`), and the
-    reference checkpoint (``finetune.reference.source``) when local. ``finetune.model.source`` is a DVC dep
-    of its own."""
+    reference checkpoint (``finetune.reference.source``: a directory, or a Hub model by its commit).
+    ``finetune.model.source`` is a DVC dep of its own."""
     from bert_core.tasks.base import TaskDataError
 
     assert key is not None
@@ -417,6 +417,6 @@ def task_reads(params: FinetuneParams, data_root: Path | None, key: str | None =
         reads.update(source.files())
     except (KeyError, ValueError, TaskDataError) as err:  # the stage refuses it, by its own message
         reads["task"] = f"missing: {err}"
-    if (reference := local_path(params.reference.source)) is not None:
+    if (reference := checkpoint(params.reference.source)) is not None:
         reads["reference"] = reference
     return reads

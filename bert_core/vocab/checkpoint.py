@@ -31,7 +31,7 @@ from typing import Any
 
 from bert_core.atomic import atomic_path
 from bert_core.constants import SPECIAL_TOKENS
-from bert_core.inputs import Reads, local_path
+from bert_core.inputs import Reads, checkpoint
 from bert_core.vocab.train import VocabError, VocabParams, VocabStats, _heldout_sentences, segmentation_stats
 
 log = logging.getLogger(__name__)
@@ -312,11 +312,11 @@ def checkpoint_vocab_checks(tokens: list[str], vocab_size: int):
 
 def vocab_reads(params: VocabParams, data_root: Path | None, key: str | None = None) -> Reads:
     """What the vocab stage reads from outside the repository (the ``inputs`` DVC stage records it): the
-    checkpoint whose vocabulary it copies (``vocab.from_checkpoint``), when local, and the released
-    vocabulary it compares with under the data root (``vocab.reference_local``)."""
+    checkpoint whose vocabulary it copies (``vocab.from_checkpoint``: a directory, or a Hub model by its
+    commit), and the released vocabulary it compares with under the data root (``vocab.reference_local``)."""
     reads: Reads = {}
-    if (path := local_path(params.from_checkpoint)) is not None:
-        reads["from_checkpoint"] = path
+    if (source := checkpoint(params.from_checkpoint)) is not None:
+        reads["from_checkpoint"] = source
     if data_root is not None and params.reference_local is not None:
         reads["reference"] = data_root / params.reference_local
     return reads
