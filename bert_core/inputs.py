@@ -6,11 +6,11 @@ there: the data root is an environment variable, and DVC's templating gives a ``
 its own per task. So the first DVC stage, ``inputs`` (``always_changed``: it runs on every ``dvc repro``),
 writes one record per stage that reads such files (``data/inputs/corpus.json``,
 ``data/inputs/finetune/<task>.json``, ...): each file by its path, size and XXH3-128 digest, a Hugging Face
-Hub dataset or checkpoint by its id and the commit its revision resolves to (:class:`Hub`). The stage depends on its
-record. An edited corpus file re-runs the corpus stage (and
-what follows it), an edited task file that task alone, another data root with other files every stage that
-reads them, a new commit on the Hub the stages that load it; with nothing changed the records come
-out byte for byte the same, and DVC runs nothing else.
+Hub dataset or checkpoint by its id and the commit its revision resolves to (:class:`Hub`). The stage
+depends on its record. An edited corpus file re-runs the corpus stage (and what follows it), an edited task
+file that task alone, another data root with other files every stage that reads them, a new commit on the
+Hub the stages that load it; with nothing changed the records come out byte for byte the same, and DVC
+runs nothing else.
 
 A file whose size and modification time are those the last run saw is not read again (:class:`StatCache`,
 kept in DVC's own ``.dvc/tmp``: never pushed to a remote, and no stage depends on it). What cannot be
@@ -160,7 +160,7 @@ def record(
     previous: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record of ``reads``: a string as it is; files (and every file under a directory) by path, size
-    and digest; a path that does not exist, ``missing: <path>``; a Hub dataset by the commit its revision
+    and digest; a path that does not exist, ``missing: <path>``; a Hub repository by the commit its revision
     resolves to (``commits``), or, unresolved, the one ``previous`` (the last record) named."""
     out: dict[str, Any] = {}
     for label, what in reads.items():
@@ -213,8 +213,8 @@ def checkpoint(value: str | None) -> Path | Hub | None:
     a path that does not exist (the stage refuses it)."""
     if not value or value.startswith("models:/"):
         return None
-    if is_hub_id(value):
-        return Hub(value, type="model")
     path = Path(value).expanduser()
     path = path if path.is_absolute() else REPO_ROOT / path
-    return path if path.exists() else None
+    if path.exists():
+        return path
+    return Hub(value, type="model") if is_hub_id(value) else None

@@ -121,7 +121,8 @@ def test_the_corpus_record_lists_each_sources_files_or_says_what_is_missing(root
 
 
 class _FakeHub:
-    """``HfApi.dataset_info`` answering from ``commits`` ((dataset, revision) -> sha), or raising ``error``."""
+    """``HfApi.dataset_info`` / ``model_info`` answering from ``commits`` ((repo, revision) -> sha), or
+    raising ``error``."""
 
     def __init__(self, monkeypatch, commits: dict):
         from huggingface_hub import HfApi

@@ -165,6 +165,5 @@ def own_task_keys(task: str, overrides: Any) -> None:
     if overrides.dev_split:
         raise ValueError(f"tasks.{task}.dev_split: an own task has no official dev file to split; remove it")
     if overrides.hub_revision and overrides.define.hub is None:
-        raise ValueError(
-            f"tasks.{task}.hub_revision: {task} reads its own files, not a Hub dataset (define.hub); remove it"
-        )
+        why = "reads its own files, not a Hub dataset (define.hub); remove it"
+        raise ValueError(f"tasks.{task}.hub_revision: {task} {why}")

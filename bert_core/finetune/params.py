@@ -65,9 +65,9 @@ class TaskSettings(StrictModel):
         train_file, dev_file, test_file: Own files in the task's official format instead of the official
             train / main dev / test split (absolute, or relative to the repository root). Per task only. An
             own task's ``test_file`` is labelled, and scored once with the model its dev set selected.
-        hub_revision: The commit (or tag, branch) of the task's Hugging Face Hub dataset to read, when its rows
-            come from the Hub (no ``BERT_DATA_ROOT``, or an own task's ``define.hub``); ``None``: the newest,
-            whose commit the ``inputs`` stage records. Per task only.
+        hub_revision: The commit (or tag, branch) of the task's Hugging Face Hub dataset to read, when its
+            rows come from the Hub (no ``BERT_DATA_ROOT``, or an own task's ``define.hub``); ``None``: the
+            newest, whose commit the ``inputs`` stage records. Per task only.
         define: An own task's definition (:class:`OwnTask`); its rows are ``train_file``, ``dev_file`` and
             ``test_file``, or its Hub dataset. Per task only.
         unpad: Encode the real tokens only (``bert_core.unpad``; same results, no compute on padding).

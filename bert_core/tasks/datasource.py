@@ -92,8 +92,8 @@ class TaskSource:
             self.split_file(split)
 
     def split_file(self, split: str) -> Path | Hub | None:
-        """The file ``split`` is read from; the Hub dataset (and revision) when it comes from the Hub; ``None``
-        when it is not read (an own task's split without its file, a split the task has no file for).
+        """The file ``split`` is read from; the Hub dataset (and revision) when it comes from the Hub;
+        ``None`` when it is not read (an own task's split without its file, a split the task has no file for).
 
         Raises:
             TaskDataError: an official file that is not under the data root, as :meth:`load` raises it.
