@@ -22,8 +22,13 @@ def is_hub_id(source: str) -> bool:
     return not Path(source).exists() and not Path(source.split("/", 1)[0]).exists()
 
 
-def data_root() -> Path | None:
+def data_root(*, offline: bool = True) -> Path | None:
     """The local data root, or ``None`` when sources load from the Hugging Face Hub.
+
+    With a data root, ``offline`` switches the Hub libraries to offline mode for the rest of the process (a
+    stage reading local data never waits on the network). The ``inputs`` stage passes ``False``: it asks the
+    Hub only about what the params name there themselves (an own task's ``define.hub``, which its stage
+    loads from the Hub whatever the data root).
 
     Raises:
         FileNotFoundError: ``BERT_DATA_ROOT`` is set but is not a directory.
@@ -37,7 +42,7 @@ def data_root() -> Path | None:
             f"{ENV_VAR}={value!r} is not a directory. Point it at a data root laid out like shared/data "
             f"(glue/, squad/, conll2003/, corpus/ ...), or unset it to load from the Hugging Face Hub."
         )
-    # Local mode must never touch the network.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if offline:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     return root

@@ -356,3 +356,30 @@ def test_the_stage_records_hub_commits_and_keeps_them_while_the_hub_is_unreachab
     assert write_records(tmp_path) == 0
     changed = capsys.readouterr().err.splitlines()[-1]
     assert "data/inputs/finetune/sst2.json" in changed and "data/inputs/corpus.json" not in changed
+
+
+def test_with_a_data_root_an_own_tasks_hub_dataset_is_still_recorded_by_its_commit(
+    root, tmp_path, monkeypatch
+):
+    """An own task's ``define.hub`` is loaded from the Hub whatever the data root, so the stage asks the Hub
+    about it then too, and leaves the process online (the Hub libraries' offline mode is for the stages that
+    read local data)."""
+    from flows.stages.inputs import write_records
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO_ROOT / "params", repo / "params")
+    finetune = yaml.safe_load((repo / "params" / "finetune.yaml").read_text(encoding="utf-8"))
+    finetune["finetune"]["tasks"] = {
+        "imdb": {
+            "define": {"kind": "classification", "hub": "someone/imdb", "text": "text", "labels": ["a", "b"]}
+        }
+    }
+    (repo / "params" / "finetune.yaml").write_text(yaml.safe_dump(finetune), encoding="utf-8")
+    monkeypatch.setenv("BERT_DATA_ROOT", str(root))
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    hub = _FakeHub(monkeypatch, {("someone/imdb", None): "5" * 40})
+    assert write_records(repo) == 0
+    record = json.loads((repo / "data" / "inputs" / "finetune" / "imdb.json").read_text())
+    assert record == {s: {"hub": "someone/imdb", "commit": "5" * 40} for s in ("train", "dev")}
+    assert hub.calls == [("someone/imdb", None)] and "HF_HUB_OFFLINE" not in os.environ

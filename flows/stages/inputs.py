@@ -20,7 +20,7 @@ def write_records(root: Path = REPO_ROOT) -> int:
     from bert_core.sources import data_root
 
     try:
-        where = data_root()
+        where = data_root(offline=False)  # an own task's Hub dataset is asked about (its stage loads it)
     except FileNotFoundError as err:  # BERT_DATA_ROOT names no directory: every stage would fail on it
         print(f"inputs stage failed: {err}", file=sys.stderr)
         return 1
