@@ -163,9 +163,10 @@ def record(
     and digest; a path that does not exist, ``missing: <path>``; a Hub repository by the commit its revision
     resolves to (``commits``), or, unresolved, the one ``previous`` (the last record) named."""
     out: dict[str, Any] = {}
+    commits = commits or HubCommits()  # one for the whole record: each repository asked once
     for label, what in reads.items():
         if isinstance(what, Hub):
-            out[label] = _hub_record(what, commits or HubCommits(), (previous or {}).get(label))
+            out[label] = _hub_record(what, commits, (previous or {}).get(label))
             continue
         if isinstance(what, str):
             out[label] = what

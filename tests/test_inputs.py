@@ -121,13 +121,13 @@ def test_the_corpus_record_lists_each_sources_files_or_says_what_is_missing(root
 
 
 class _FakeHub:
-    """``HfApi.dataset_info`` / ``model_info`` answering from ``commits`` ((repo, revision) -> sha), or
-    raising ``error``."""
+    """``HfApi.dataset_info`` / ``model_info`` answering from ``commits`` ((repo, revision) -> sha; another
+    repository: ``default``, when given), or raising ``error``."""
 
-    def __init__(self, monkeypatch, commits: dict):
+    def __init__(self, monkeypatch, commits: dict, default: str | None = None):
         from huggingface_hub import HfApi
 
-        self.commits, self.error, self.calls = commits, None, []
+        self.commits, self.default, self.error, self.calls = commits, default, None, []
         monkeypatch.setattr(HfApi, "dataset_info", self.repo_info)
         monkeypatch.setattr(HfApi, "model_info", self.repo_info)
 
@@ -138,7 +138,10 @@ class _FakeHub:
         assert timeout == inputs.HUB_TIMEOUT_S
         if self.error is not None:
             raise self.error
-        return SimpleNamespace(sha=self.commits[(repo_id, revision)])
+        key = (repo_id, revision)
+        return SimpleNamespace(
+            sha=self.commits[key] if self.default is None else self.commits.get(key, self.default)
+        )
 
 
 def test_a_hub_dataset_is_recorded_by_the_commit_its_revision_resolves_to(tmp_path, monkeypatch):
@@ -331,28 +334,17 @@ def test_the_stage_records_hub_commits_and_keeps_them_while_the_hub_is_unreachab
 
     shutil.copytree(REPO_ROOT / "params", tmp_path / "params")
     monkeypatch.delenv("BERT_DATA_ROOT", raising=False)
-    commits: dict = {}
-
-    def dataset_info(self, repo_id, *, revision=None, timeout=None, **_):
-        from types import SimpleNamespace
-
-        if isinstance(commits, Exception):
-            raise commits
-        return SimpleNamespace(sha=commits.setdefault((repo_id, revision), "1" * 40))
-
-    from huggingface_hub import HfApi
-
-    monkeypatch.setattr(HfApi, "dataset_info", dataset_info)
+    hub = _FakeHub(monkeypatch, {}, default="1" * 40)
     assert (
         write_records(tmp_path) == 0 and "inputs changed: data/inputs/corpus.json" in capsys.readouterr().err
     )
     records = {p: p.read_bytes() for p in (tmp_path / "data" / "inputs").rglob("*.json")}
     sst2 = json.loads(records[tmp_path / "data/inputs/finetune/sst2.json"])
     assert sst2["train"] == {"hub": "nyu-mll/glue", "commit": "1" * 40}
-    commits = ConnectionError("Name or service not known")
+    hub.error = ConnectionError("Name or service not known")
     assert write_records(tmp_path) == 0 and capsys.readouterr().err.endswith("inputs unchanged\n")
     assert {p: p.read_bytes() for p in records} == records
-    commits = {("nyu-mll/glue", None): "2" * 40}
+    hub.error, hub.commits[("nyu-mll/glue", None)] = None, "2" * 40
     assert write_records(tmp_path) == 0
     changed = capsys.readouterr().err.splitlines()[-1]
     assert "data/inputs/finetune/sst2.json" in changed and "data/inputs/corpus.json" not in changed
